@@ -1,0 +1,28 @@
+"""vf-sandbox's backend-neutral core: the `Sandbox` / `SandboxBackend` contract,
+the spec, typed results, the error hierarchy, the retry policy, lifecycle and
+the warm pool. No backend is imported here; ask for one with `get_backend`."""
+
+from .errors import (
+    AgentError,
+    BackendNotFound,
+    BackendUnavailable,
+    ConfigError,
+    Error,
+    ImageNotFound,
+    InfraError,
+    ModelError,
+    PathError,
+    SandboxCreateError,
+    SandboxNotRunning,
+    ServerStartError,
+    UsageError,
+    find_infra_error,
+    is_infra_error,
+)
+from .interface import BackgroundProcess, Command, Sandbox, SandboxBackend
+from .registry import backend_names, get_backend, register_backend
+from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo
+from .retry import RetryPolicy, retry_infra
+from .spec import SandboxSpec
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,165 @@
+"""The sandbox contract: an async `Sandbox` handle and the `SandboxBackend`
+protocol. Backends translate it to one substrate each; everything above
+(envs, swe_debug, CLIs) uses only this.
+
+Limits and errors, for every backend:
+
+* Output: each stream of one exec keeps at most `spec.output_limit_bytes`
+  (default 1 MiB): head and tail are kept, the middle dropped and counted.
+  Bytes that are not UTF-8 decode with replacement.
+* Timeouts: a command past its timeout has its whole process group killed;
+  the result says `timed_out=True`; the sandbox stays usable.
+* A command's own failure (exit code, timeout, OOM of the command) is an
+  `ExecResult`, never an exception.
+* `InfraError` (and subclasses) when the sandbox or backend itself failed:
+  gone, killed, agent died, daemon unreachable. A command that may have
+  started is never re-run silently; the caller decides.
+* `PathError` for path traversal in archives, missing files, bad types.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo
+from .spec import SandboxSpec
+
+Command = str | Sequence[str]
+"""A shell string (run with `/bin/sh -c`) or an argv list (run directly)."""
+
+
+class BackgroundProcess(abc.ABC):
+    """A process started with `Sandbox.start_process`, running detached from any exec."""
+
+    pid: int
+
+    @abc.abstractmethod
+    async def poll(self) -> ProcessStatus:
+        """Current status; never blocks."""
+
+    @abc.abstractmethod
+    async def read_output(self) -> tuple[str, str]:
+        """(stdout, stderr) produced since the previous call (each bounded by the output limit)."""
+
+    @abc.abstractmethod
+    async def kill(self, signal: int = 9) -> None:
+        """Signal the process group; idempotent once it exited."""
+
+    @abc.abstractmethod
+    async def wait(self, timeout: float | None = None) -> ProcessStatus:
+        """Wait for exit (or `timeout` seconds); returns the status then."""
+
+
+class Sandbox(abc.ABC):
+    """An async handle to one running sandbox. Use as `async with` to delete it on exit."""
+
+    id: str
+    name: str
+    spec: SandboxSpec
+    backend_name: str
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run one command to completion (or timeout).
+
+        timeout: seconds, default `spec.timeout_per_command_seconds`.
+        Raises InfraError only when the sandbox/agent failed.
+        """
+
+    @abc.abstractmethod
+    def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        """Run a command, yielding `OutputChunk`s as output arrives and exactly one
+        `ExecResult` last (its stdout/stderr hold the bounded head+tail)."""
+
+    @abc.abstractmethod
+    async def start_process(
+        self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> BackgroundProcess:
+        """Start a background process in its own process group and return at once."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Create or replace a file (parent directories created). Raises PathError on a bad path."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes. Raises PathError when missing or a directory."""
+
+    @abc.abstractmethod
+    async def upload(self, local: str | Path, remote: str) -> None:
+        """Copy a local file or directory tree to `remote` (a tar stream: modes and symlinks kept)."""
+
+    @abc.abstractmethod
+    async def download(self, remote: str, local: str | Path) -> None:
+        """Copy a sandbox file or directory tree to `local`. Members escaping `local`
+        (absolute paths, `..`, links pointing out) are refused with PathError."""
+
+    @abc.abstractmethod
+    async def alive(self) -> bool:
+        """True while the sandbox runs."""
+
+    @abc.abstractmethod
+    async def delete(self) -> None:
+        """Remove the sandbox; idempotent, never raises for an already gone sandbox."""
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.delete()
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """Creates and manages sandboxes on one substrate (docker, kubernetes, prime, local)."""
+
+    name: str
+
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> Sandbox:
+        """Create a sandbox and wait until it is ready for `exec`.
+
+        Never creates two sandboxes for one call, also under retry: the
+        backend shields creation until the id is known or uses the key.
+        Raises SandboxCreateError / BackendUnavailable (InfraError) or
+        ImageNotFound / ConfigError (UsageError).
+        """
+        ...
+
+    async def get(self, sandbox_id: str) -> Sandbox:
+        """A handle to an existing sandbox. Raises SandboxNotRunning if it is gone."""
+        ...
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        """Sandboxes of this backend carrying all `labels` (vf-sandbox's own only)."""
+        ...
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Remove one sandbox; idempotent."""
+        ...
+
+    async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
+        """Remove every sandbox matching `labels` and/or `ids`; returns how many were removed."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; sandboxes stay."""
+        ...

@@ -1,0 +1,79 @@
+"""Lifecycle labels every sandbox carries, so that any process can tell whose
+sandbox it is, which run made it, and when it must be gone.
+
+A backend merges `lifecycle_labels(spec)` into the user's labels at creation;
+the reaper and `vf-sandbox sandboxes ls` read them back.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+from .spec import SandboxSpec
+
+PREFIX = "vf-sandbox"
+MANAGED = f"{PREFIX}.managed"  # "true" on every sandbox we create: the one filter for ls / reap
+OWNER_PID = f"{PREFIX}.owner-pid"
+OWNER_HOST = f"{PREFIX}.owner-host"
+OWNER_START = f"{PREFIX}.owner-start"  # owner's process start time: tells a reused pid apart
+RUN_ID = f"{PREFIX}.run-id"
+CREATED_AT = f"{PREFIX}.created-at"
+EXPIRES_AT = f"{PREFIX}.expires-at"
+
+_RUN_ID = os.environ.get("VF_SANDBOX_RUN_ID") or uuid.uuid4().hex[:12]
+
+
+def run_id() -> str:
+    """This process's run id (inherit one with $VF_SANDBOX_RUN_ID)."""
+    return _RUN_ID
+
+
+def process_start_time(pid: int) -> str:
+    """Start time of `pid` in clock ticks since boot (Linux), '' when unknown or gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def lifecycle_labels(spec: SandboxSpec) -> dict[str, str]:
+    """Labels naming the owner process, run, creation and expiry time."""
+    now = time.time()
+    pid = os.getpid()
+    return {
+        MANAGED: "true",
+        OWNER_PID: str(pid),
+        OWNER_HOST: socket.gethostname(),
+        OWNER_START: process_start_time(pid),
+        RUN_ID: _RUN_ID,
+        CREATED_AT: f"{now:.3f}",
+        EXPIRES_AT: f"{now + spec.timeout_minutes * 60:.3f}",
+    }
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """False when the owning process (on this host) is dead or its pid was reused.
+    Sandboxes owned by another host are reported alive (we cannot tell)."""
+    if labels.get(OWNER_HOST) != socket.gethostname():
+        return True
+    try:
+        pid = int(labels.get(OWNER_PID, ""))
+    except ValueError:
+        return False
+    start = process_start_time(pid)
+    if not start:
+        return False
+    recorded = labels.get(OWNER_START)
+    return not recorded or recorded == start
+
+
+def expired(labels: dict[str, str], now: float | None = None) -> bool:
+    try:
+        return float(labels[EXPIRES_AT]) < (now or time.time())
+    except (KeyError, ValueError):
+        return False

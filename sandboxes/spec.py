@@ -1,0 +1,48 @@
+"""`SandboxSpec`: what a sandbox is made of, independent of any backend.
+
+Defaults follow the reference `SandboxEnv` (python:3.11-slim, 1 core, 2 GB,
+5 GB disk, 60 min lifetime, 30 s per command) and are secure by default:
+networking off, every capability dropped, no-new-privileges, a pids limit.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_OUTPUT_LIMIT = 1024 * 1024  # bytes kept per output stream
+
+
+class SandboxSpec(BaseModel):
+    """Everything a backend needs to create one sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(DEFAULT_IMAGE, description="Image name:tag; built from images/ if a recipe maps to it.")
+    start_command: str = Field("tail -f /dev/null", description="PID-1 command of the sandbox.")
+    name: str = Field("sandbox", description="Name prefix; backends add a unique suffix.")
+    cpu_cores: float = Field(1, gt=0, description="CPU limit in cores.")
+    memory_gb: float = Field(2, gt=0, description="Memory limit in GiB (swap disabled).")
+    disk_size_gb: float = Field(5, gt=0, description="Writable disk in GiB (where the backend can enforce it).")
+    gpu_count: int = Field(0, ge=0, description="GPUs to attach.")
+    timeout_minutes: float = Field(60, gt=0, description="Hard lifetime; the sandbox is removed after it even if its owner dies.")
+    timeout_per_command_seconds: float = Field(30, gt=0, description="Default timeout of one exec.")
+    environment_vars: dict[str, str] = Field(default_factory=dict, description="Environment of every command.")
+    labels: dict[str, str] = Field(default_factory=dict, description="User labels; lifecycle labels are added by the backend.")
+    workdir: str = Field("/", description="Default working directory of commands.")
+    user: str | None = Field(None, description="User (name or uid[:gid]) commands run as; None = image default.")
+    network: bool = Field(False, description="Networking on? Off by default.")
+    pids_limit: int = Field(1024, gt=0, description="Max processes inside the sandbox.")
+    output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0, description="Bytes kept per output stream of one exec.")
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_from_list(cls, v):
+        """Accept the reference's list-of-strings labels (`["a", "b"]` → `{"a": "true", ...}`)."""
+        if isinstance(v, (list, tuple)):
+            return {str(x): "true" for x in v}
+        return v
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1024**3)

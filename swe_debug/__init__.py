@@ -1,0 +1,1 @@
+"""swe_debug package."""
