@@ -41,12 +41,22 @@ class BackgroundProcess(abc.ABC):
         """Current status; never blocks."""
 
     @abc.abstractmethod
-    async def read_output(self) -> tuple[str, str]:
-        """(stdout, stderr) produced since the previous call (each bounded by the output limit)."""
+    async def read_output(self, until: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        """(stdout, stderr) produced since the previous call (each bounded by the output limit).
+
+        With `until`, wait (inside the sandbox, one round trip) until stdout contains
+        that marker, the process exits or `timeout` seconds pass, whichever is first;
+        output after the marker stays buffered for the next call.
+        """
 
     @abc.abstractmethod
-    async def kill(self, signal: int = 9) -> None:
-        """Signal the process group; idempotent once it exited."""
+    async def write_stdin(self, data: bytes | str) -> None:
+        """Write to the process's stdin (kept open as a pipe). PathError-free; InfraError if the agent died."""
+
+    @abc.abstractmethod
+    async def kill(self, signal: int = 9, group: bool = True) -> None:
+        """Send `signal` to the process group (or only the process with group=False);
+        idempotent once it exited."""
 
     @abc.abstractmethod
     async def wait(self, timeout: float | None = None) -> ProcessStatus:

@@ -1,0 +1,1 @@
+"""The `vf-sandbox` command line: the app assembly and its sub-commands."""
