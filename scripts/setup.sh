@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything vf-sandbox needs on a fresh Debian machine:
+# the Python venv with the project, a running Docker engine, the offline base
+# image and the default sandbox images, bubblewrap and Chromium for tests.
+# Each step skips itself when its result is already there.
+#   scripts/setup.sh            # full set-up
+#   VF_SETUP_SKIP_BROWSER=1 ... # skip Chromium (not needed outside tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+apt_install() {  # apt_install PKG... (only the missing ones)
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  if [ ! -f /tmp/.vf-apt-updated ]; then $SUDO apt-get update -qq && touch /tmp/.vf-apt-updated; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# 1. Python environment ------------------------------------------------------
+if ! command -v uv >/dev/null 2>&1; then
+  log "installing uv"; python3 -m pip install -q uv
+fi
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"; uv venv -q .venv -p python3.11 2>/dev/null || uv venv -q .venv
+fi
+STAMP=.venv/.vf-installed
+HASH=$(cat pyproject.toml environments/*/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
+if [ "$(cat $STAMP 2>/dev/null)" != "$HASH" ]; then
+  log "installing vf-sandbox and its dependencies into .venv"
+  uv pip install -q --python .venv/bin/python -e '.[dev,prime,openenv]'
+  for envdir in environments/*/; do
+    [ -f "$envdir/pyproject.toml" ] && uv pip install -q --python .venv/bin/python -e "$envdir"
+  done
+  echo "$HASH" > $STAMP
+fi
+
+# 2. Docker engine -----------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+  command -v dockerd >/dev/null 2>&1 || apt_install docker.io
+  if ! pgrep -x dockerd >/dev/null; then
+    log "starting dockerd (no bridge network: sandboxes run with networking off)"
+    setsid nohup dockerd --bridge=none --iptables=false --ip-masq=false >/tmp/vf-dockerd.log 2>&1 < /dev/null &
+  fi
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "Docker engine did not start; see /tmp/vf-dockerd.log" >&2; exit 1; }
+fi
+log "docker engine answers ($(docker version -f '{{.Server.Version}}'))"
+
+# 3. Tools the backends and tests use ------------------------------------------
+apt_install debootstrap bubblewrap patch git
+if [ "${VF_SETUP_SKIP_BROWSER:-0}" != 1 ] && [ -x scripts/install-browser.sh ]; then
+  scripts/install-browser.sh
+fi
+
+# 4. Images (offline: debootstrap base, then local builds; cached) ------------
+images/base/build.sh
+.venv/bin/vf-sandbox images build
+log "ready"
