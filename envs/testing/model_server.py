@@ -449,7 +449,7 @@ class ModelServer:
         return app
 
     async def start(self) -> ModelServer:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True)
         await site.start()
