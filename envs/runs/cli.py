@@ -1,0 +1,284 @@
+"""`vf-sandbox runs list|show|logs|stop` and `vf-sandbox dashboard`.
+
+Merged at the top level of the `vf-sandbox` app (see `envs/cli/app.py`).
+Cheap to import: the registry, result readers and the server load inside
+the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from .registry import RunRecord
+
+app = typer.Typer(pretty_exceptions_enable=False)
+runs_app = typer.Typer(
+    help="List, inspect, follow and stop eval / swe-debug runs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(runs_app, name="runs")
+
+DbOpt = typer.Option(None, "--db", help="Registry file (default $VF_RUNS_DB or ./outputs/runs.db).")
+
+
+def _use_db(db: Optional[str]) -> None:
+    if db:
+        os.environ["VF_RUNS_DB"] = db
+
+
+def _get(run_id: str) -> "RunRecord":
+    from .registry import AmbiguousRunId, get_run
+
+    try:
+        rec = get_run(run_id)
+    except AmbiguousRunId as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    if rec is None:
+        typer.echo(f"error: no run {run_id!r}", err=True)
+        raise typer.Exit(2)
+    return rec
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _dur(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@runs_app.command("list")
+def list_cmd(
+    status: Optional[str] = typer.Option(None, "--status", "-s", help="running|completed|failed|stopped"),
+    env: Optional[str] = typer.Option(None, "--env", "-e", help="Env id (substring)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (substring)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="eval|swe-debug"),
+    limit: int = typer.Option(50, "--limit", "-n"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """List runs, newest first."""
+    _use_db(db)
+    from .registry import list_runs
+
+    runs = list_runs(status=status, env_id=env, model=model, kind=kind, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump() for r in runs], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col in ("ID", "NAME", "KIND", "ENV", "MODEL", "STATUS", "PROGRESS", "ERRORS", "STARTED", "DURATION"):
+        t.add_column(col)
+    colors = {"running": "cyan", "completed": "green", "failed": "red", "stopped": "yellow"}
+    for r in runs:
+        prog = f"{r.completed}/{r.total}" if r.total else str(r.completed)
+        t.add_row(r.id, r.name or "", r.kind, r.env_id, r.model or "",
+                  f"[{colors.get(r.status, 'white')}]{r.display_status}[/]", prog, str(r.errors),
+                  _ago(r.started_at), _dur(r.duration))
+    Console().print(t if runs else "no runs")
+
+
+@runs_app.command("show")
+def show_cmd(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    as_json: bool = typer.Option(False, "--json"),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Config, progress, aggregate metrics, pass@k, errors by type and timing of a run."""
+    _use_db(db)
+    from .results import summarize_run
+
+    rec = _get(run_id)
+    summary = summarize_run(rec)
+    if as_json:
+        typer.echo(json.dumps({"run": rec.model_dump(), "summary": summary}, indent=2, default=str))
+        return
+    from rich.console import Console
+
+    c = Console()
+    c.print(f"[bold]run {rec.id}[/]  {rec.name or ''}")
+    rows = [
+        ("kind", rec.kind), ("status", rec.display_status), ("env", rec.env_id),
+        ("model", rec.model or "-"), ("output dir", rec.output_dir), ("log", rec.log_path),
+        ("pid", f"{rec.pid} on {rec.host}"), ("progress", f"{rec.completed}/{rec.total} ({rec.errors} errors)"),
+        ("started", _ago(rec.started_at)), ("ended", _ago(rec.ended_at)), ("duration", _dur(rec.duration)),
+        ("attempts", str(rec.attempts)),
+    ]
+    if rec.error:
+        rows.append(("error", rec.error))
+    for k, v in rows:
+        c.print(f"  [dim]{k:<11}[/] {v}", highlight=False)
+    c.print("[bold]config[/]")
+    for k, v in sorted(rec.args.items()):
+        c.print(f"  [dim]{k:<11}[/] {json.dumps(v, default=str)}", highlight=False)
+    _print_summary(c, summary)
+
+
+def _print_summary(c, s: dict) -> None:
+    if s.get("kind") == "swe-debug":
+        c.print(f"[bold]instances[/] {s.get('n', 0)}  valid {s.get('valid', 0)}")
+        for reason, n in sorted(s.get("reasons", {}).items(), key=lambda kv: -kv[1]):
+            c.print(f"  {reason:<30} {n}")
+        for phase, p in s.get("phase_timings", {}).items():
+            c.print(f"  [dim]{phase:<16}[/] p50 {p['p50']:.2f}s  p90 {p['p90']:.2f}s  max {p['max']:.2f}s")
+        return
+    if not s.get("n_rollouts"):
+        c.print("[dim]no results yet[/]")
+        return
+    c.print(f"[bold]results[/] {s['n_rollouts']} rollouts over {s['n_examples']} examples")
+    r = s["reward"]
+    c.print(f"  reward      avg {r['mean']:.4f}  std {r['std']:.4f}  min {r['min']:.4f}  max {r['max']:.4f}")
+    for name, m in s.get("metrics", {}).items():
+        c.print(f"  {name:<11} avg {m['mean']:.4f}  std {m['std']:.4f}", highlight=False)
+    if s.get("pass_at_k"):
+        c.print("  pass@k      " + "  ".join(f"@{k}: {v:.3f}" for k, v in s["pass_at_k"].items()))
+    if s.get("errors_by_type"):
+        c.print("[bold]errors by type[/]")
+        for et, n in sorted(s["errors_by_type"].items(), key=lambda kv: -kv[1]):
+            c.print(f"  {et:<30} {n}", highlight=False)
+    for name, p in s.get("timing", {}).items():
+        c.print(f"  [dim]{name:<16}[/] p50 {p['p50']:.2f}s  p90 {p['p90']:.2f}s  p99 {p['p99']:.2f}s  max {p['max']:.2f}s")
+
+
+@runs_app.command("logs")
+def logs_cmd(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
+    tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
+    poll: float = typer.Option(0.3, "--poll-interval"),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Print a run's log; with --follow, stream it until the run ends."""
+    _use_db(db)
+    rec = _get(run_id)
+    out = sys.stdout
+    for chunk in follow_log(rec.id, follow=follow, tail=tail, poll=poll):
+        out.write(chunk)
+        out.flush()
+
+
+def follow_log(run_id: str, *, follow: bool, tail: int = 0, poll: float = 0.3):
+    """Yield the log's text; with `follow`, keep yielding new text until the run
+    is no longer running (then drain what is left)."""
+    from .registry import get_run
+
+    rec = get_run(run_id)
+    assert rec is not None
+    pos = 0
+    if tail > 0:
+        try:
+            with open(rec.log_path, "rb") as f:
+                lines = f.read().splitlines(keepends=True)
+                pos = sum(len(x) for x in lines[:-tail]) if len(lines) > tail else 0
+        except OSError:
+            pass
+    while True:
+        ended = get_run(run_id).status != "running" if follow else True
+        try:
+            with open(rec.log_path, "rb") as f:
+                f.seek(pos)
+                data = f.read()
+        except OSError:
+            data = b""
+        if data:
+            # never split a line in the middle while the run is still writing
+            cut = len(data) if ended else data.rfind(b"\n") + 1
+            if cut:
+                pos += cut
+                yield data[:cut].decode("utf-8", "replace")
+        if ended:
+            return
+        time.sleep(poll)
+
+
+@runs_app.command("stop")
+def stop_cmd(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for a graceful stop."),
+    force: bool = typer.Option(False, "--force", help="SIGKILL the run if it has not stopped in time."),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Stop a run gracefully: SIGTERM (the run saves finished groups, tears down
+    its sandboxes and records `stopped`), wait, verify."""
+    _use_db(db)
+    rec = _get(run_id)
+    try:
+        rec = stop_run(rec.id, timeout=timeout, force=force)
+    except StopError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
+    if rec.status != "stopped":
+        raise typer.Exit(1)
+
+
+class StopError(RuntimeError):
+    """The run could not be stopped (other host, or it ignored SIGTERM)."""
+
+
+def stop_run(run_id: str, *, timeout: float = 60.0, force: bool = False) -> "RunRecord":
+    """SIGTERM the run's process and wait until the registry shows it ended."""
+    import socket
+
+    from .registry import get_run, pid_alive, request_stop
+
+    rec = get_run(run_id)
+    if rec is None:
+        raise StopError(f"no run {run_id!r}")
+    if rec.status != "running":
+        return rec
+    if rec.host != socket.gethostname():
+        raise StopError(f"run {rec.id} runs on host {rec.host}; stop it there")
+    request_stop(rec.id)
+    if pid_alive(rec.pid, rec.pid_start):  # never signal a recycled pid
+        try:
+            os.kill(rec.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cur = get_run(rec.id)  # reconciles: a process that died after SIGTERM shows `stopped`
+        if cur.status != "running":
+            return cur
+        time.sleep(0.1)
+    if force and pid_alive(rec.pid, rec.pid_start):
+        os.kill(rec.pid, signal.SIGKILL)
+        for _ in range(50):
+            cur = get_run(rec.id)
+            if cur.status != "running":
+                return cur
+            time.sleep(0.1)
+    raise StopError(f"run {rec.id} (pid {rec.pid}) did not stop within {timeout:.0f}s; "
+                    "retry with --force to SIGKILL it")
+
+
+@app.command("dashboard")
+def dashboard_cmd(
+    port: int = typer.Option(8787, "--port", "-p"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
+    endpoints: str = typer.Option("configs/endpoints.toml", "--endpoints-path",
+                                  help="Endpoint registry offered when starting a run from the page."),
+    allow_launch: bool = typer.Option(True, "--allow-launch/--no-launch",
+                                      help="Allow starting `vf-sandbox eval` runs from the page."),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Serve the local results dashboard (runs, metrics, samples, logs)."""
+    _use_db(db)
+    from .dashboard import serve
+
+    serve(host=host, port=port, endpoints_path=endpoints, allow_launch=allow_launch)

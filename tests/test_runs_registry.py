@@ -1,0 +1,171 @@
+"""Run registry states through real processes: a driver script uses
+`RunRecorder` exactly as `vf-sandbox eval` does; we read the registry back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from envs.runs import registry
+
+DRIVER = textwrap.dedent('''
+    import json, logging, os, signal, sys, time
+    from pathlib import Path
+    from envs.runs.registry import RunRecorder
+
+    mode, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    out.mkdir(parents=True, exist_ok=True)
+    rec = RunRecorder.start(kind="eval", name="drv-" + mode, env_id="toy-env", model="toy-model",
+                            args={"n": n, "mode": mode}, output_dir=str(out))
+    print(rec.id, flush=True)
+    stop = False
+    def on_term(signum, frame):
+        global stop
+        stop = True
+    signal.signal(signal.SIGTERM, on_term)
+    done = sum(1 for _ in open(out / "results.jsonl")) if (out / "results.jsonl").exists() else 0
+    log = logging.getLogger("driver")
+    for i in range(done, n):
+        if stop:
+            rec.finish("stopped")
+            sys.exit(0)
+        if mode == "fail" and i == 1:
+            rec.finish("failed", error="ValueError: boom at example 1")
+            sys.exit(1)
+        time.sleep(0.05 if mode in ("complete", "fail") else 0.3)
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps({"example_id": i, "reward": 1.0}) + "\\n")
+        log.info("finished example %d", i)
+        rec.progress(completed=i + 1, total=n, errors=0)
+    rec.finish("completed")
+''')
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    db = tmp_path / "runs.db"
+    monkeypatch.setenv("VF_RUNS_DB", str(db))
+    drv = tmp_path / "driver.py"
+    drv.write_text(DRIVER)
+    e = dict(os.environ, VF_RUNS_DB=str(db), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return tmp_path, drv, e
+
+
+def spawn(env, mode, n=5, out="out"):
+    tmp, drv, e = env
+    p = subprocess.Popen([sys.executable, str(drv), mode, str(tmp / out), str(n)],
+                         env=e, stdout=subprocess.PIPE, text=True)
+    rid = p.stdout.readline().strip()
+    assert rid, "driver did not start"
+    return p, rid
+
+
+def wait_progress(rid, at_least, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = registry.get_run(rid)
+        if r and r.completed >= at_least:
+            return r
+        time.sleep(0.05)
+    raise AssertionError(f"run {rid} never reached {at_least}")
+
+
+def test_completed(env):
+    p, rid = spawn(env, "complete")
+    assert p.wait(30) == 0
+    r = registry.get_run(rid)
+    assert r.status == "completed" and not r.vanished
+    assert (r.completed, r.total) == (5, 5)
+    assert r.env_id == "toy-env" and r.args["n"] == 5 and r.name == "drv-complete"
+    assert r.ended_at and r.ended_at >= r.started_at
+    text = Path(r.log_path).read_text()
+    assert "finished example 4" in text and "completed" in text
+
+
+def test_failed_records_error(env):
+    p, rid = spawn(env, "fail")
+    assert p.wait(30) == 1
+    r = registry.get_run(rid)
+    assert r.status == "failed" and r.error == "ValueError: boom at example 1"
+    assert registry.list_runs(status="failed")[0].id == rid
+
+
+def test_sigkill_is_shown_vanished_not_running(env):
+    p, rid = spawn(env, "slow", n=50)
+    wait_progress(rid, 1)
+    assert registry.get_run(rid).status == "running"
+    p.kill()
+    p.wait()
+    r = registry.get_run(rid)
+    assert r.status == "failed" and r.vanished
+    assert "vanished" in r.error
+    assert registry.list_runs(status="running") == []
+
+
+def test_reused_pid_is_not_alive(env):
+    # Same pid, different start time: a recycled pid must not keep a run "running".
+    p, rid = spawn(env, "slow", n=50)
+    try:
+        wait_progress(rid, 1)
+        with registry.connect() as conn:
+            conn.execute("UPDATE runs SET pid_start='1' WHERE id=?", (rid,))
+        assert registry.get_run(rid).status == "failed"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_stop_then_resume_continues_same_run(env):
+    from envs.runs.cli import stop_run
+    p, rid = spawn(env, "slow", n=12)
+    wait_progress(rid, 2)
+    r = stop_run(rid, timeout=20)
+    assert r.status == "stopped" and not r.vanished
+    assert p.wait(10) == 0
+    saved = sum(1 for _ in open(env[0] / "out" / "results.jsonl"))
+    assert 2 <= saved < 12
+    # resume: same output dir -> same registry row, attempts 2
+    p2, rid2 = spawn(env, "complete", n=12)
+    assert p2.wait(30) == 0
+    assert rid2 == rid
+    r = registry.get_run(rid)
+    assert r.status == "completed" and r.attempts == 2 and r.completed == 12
+    assert sum(1 for _ in open(env[0] / "out" / "results.jsonl")) == 12
+
+
+def test_concurrent_runs_do_not_lose_updates(env):
+    procs = [spawn(env, "complete", n=20, out=f"out{i}") for i in range(4)]
+    for p, _ in procs:
+        assert p.wait(60) == 0
+    runs = {r.id: r for r in registry.list_runs()}
+    assert len(runs) == 4
+    for _, rid in procs:
+        assert runs[rid].status == "completed" and runs[rid].completed == 20
+
+
+def test_context_manager_marks_failed_on_exception(env, tmp_path):
+    with pytest.raises(RuntimeError):
+        with registry.RunRecorder.start(kind="swe-debug", env_id="swe", output_dir=tmp_path / "o",
+                                        capture_logging=False) as rec:
+            raise RuntimeError("kaput")
+    r = registry.get_run(rec.id)
+    assert r.status == "failed" and r.error == "RuntimeError: kaput"
+    assert "Traceback" in Path(r.log_path).read_text()
+
+
+def test_filters(env, tmp_path):
+    a = registry.RunRecorder.start(kind="eval", env_id="alpha", model="m1", output_dir=tmp_path / "a")
+    b = registry.RunRecorder.start(kind="eval", env_id="beta", model="m2", output_dir=tmp_path / "b")
+    b.finish("completed")
+    assert [r.id for r in registry.list_runs(env_id="alp")] == [a.id]
+    assert [r.id for r in registry.list_runs(model="m2")] == [b.id]
+    assert [r.id for r in registry.list_runs(status="running")] == [a.id]
+    a.finish("completed")
