@@ -1,0 +1,266 @@
+"""The in-sandbox HTTP/WebSocket relay (stdlib only, Python >= 3.8).
+
+Uploaded into a sandbox and run as a long-lived background process:
+
+    python3 relay_program.py PORT [CHUNK_BYTES]
+
+It reaches the server at 127.0.0.1:PORT *inside* the sandbox, so the host
+never needs the sandbox's network: requests travel over the sandbox's
+existing command channel (the process's stdin/stdout).
+
+Wire format (one request in, one frame out; strictly in order):
+
+  host -> relay  one JSON object per line:
+      {"id": N, "op": "http", "method": "POST", "path": "/step",
+       "headers": {...}, "body": "<base64>", "timeout": 30}
+      {"id": N, "op": "ws_open", "path": "/ws", "timeout": 10}
+      {"id": N, "op": "ws_send", "sid": S, "text": "...", "timeout": 30}
+      {"id": N, "op": "ws_close", "sid": S}
+      {"id": N, "op": "more", "of": M}          next chunk of response M
+      {"id": N, "op": "ping"}
+  relay -> host  one frame per request:
+      <JSON line>\\n@@vfr-end-N@@\\n
+      JSON: {"id": N, "ok": true, ...} or {"id": N, "ok": false,
+             "error": "...", "kind": "connect"|"timeout"|"protocol"|"bad_request"}
+      http responses carry "status", "headers", "body" (base64) and
+      "more": true when the body continues (ask with op "more").
+
+Bodies are base64 so binary content survives a text channel; a response
+body is cut into CHUNK_BYTES pieces so no single frame exceeds the
+channel's output bound. The relay writes nothing else to stdout.
+"""
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+END = "@@vfr-end-%s@@"
+DEFAULT_CHUNK = 256 * 1024
+MAX_WS_MESSAGE = 64 * 1024 * 1024
+IDLE_RECONNECT_S = 3.0  # uvicorn closes idle keep-alive connections after 5 s
+
+
+def emit(out, rid, payload):
+    payload["id"] = rid
+    out.write(json.dumps(payload, separators=(",", ":")) + "\n" + (END % rid) + "\n")
+    out.flush()
+
+
+class Http:
+    """One keep-alive connection to the local server, reopened when stale."""
+
+    def __init__(self, port):
+        self.port = port
+        self.conn = None
+        self.last_used = 0.0
+
+    def _fresh(self, timeout):
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, headers, body, timeout):
+        idle = time.monotonic() - self.last_used
+        if self.conn is None or idle > IDLE_RECONNECT_S:
+            self._fresh(timeout)
+        else:
+            self.conn.timeout = timeout
+            if self.conn.sock is not None:
+                self.conn.sock.settimeout(timeout)
+        for attempt in (0, 1):
+            try:
+                self.conn.request(method, path, body=body, headers=headers)
+                resp = self.conn.getresponse()
+                data = resp.read()
+                self.last_used = time.monotonic()
+                if resp.will_close:
+                    self.conn.close()
+                    self.conn = None
+                return resp.status, dict(resp.getheaders()), data
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # A stale keep-alive connection: safe to retry only for methods without side effects.
+                self._fresh(timeout)
+                if attempt or method not in ("GET", "HEAD", "OPTIONS"):
+                    raise
+        raise AssertionError("unreachable")
+
+
+class WebSocket:
+    """A minimal RFC 6455 client: text messages, ping/pong, close."""
+
+    def __init__(self, port, path, timeout):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        key = base64.b64encode(os.urandom(16)).decode()
+        req = (
+            "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ) % (path, port, key)
+        self.sock.sendall(req.encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            part = self.sock.recv(4096)
+            if not part:
+                raise ConnectionError("server closed the connection during the WebSocket handshake")
+            head += part
+            if len(head) > 65536:
+                raise ValueError("WebSocket handshake response too large")
+        head, _, self.buf = head.partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0]
+        if b" 101 " not in status + b" ":
+            raise ValueError("WebSocket handshake refused: %s" % status.decode("latin-1"))
+        accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        if accept not in head:
+            raise ValueError("WebSocket handshake: bad Sec-WebSocket-Accept")
+
+    def _recv_exact(self, n):
+        while len(self.buf) < n:
+            part = self.sock.recv(max(65536, n - len(self.buf)))
+            if not part:
+                raise ConnectionError("WebSocket closed by the server")
+            self.buf += part
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _send_frame(self, opcode, payload):
+        head = bytearray([0x80 | opcode])
+        n = len(payload)
+        if n < 126:
+            head.append(0x80 | n)
+        elif n < 65536:
+            head.append(0x80 | 126)
+            head += struct.pack("!H", n)
+        else:
+            head.append(0x80 | 127)
+            head += struct.pack("!Q", n)
+        mask = os.urandom(4)
+        head += mask
+        # XOR with the mask via big-int arithmetic: fast enough without numpy.
+        m = (mask * (n // 4 + 1))[:n]
+        masked = (int.from_bytes(payload, "big") ^ int.from_bytes(m, "big")).to_bytes(n, "big") if n else b""
+        self.sock.sendall(bytes(head) + masked)
+
+    def send_text(self, text):
+        self._send_frame(0x1, text.encode("utf-8"))
+
+    def recv_text(self, timeout):
+        self.sock.settimeout(timeout)
+        parts = []
+        size = 0
+        while True:
+            b0, b1 = self._recv_exact(2)
+            fin, opcode, n = b0 & 0x80, b0 & 0x0F, b1 & 0x7F
+            if n == 126:
+                n = struct.unpack("!H", self._recv_exact(2))[0]
+            elif n == 127:
+                n = struct.unpack("!Q", self._recv_exact(8))[0]
+            mask = self._recv_exact(4) if b1 & 0x80 else None
+            payload = self._recv_exact(n)
+            if mask:
+                m = (mask * (n // 4 + 1))[:n]
+                payload = (int.from_bytes(payload, "big") ^ int.from_bytes(m, "big")).to_bytes(n, "big")
+            if opcode == 0x9:
+                self._send_frame(0xA, payload)
+                continue
+            if opcode == 0xA:
+                continue
+            if opcode == 0x8:
+                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
+                raise ConnectionError("WebSocket closed by the server (code %d)" % code)
+            size += n
+            if size > MAX_WS_MESSAGE:
+                raise ValueError("WebSocket message larger than %d bytes" % MAX_WS_MESSAGE)
+            parts.append(payload)
+            if fin:
+                return b"".join(parts).decode("utf-8", "replace")
+
+    def close(self):
+        try:
+            self._send_frame(0x8, struct.pack("!H", 1000))
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def main(argv):
+    port = int(argv[1])
+    chunk = int(argv[2]) if len(argv) > 2 else DEFAULT_CHUNK
+    out = sys.stdout
+    http_conn = Http(port)
+    sockets = {}
+    pending = {}  # response id -> remaining body bytes
+    next_sid = 1
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            rid = req["id"]
+        except (ValueError, KeyError, TypeError) as exc:
+            emit(out, "x", {"ok": False, "kind": "bad_request", "error": "unreadable request: %s" % exc})
+            continue
+        op = req.get("op")
+        timeout = float(req.get("timeout") or 30)
+        try:
+            if op == "http":
+                body = base64.b64decode(req["body"]) if req.get("body") else None
+                status, headers, data = http_conn.request(
+                    req.get("method", "GET"), req.get("path", "/"), req.get("headers") or {}, body, timeout
+                )
+                first, rest = data[:chunk], data[chunk:]
+                if rest:
+                    pending[rid] = rest
+                emit(out, rid, {"ok": True, "status": status, "headers": headers,
+                                "body": base64.b64encode(first).decode(), "size": len(data),
+                                "more": bool(rest)})
+            elif op == "more":
+                rest = pending.pop(req.get("of"), b"")
+                first, rest = rest[:chunk], rest[chunk:]
+                if rest:
+                    pending[req.get("of")] = rest
+                emit(out, rid, {"ok": True, "body": base64.b64encode(first).decode(), "more": bool(rest)})
+            elif op == "ws_open":
+                sockets[next_sid] = WebSocket(port, req.get("path", "/ws"), timeout)
+                emit(out, rid, {"ok": True, "sid": next_sid})
+                next_sid += 1
+            elif op == "ws_send":
+                ws = sockets.get(req.get("sid"))
+                if ws is None:
+                    emit(out, rid, {"ok": False, "kind": "bad_request", "error": "no such WebSocket session"})
+                    continue
+                try:
+                    ws.send_text(req["text"])
+                    text = ws.recv_text(timeout)
+                except BaseException:
+                    sockets.pop(req.get("sid"), None)
+                    ws.close()
+                    raise
+                emit(out, rid, {"ok": True, "text": text})
+            elif op == "ws_close":
+                ws = sockets.pop(req.get("sid"), None)
+                if ws is not None:
+                    ws.close()
+                emit(out, rid, {"ok": True})
+            elif op == "ping":
+                emit(out, rid, {"ok": True, "pid": os.getpid()})
+            else:
+                emit(out, rid, {"ok": False, "kind": "bad_request", "error": "unknown op %r" % op})
+        except (socket.timeout, TimeoutError) as exc:
+            emit(out, rid, {"ok": False, "kind": "timeout", "error": "timed out after %ss: %s" % (timeout, exc)})
+        except (ConnectionError, OSError, http.client.HTTPException) as exc:
+            http_conn.conn = None
+            emit(out, rid, {"ok": False, "kind": "connect", "error": "%s: %s" % (type(exc).__name__, exc)})
+        except (ValueError, KeyError, TypeError) as exc:
+            emit(out, rid, {"ok": False, "kind": "protocol", "error": "%s: %s" % (type(exc).__name__, exc)})
+    for ws in sockets.values():
+        ws.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
