@@ -83,14 +83,14 @@ def list_cmd(
 
     t = Table(box=None, header_style="bold")
     for col in ("ID", "NAME", "KIND", "ENV", "MODEL", "STATUS", "PROGRESS", "ERRORS", "STARTED", "DURATION"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("ID", "STATUS", "STARTED", "PROGRESS"))
     colors = {"running": "cyan", "completed": "green", "failed": "red", "stopped": "yellow"}
     for r in runs:
         prog = f"{r.completed}/{r.total}" if r.total else str(r.completed)
         t.add_row(r.id, r.name or "", r.kind, r.env_id, r.model or "",
                   f"[{colors.get(r.status, 'white')}]{r.display_status}[/]", prog, str(r.errors),
-                  _ago(r.started_at), _dur(r.duration))
-    Console().print(t if runs else "no runs")
+                  _ago(r.started_at)[5:], _dur(r.duration))
+    Console(width=None if sys.stdout.isatty() else 200).print(t if runs else "no runs")
 
 
 @runs_app.command("show")

@@ -1,0 +1,355 @@
+"""Read a run's outputs and summarise them: aggregate reward and metrics with
+their spread, pass@k, errors by type, timing percentiles, reward histogram
+(eval runs: `results.jsonl` + `metadata.json`), or reasons and phase timings
+(swe-debug runs: one JSONL row per instance). Also the grouped samples view.
+
+Rows are read defensively: the writers may add, omit or rename optional
+fields, and a run still being written may end in a partial line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from .registry import RunRecord
+
+_cache: dict[str, tuple[tuple[float, int], list[dict]]] = {}
+
+
+# -------------------------------------------------------------------- reading
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict]:
+    """Rows of a JSONL file (cached on mtime+size); bad or partial lines skipped."""
+    p = str(path)
+    try:
+        st = os.stat(p)
+    except OSError:
+        return []
+    key = (st.st_mtime, st.st_size)
+    hit = _cache.get(p)
+    if hit and hit[0] == key:
+        return hit[1]
+    rows: list[dict] = []
+    with open(p, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+    if len(_cache) > 32:
+        _cache.clear()
+    _cache[p] = (key, rows)
+    return rows
+
+
+def read_metadata(output_dir: str) -> dict:
+    try:
+        with open(Path(output_dir) / "metadata.json", encoding="utf-8") as f:
+            obj = json.load(f)
+        return obj if isinstance(obj, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def result_files(rec: RunRecord) -> list[Path]:
+    """The JSONL files holding a run's rows."""
+    p = Path(rec.output_dir)
+    if p.is_file():
+        return [p]
+    if (p / "results.jsonl").exists():
+        return [p / "results.jsonl"]
+    if p.is_dir():
+        return sorted(x for x in p.glob("*.jsonl") if x.is_file())
+    return []
+
+
+def read_rows(rec: RunRecord) -> list[dict]:
+    rows: list[dict] = []
+    for f in result_files(rec):
+        rows.extend(read_jsonl(f))
+    return rows
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool):
+        return float(x)
+    if isinstance(x, (int, float)) and math.isfinite(x):
+        return float(x)
+    return None
+
+
+def spread(values: Iterable[float]) -> dict[str, float]:
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"n": 0, "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+    m = sum(v) / len(v)
+    var = sum((x - m) ** 2 for x in v) / len(v)
+    return {"n": len(v), "mean": m, "std": math.sqrt(var), "min": min(v), "max": max(v)}
+
+
+def percentiles(values: Iterable[float]) -> dict[str, float]:
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return {}
+
+    def q(p: float) -> float:
+        i = (len(v) - 1) * p
+        lo, hi = math.floor(i), math.ceil(i)
+        return v[lo] + (v[hi] - v[lo]) * (i - lo)
+
+    return {"n": len(v), "mean": sum(v) / len(v), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": v[-1]}
+
+
+def histogram(values: list[float], bins: int = 10) -> dict[str, list[float]]:
+    if not values:
+        return {"edges": [], "counts": []}
+    lo, hi = min(0.0, min(values)), max(1.0, max(values))
+    width = (hi - lo) / bins or 1.0
+    counts = [0] * bins
+    for x in values:
+        counts[min(int((x - lo) / width), bins - 1)] += 1
+    return {"edges": [lo + i * width for i in range(bins + 1)], "counts": counts}
+
+
+def pass_at_k(groups: dict[Any, list[float]], threshold: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Unbiased pass@k (at least one of k correct) and pass^k (all k correct),
+    averaged over examples, for k = 1, 2, 4, ... up to the smallest group size."""
+    sizes = [len(v) for v in groups.values() if v]
+    if not sizes:
+        return {}, {}
+    n_min = min(sizes)
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n_min]
+    if n_min not in ks:
+        ks.append(n_min)
+    at, allk = {}, {}
+    for k in ks:
+        pa, pall = [], []
+        for rewards in groups.values():
+            n = len(rewards)
+            c = sum(1 for r in rewards if r >= threshold)
+            pa.append(1.0 - (math.comb(n - c, k) / math.comb(n, k) if n - c >= k else 0.0))
+            pall.append(math.comb(c, k) / math.comb(n, k))
+        at[str(k)] = sum(pa) / len(pa)
+        allk[str(k)] = sum(pall) / len(pall)
+    return at, allk
+
+
+def error_type(err: Any) -> str | None:
+    """The error's type name from a row's `error` (ErrorData dict, or a
+    "Type: message" string as written by the eval CLI)."""
+    if not err:
+        return None
+    if isinstance(err, dict):
+        for key in ("error", "type", "error_type", "name"):
+            if isinstance(err.get(key), str) and err[key]:
+                return err[key]
+        return "error"
+    if isinstance(err, str):
+        head = err.split(":", 1)[0].strip()
+        return head if head and head.replace(".", "").replace("_", "").isalnum() else "error"
+    return type(err).__name__
+
+
+def error_text(err: Any) -> str | None:
+    if not err:
+        return None
+    if isinstance(err, dict):
+        msg = err.get("message") or err.get("error_chain_str") or ""
+        t = error_type(err)
+        return f"{t}: {msg}" if msg else t
+    return str(err)
+
+
+def _dur(x: Any) -> float | None:
+    n = _num(x)
+    if n is not None:
+        return n
+    if isinstance(x, dict):
+        if _num(x.get("duration")) is not None:
+            return float(x["duration"])
+        if "spans" in x and isinstance(x["spans"], list):
+            return sum(_dur(s) or 0.0 for s in x["spans"])
+        s, e = _num(x.get("start")), _num(x.get("end"))
+        if s is not None and e is not None and e >= s and s > 0:
+            return e - s
+    return None
+
+
+def timing_phases(timing: Any) -> dict[str, float]:
+    """Per-phase seconds from a row's `timing` (RolloutTiming or a flat dict)."""
+    out: dict[str, float] = {}
+    if not isinstance(timing, dict):
+        return out
+    for k, v in timing.items():
+        if k in ("start_time",):
+            continue
+        d = _dur(v)
+        if d is not None:
+            out[k] = d
+    if "total" not in out:
+        g, s = timing.get("generation"), timing.get("scoring")
+        if isinstance(g, dict) and isinstance(s, dict):
+            gs, se = _num(g.get("start")), _num(s.get("end"))
+            if gs and se and se >= gs:
+                out["total"] = se - gs
+    return out
+
+
+def tools_called(row: dict) -> list[str]:
+    """Names of the tools the model called, in order."""
+    names: list[str] = []
+    msgs = row.get("completion")
+    if not isinstance(msgs, list):
+        return names
+    for m in msgs:
+        if not isinstance(m, dict):
+            continue
+        for tc in m.get("tool_calls") or []:
+            if isinstance(tc, dict):
+                fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
+                if isinstance(fn.get("name"), str):
+                    names.append(fn["name"])
+        content = m.get("content")
+        if isinstance(content, list):  # Anthropic-style tool_use blocks
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "tool_use" and part.get("name"):
+                    names.append(str(part["name"]))
+    return names
+
+
+# ------------------------------------------------------------------ summaries
+
+
+def summarize_run(rec: RunRecord) -> dict:
+    if rec.kind == "swe-debug":
+        return summarize_swe(read_rows(rec))
+    return summarize_eval(read_rows(rec), read_metadata(rec.output_dir))
+
+
+def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
+    meta = meta or {}
+    threshold = _num(meta.get("pass_threshold"))
+    threshold = 0.5 if threshold is None else threshold
+    rewards: list[float] = []
+    groups: dict[Any, list[float]] = {}
+    metrics: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    phases: dict[str, list[float]] = {}
+    for i, r in enumerate(rows):
+        rw = _num(r.get("reward"))
+        rw = 0.0 if rw is None else rw
+        rewards.append(rw)
+        groups.setdefault(r.get("example_id", f"row{i}"), []).append(rw)
+        for k, v in (r.get("metrics") or {}).items() if isinstance(r.get("metrics"), dict) else ():
+            n = _num(v)
+            if n is not None:
+                metrics.setdefault(k, []).append(n)
+        et = error_type(r.get("error"))
+        if et:
+            errors[et] = errors.get(et, 0) + 1
+        for k, v in timing_phases(r.get("timing")).items():
+            phases.setdefault(k, []).append(v)
+    at, allk = pass_at_k(groups, threshold)
+    return {
+        "kind": "eval",
+        "n_rollouts": len(rows),
+        "n_examples": len(groups),
+        "reward": spread(rewards),
+        "metrics": {k: spread(v) for k, v in sorted(metrics.items())},
+        "pass_threshold": threshold,
+        "pass_at_k": at,
+        "pass_all_k": allk,
+        "errors_by_type": errors,
+        "error_rate": (sum(errors.values()) / len(rows)) if rows else 0.0,
+        "timing": {k: percentiles(v) for k, v in sorted(phases.items())},
+        "histogram": histogram(rewards),
+        "metadata": {k: v for k, v in meta.items() if k not in ("tools",)},
+    }
+
+
+def summarize_swe(rows: list[dict]) -> dict:
+    reasons: dict[str, int] = {}
+    phases: dict[str, list[float]] = {}
+    valid = 0
+    for r in rows:
+        reason = str(r.get("reason") or ("pass" if r.get("valid") else "unknown"))
+        reasons[reason] = reasons.get(reason, 0) + 1
+        valid += bool(r.get("valid"))
+        t = r.get("timings") if isinstance(r.get("timings"), dict) else {}
+        for k, v in t.items():
+            d = _dur(v)
+            if d is not None:
+                phases.setdefault(k, []).append(d)
+    return {
+        "kind": "swe-debug",
+        "n": len(rows),
+        "valid": valid,
+        "reasons": reasons,
+        "phase_timings": {k: percentiles(v) for k, v in sorted(phases.items())},
+    }
+
+
+def _tail(x: Any, limit: int = 4000) -> str:
+    s = x if isinstance(x, str) else ("" if x is None else json.dumps(x))
+    return s[-limit:]
+
+
+def swe_instances(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        out.append({
+            "instance_id": r.get("instance_id") or r.get("id") or "?",
+            "reason": r.get("reason"),
+            "valid": r.get("valid"),
+            "timings": {k: _dur(v) for k, v in (r.get("timings") or {}).items()}
+            if isinstance(r.get("timings"), dict) else {},
+            "error": error_text(r.get("error")),
+            "stdout_tail": _tail(r.get("stdout_tail") or r.get("test_output_tail")),
+            "stderr_tail": _tail(r.get("stderr_tail")),
+        })
+    return out
+
+
+def sample_groups(rows: list[dict], offset: int = 0, limit: int = 20) -> dict:
+    """Rollouts grouped by example (first-seen order), paged by group."""
+    order: list[Any] = []
+    by_ex: dict[Any, list[dict]] = {}
+    for i, r in enumerate(rows):
+        ex = r.get("example_id", f"row{i}")
+        if ex not in by_ex:
+            order.append(ex)
+            by_ex[ex] = []
+        by_ex[ex].append(r)
+    groups = []
+    for ex in order[offset: offset + limit]:
+        rs = by_ex[ex]
+        rewards = [(_num(r.get("reward")) or 0.0) for r in rs]
+        groups.append({
+            "example_id": ex,
+            "prompt": rs[0].get("prompt"),
+            "answer": rs[0].get("answer"),
+            "reward": spread(rewards),
+            "rollouts": [{
+                "completion": r.get("completion"),
+                "reward": _num(r.get("reward")),
+                "metrics": r.get("metrics") if isinstance(r.get("metrics"), dict) else {},
+                "tools": tools_called(r),
+                "error": error_text(r.get("error")),
+                "stop_condition": r.get("stop_condition"),
+                "timing": timing_phases(r.get("timing")),
+            } for r in rs],
+        })
+    return {"total_groups": len(order), "offset": offset, "groups": groups}
