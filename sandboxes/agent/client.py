@@ -1,0 +1,613 @@
+"""Host side of the in-sandbox agent: `AgentSandbox` implements the whole
+`Sandbox` contract over any async byte channel to a running agent.
+
+How a backend plugs in (Docker, Kubernetes, local pipes, ...):
+
+1. Start the agent inside the sandbox once, with stdin/stdout attached:
+   the command is `protocol.agent_argv()` (`python3 -u -c <source>`).
+2. Wrap the attached stream in an `AgentChannel`: `send(bytes)` writes to the
+   agent's stdin, `receive()` returns the next bytes of its stdout (b"" at
+   EOF), `close()` ends the stream. Optionally `describe()` names the channel
+   and `log_tail()` returns the agent's recent stderr (both go into errors).
+3. `sb = await MySandbox.connect(channel, id=..., name=..., spec=spec)` where
+   `MySandbox(AgentSandbox)` overrides `_destroy()` (remove the sandbox; must be
+   idempotent) and, if it has a cheaper check, `alive()`.
+
+Everything else (exec, streaming, background processes, files, tar
+transfers, timeouts, bounded output) comes from here. When the channel hits
+EOF or breaks, every pending request fails with `AgentError` (an InfraError)
+and no request is ever re-sent: a command that may have started is the
+caller's to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import stat
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import AgentError, ConfigError, PathError, SandboxNotRunning
+from ..interface import BackgroundProcess, Command, Sandbox
+from ..results import ExecResult, OutputChunk, ProcessStatus
+from ..spec import SandboxSpec
+from . import protocol
+from .protocol import ACK_EVERY, INLINE_MAX, b64, unb64
+
+log = logging.getLogger(__name__)
+
+TRANSFER_CHUNK = 1 << 20
+EXEC_GRACE = 30.0  # seconds the host waits past a command's timeout before declaring the agent lost
+
+
+class AgentChannel:
+    """An async byte pipe to one running agent (its stdin and stdout)."""
+
+    async def send(self, data: bytes) -> None:
+        """Write bytes to the agent's stdin (raise on a broken channel)."""
+        raise NotImplementedError
+
+    async def receive(self) -> bytes:
+        """The next bytes of the agent's stdout; b"" at EOF."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Close the channel; the agent exits on stdin EOF. Idempotent."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def log_tail(self) -> str:
+        """The agent's recent stderr, if the channel collects it."""
+        return ""
+
+
+class _Waiter:
+    __slots__ = ("future", "queue")
+
+    def __init__(self, streaming: bool):
+        loop = asyncio.get_running_loop()
+        self.future: asyncio.Future | None = None if streaming else loop.create_future()
+        self.queue: asyncio.Queue | None = asyncio.Queue() if streaming else None
+
+
+class AgentConnection:
+    """Request/response multiplexing over one channel: ids, dispatch, failure."""
+
+    def __init__(self, channel: AgentChannel):
+        self.channel = channel
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, _Waiter] = {}
+        self._send_lock = asyncio.Lock()
+        self._hello: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._reader: asyncio.Task | None = None
+        self._dead: BaseException | None = None
+        self._closing = False
+        self.hello: dict[str, Any] = {}
+
+    # -- lifecycle
+    async def start(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Start reading and wait for the agent's hello."""
+        self._reader = asyncio.create_task(self._read_loop())
+        try:
+            self.hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+        except asyncio.TimeoutError:
+            await self.close()
+            raise AgentError(f"agent did not start within {timeout:.0f}s on {self.channel.describe()}{self._log()}") from None
+        return self.hello
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        with contextlib.suppress(Exception):
+            await self.channel.close()
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        self._fail(SandboxNotRunning("the agent connection was closed (sandbox deleted)"))
+
+    @property
+    def dead(self) -> BaseException | None:
+        return self._dead
+
+    def _log(self) -> str:
+        tail = self.channel.log_tail().strip()
+        return f"; agent log: {tail[-2000:]}" if tail else ""
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._dead is None:
+            self._dead = exc
+        if not self._hello.done():
+            self._hello.set_exception(self._dead)
+            self._hello.exception()  # mark retrieved
+        for waiter in self._waiters.values():
+            if waiter.future is not None:
+                if not waiter.future.done():
+                    waiter.future.set_exception(self._dead)
+            else:
+                waiter.queue.put_nowait(self._dead)
+        self._waiters.clear()
+
+    async def _read_loop(self) -> None:
+        buf = bytearray()
+        scanned = 0
+        error: BaseException | None = None
+        try:
+            while True:
+                data = await self.channel.receive()
+                if not data:
+                    break
+                buf += data
+                while True:
+                    i = buf.find(b"\n", scanned)
+                    if i < 0:
+                        scanned = len(buf)
+                        break
+                    line = bytes(buf[:i])
+                    del buf[: i + 1]
+                    scanned = 0
+                    self._dispatch(json.loads(line))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # broken channel or garbage on it
+            error = exc
+        if self._closing:
+            return
+        what = f"agent channel {self.channel.describe()} "
+        what += f"broke: {error!r}" if error else "closed (agent or sandbox died)"
+        self._fail(AgentError(what + self._log()))
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        if rid == 0 and msg.get("ev") == "hello":
+            if not self._hello.done():
+                self._hello.set_result(msg)
+            return
+        waiter = self._waiters.get(rid)
+        if waiter is None:
+            return  # answer to an abandoned request
+        final = msg.get("ev") != "chunk"
+        if final:
+            del self._waiters[rid]
+        if waiter.future is not None:
+            if final and not waiter.future.done():
+                waiter.future.set_result(msg)
+        else:
+            waiter.queue.put_nowait(msg)
+
+    # -- requests
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        data = protocol.encode(msg)
+        try:
+            async with self._send_lock:
+                await self.channel.send(data)
+        except Exception as exc:
+            err = AgentError(f"cannot write to agent channel {self.channel.describe()}: {exc!r}{self._log()}")
+            self._fail(err)
+            raise err from exc
+
+    async def notify(self, msg: dict[str, Any]) -> None:
+        """Send a control message (data / ack / cancel); never waits for an answer."""
+        if self._dead is None:
+            with contextlib.suppress(AgentError):
+                await self._send(msg)
+
+    def _register(self, msg: dict[str, Any], streaming: bool) -> tuple[int, _Waiter]:
+        self._check()
+        rid = next(self._ids)
+        msg["id"] = rid
+        waiter = _Waiter(streaming)
+        self._waiters[rid] = waiter
+        return rid, waiter
+
+    async def call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
+        """Send one request and return its result event (errors raised as typed exceptions)."""
+        rid, waiter = self._register(msg, streaming=False)
+        try:
+            await self._send(msg)
+            if timeout is None:
+                reply = await waiter.future
+            else:
+                try:
+                    reply = await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+                except asyncio.TimeoutError:
+                    raise AgentError(
+                        f"agent did not answer {msg.get('op')} within {timeout:.0f}s on {self.channel.describe()}{self._log()}"
+                    ) from None
+        except BaseException:
+            if self._waiters.pop(rid, None) is not None and cancel_on_abort:
+                await asyncio.shield(self.notify({"op": "cancel", "id": rid}))
+            raise
+        return _raise_error(reply)
+
+    async def stream(self, msg: dict[str, Any], inbound: AsyncIterator[bytes] | None = None) -> AsyncIterator[dict]:
+        """Send a request and yield its chunk events, then its result event.
+
+        Chunks are acknowledged as they are consumed (flow control). `inbound`
+        bytes are sent as data messages after the request, then EOF."""
+        rid, waiter = self._register(msg, streaming=True)
+        finished = False
+        try:
+            await self._send(msg)
+            if inbound is not None:
+                async for piece in inbound:
+                    self._check()
+                    await self._send({"op": "data", "id": rid, "data": b64(piece)})
+                await self._send({"op": "data", "id": rid, "eof": True})
+            consumed = 0
+            while True:
+                ev = await waiter.queue.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                if ev.get("ev") == "chunk":
+                    yield ev
+                    consumed += len(ev.get("data", "")) * 3 // 4
+                    if consumed >= ACK_EVERY:
+                        await self.notify({"op": "ack", "id": rid, "bytes": consumed})
+                        consumed = 0
+                    continue
+                finished = True
+                yield _raise_error(ev)
+                return
+        finally:
+            if not finished and self._waiters.pop(rid, None) is not None:
+                await asyncio.shield(self.notify({"op": "cancel", "id": rid}))
+
+
+def _raise_error(msg: dict[str, Any]) -> dict:
+    if msg.get("ev") != "error":
+        return msg
+    kind, text = msg.get("kind"), msg.get("message", "")
+    if kind == "path":
+        raise PathError(text)
+    if kind == "usage":
+        raise ConfigError(text)
+    raise AgentError(f"agent failed: {text}")
+
+
+# ---------------------------------------------------------------- results
+
+
+def _join(head: str, tail: str, dropped: int) -> str:
+    h = unb64(head).decode("utf-8", "replace")
+    t = unb64(tail).decode("utf-8", "replace")
+    if dropped:
+        return f"{h}\n[... {dropped} bytes dropped ...]\n{t}"
+    return h + t
+
+
+def exec_result(r: dict[str, Any]) -> ExecResult:
+    """An `ExecResult` from the agent's exec result event."""
+    return ExecResult(
+        stdout=_join(r.get("stdout_head", ""), r.get("stdout_tail", ""), r.get("stdout_dropped", 0)),
+        stderr=_join(r.get("stderr_head", ""), r.get("stderr_tail", ""), r.get("stderr_dropped", 0)),
+        exit_code=r.get("exit_code"),
+        timed_out=bool(r.get("timed_out")),
+        signal=r.get("signal"),
+        oom_killed=bool(r.get("oom_killed")),
+        stdout_dropped_bytes=r.get("stdout_dropped", 0),
+        stderr_dropped_bytes=r.get("stderr_dropped", 0),
+        duration=float(r.get("duration", 0.0)),
+    )
+
+
+def _command(cmd: Command) -> dict[str, Any]:
+    if isinstance(cmd, str):
+        return {"shell": cmd}
+    argv = [str(a) for a in cmd]
+    if not argv:
+        raise ConfigError("empty command")
+    return {"argv": argv}
+
+
+def _status(r: dict[str, Any]) -> ProcessStatus:
+    return ProcessStatus(pid=r["pid"], running=r["running"], exit_code=r.get("exit_code"), signal=r.get("signal"))
+
+
+# ---------------------------------------------------------------- tar safety
+
+
+def _check_member(member: tarfile.TarInfo, dest: str) -> None:
+    """Refuse members that would land outside `dest` (absolute, `..`, links out, devices)."""
+    data_filter = getattr(tarfile, "data_filter", None)
+    if data_filter is not None:
+        try:
+            data_filter(member, dest)
+        except tarfile.FilterError as exc:
+            raise PathError(f"refused archive member {member.name!r}: {exc}") from None
+        return
+    name = os.path.normpath(member.name)
+    if os.path.isabs(member.name) or name == ".." or name.startswith("../"):
+        raise PathError(f"refused archive member {member.name!r}: outside the destination")
+    if member.issym() or member.islnk():
+        base = os.path.dirname(name) if member.issym() else ""
+        target = os.path.normpath(os.path.join(base, member.linkname))
+        if os.path.isabs(member.linkname) or target == ".." or target.startswith("../"):
+            raise PathError(f"refused archive member {member.name!r}: link points outside the destination")
+    if member.isdev():
+        raise PathError(f"refused archive member {member.name!r}: device file")
+    real = os.path.realpath(os.path.join(dest, name))
+    root = os.path.realpath(dest)
+    if real != root and not real.startswith(root.rstrip("/") + "/"):
+        raise PathError(f"refused archive member {member.name!r}: written through a link out of the destination")
+
+
+def _safe_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    _check_member(member, dest)
+    return member  # modes and links kept as they are
+
+
+def extract_tar(fileobj, kind: str, local: Path) -> None:
+    """Extract the agent's get_tar stream (`kind` file or dir) to `local`, refusing traversal."""
+    fileobj.seek(0)
+    with tarfile.open(fileobj=fileobj, mode="r:") as tar:
+        if kind == "file":
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise PathError(f"expected one regular file in the archive, got {member!r}")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(member)
+            with open(local, "wb") as out:
+                while chunk := src.read(TRANSFER_CHUNK):
+                    out.write(chunk)
+            os.chmod(local, member.mode & 0o7777)
+            return
+        local.mkdir(parents=True, exist_ok=True)
+        dest = str(local)
+        members = []
+        for m in tar:
+            _check_member(m, dest)
+            members.append(m)
+        kw = {"filter": _safe_filter} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(dest, members=members, **kw)
+
+
+def _tar_local(local: Path, out) -> None:
+    with tarfile.open(fileobj=out, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(str(local), arcname=".", recursive=True)
+
+
+async def _file_pieces(fileobj) -> AsyncIterator[bytes]:
+    while True:
+        piece = await asyncio.to_thread(fileobj.read, TRANSFER_CHUNK)
+        if not piece:
+            return
+        yield piece
+
+
+# ---------------------------------------------------------------- sandbox
+
+
+class AgentProcess(BackgroundProcess):
+    """A background process served by the agent."""
+
+    def __init__(self, sandbox: "AgentSandbox", pid: int):
+        self._sb = sandbox
+        self.pid = pid
+
+    async def _call(self, op: str, guard: float | None = None, **fields) -> dict:
+        msg = {"op": op, "pid": self.pid, **{k: v for k, v in fields.items() if v is not None}}
+        return await self._sb._call(msg, timeout=guard)
+
+    async def poll(self) -> ProcessStatus:
+        return _status(await self._call("poll", guard=EXEC_GRACE))
+
+    async def read_output(self, until: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        raw = await self.read_output_bytes(until, timeout)
+        return raw[0].decode("utf-8", "replace"), raw[1].decode("utf-8", "replace")
+
+    async def read_output_bytes(self, until: str | None = None, timeout: float | None = None) -> tuple[bytes, bytes]:
+        """Like `read_output`, undecoded."""
+        guard = None if (until and timeout is None) else (timeout or 0) + EXEC_GRACE
+        r = await self._call("read", guard=guard, until=until, timeout=timeout)
+        return unb64(r["stdout"]), unb64(r["stderr"])
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        await self._call("write_stdin", data=b64(data))
+
+    async def close_stdin(self) -> None:
+        """Close the process's stdin (it sees EOF)."""
+        await self._call("write_stdin", close=True)
+
+    async def kill(self, signal: int = 9, group: bool = True) -> None:
+        await self._call("kill", guard=EXEC_GRACE, signal=signal, group=group)
+
+    async def wait(self, timeout: float | None = None) -> ProcessStatus:
+        guard = None if timeout is None else timeout + EXEC_GRACE
+        return _status(await self._call("wait", guard=guard, timeout=timeout))
+
+
+class AgentSandbox(Sandbox):
+    """A `Sandbox` whose every operation goes through the in-sandbox agent.
+
+    Backends subclass it and override `_destroy()` (and maybe `alive()`)."""
+
+    backend_name = "agent"
+
+    def __init__(self, connection: AgentConnection, *, id: str, name: str, spec: SandboxSpec, backend_name: str | None = None):
+        self._conn = connection
+        self.id = id
+        self.name = name
+        self.spec = spec
+        if backend_name:
+            self.backend_name = backend_name
+        self._deleted = False
+        self._delete_lock: asyncio.Lock | None = None
+
+    @classmethod
+    async def connect(cls, channel: AgentChannel, *, hello_timeout: float = 30.0, **kwargs: Any) -> "AgentSandbox":
+        """Wrap a channel to a freshly started agent; waits for its hello (AgentError if none)."""
+        conn = AgentConnection(channel)
+        await conn.start(hello_timeout)
+        return cls(conn, **kwargs)
+
+    @property
+    def connection(self) -> AgentConnection:
+        return self._conn
+
+    async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
+        if self._deleted:
+            raise SandboxNotRunning(f"sandbox {self.name} was deleted")
+        return await self._conn.call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
+
+    def _exec_msg(self, cmd, timeout, env, cwd, output_limit) -> tuple[dict[str, Any], float]:
+        t = float(timeout if timeout is not None else self.spec.timeout_per_command_seconds)
+        msg: dict[str, Any] = {"op": "exec", **_command(cmd), "timeout": t,
+                               "limit": int(output_limit or self.spec.output_limit_bytes)}
+        merged = {**self.spec.environment_vars, **(env or {})}
+        if merged:
+            msg["env"] = merged
+        if cwd:
+            msg["cwd"] = cwd
+        return msg, t
+
+    async def exec(self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None,
+                   cwd: str | None = None, stdin: bytes | str | None = None, output_limit: int | None = None) -> ExecResult:
+        msg, t = self._exec_msg(cmd, timeout, env, cwd, output_limit)
+        if stdin:
+            msg["stdin"] = b64(stdin.encode() if isinstance(stdin, str) else stdin)
+        reply = await self._call(msg, timeout=t * 1.5 + EXEC_GRACE, cancel_on_abort=True)
+        return exec_result(reply)
+
+    async def exec_stream(self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None,
+                          cwd: str | None = None) -> AsyncIterator[OutputChunk | ExecResult]:
+        if self._deleted:
+            raise SandboxNotRunning(f"sandbox {self.name} was deleted")
+        msg, _ = self._exec_msg(cmd, timeout, env, cwd, None)
+        msg["stream"] = True
+        stream = self._conn.stream(msg)
+        try:
+            async for ev in stream:
+                if ev.get("ev") == "chunk":
+                    yield OutputChunk(stream=ev["stream"], data=unb64(ev["data"]))
+                else:
+                    yield exec_result(ev)
+        finally:
+            await stream.aclose()
+
+    async def start_process(self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None) -> AgentProcess:
+        msg: dict[str, Any] = {"op": "start", **_command(cmd), "limit": self.spec.output_limit_bytes}
+        merged = {**self.spec.environment_vars, **(env or {})}
+        if merged:
+            msg["env"] = merged
+        if cwd:
+            msg["cwd"] = cwd
+        reply = await self._call(msg, timeout=EXEC_GRACE)
+        return AgentProcess(self, reply["pid"])
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        if not path:
+            raise PathError("empty path")
+        if isinstance(data, str):
+            data = data.encode()
+        msg: dict[str, Any] = {"op": "write_file", "path": path, "mode": mode}
+        if len(data) <= INLINE_MAX:
+            msg["data"] = b64(data)
+            await self._call(msg)
+            return
+
+        async def pieces():
+            for i in range(0, len(data), TRANSFER_CHUNK):
+                yield data[i : i + TRANSFER_CHUNK]
+
+        await self._run_stream(msg, pieces())
+
+    async def _run_stream(self, msg: dict[str, Any], inbound=None, sink=None) -> dict:
+        if self._deleted:
+            raise SandboxNotRunning(f"sandbox {self.name} was deleted")
+        result: dict = {}
+        async for ev in self._conn.stream(msg, inbound):
+            if ev.get("ev") == "chunk":
+                if sink is not None:
+                    await sink(unb64(ev["data"]))
+            else:
+                result = ev
+        return result
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        if not path:
+            raise PathError("empty path")
+        parts: list[bytes] = []
+
+        async def sink(data: bytes) -> None:
+            parts.append(data)
+
+        msg: dict[str, Any] = {"op": "read_file", "path": path}
+        if max_bytes is not None:
+            msg["max_bytes"] = int(max_bytes)
+        await self._run_stream(msg, sink=sink)
+        return b"".join(parts)
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        local = Path(local)
+        try:
+            st = local.stat()
+        except FileNotFoundError:
+            raise PathError(f"no such local file or directory: {local}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            data = await asyncio.to_thread(local.read_bytes)
+            await self.write_file(remote, data, mode=stat.S_IMODE(st.st_mode))
+            return
+        with tempfile.TemporaryFile() as tmp:
+            await asyncio.to_thread(_tar_local, local, tmp)
+            tmp.seek(0)
+            await self._run_stream({"op": "put_tar", "dest": remote}, inbound=_file_pieces(tmp))
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        local = Path(local)
+        with tempfile.SpooledTemporaryFile(max_size=8 << 20) as tmp:
+
+            async def sink(data: bytes) -> None:
+                tmp.write(data)
+
+            result = await self._run_stream({"op": "get_tar", "path": remote}, sink=sink)
+            await asyncio.to_thread(extract_tar, tmp, result.get("kind", "dir"), local)
+
+    async def ping(self, timeout: float = 10.0) -> float:
+        """Round trip to the agent, in seconds."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await self._call({"op": "ping"}, timeout=timeout)
+        return loop.time() - t0
+
+    async def alive(self) -> bool:
+        if self._deleted or self._conn.dead is not None:
+            return False
+        try:
+            await self.ping(timeout=10.0)
+            return True
+        except AgentError:
+            return False
+
+    async def delete(self) -> None:
+        if self._delete_lock is None:
+            self._delete_lock = asyncio.Lock()
+        async with self._delete_lock:
+            if self._deleted:
+                return
+            self._deleted = True
+            await self._conn.close()
+            await self._destroy()
+
+    async def _destroy(self) -> None:
+        """Remove the underlying sandbox (backends override; must be idempotent)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.backend_name})>"

@@ -1,0 +1,736 @@
+"""The in-sandbox agent: one long-lived process per sandbox that runs commands,
+background processes and file transfers for the host, many at once.
+
+Started once per sandbox as `python3 -u -c <this source>` (nothing is written
+into the sandbox first). Standard library only, Python 3.7+. It speaks JSON
+lines on stdin/stdout (see `protocol.py` for the message shapes; binary data
+is base64) and logs to stderr. Each request runs in its own thread, so one
+slow command never blocks another. Every command runs in its own session
+(setsid): a timeout kills its whole process group and the agent lives on.
+Output buffers are bounded (head + tail kept, dropped bytes counted).
+On stdin EOF the agent kills every process group it started and exits.
+"""
+
+import base64
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PROTOCOL_VERSION = 1
+READ_SIZE = 65536
+CHUNK = 1 << 20  # bytes per data chunk of file/tar transfers
+WINDOW = 4 << 20  # unacknowledged chunk bytes per request before the sender waits
+DRAIN_GRACE = 0.1  # seconds to wait for pipes to close after the main process exited
+
+_out = sys.stdout.buffer
+_out_lock = threading.Lock()
+_requests = {}  # id -> Request (live ones)
+_requests_lock = threading.Lock()
+_procs = {}  # pid -> Background
+_procs_lock = threading.Lock()
+_groups = set()  # pgids of running execs (killed on exit)
+
+
+def log(msg):
+    try:
+        sys.stderr.write("agent: %s\n" % msg)
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def send(msg):
+    line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    with _out_lock:
+        _out.write(line)
+        _out.flush()
+
+
+def b64(data):
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def unb64(text):
+    return base64.b64decode(text) if text else b""
+
+
+class AgentPathError(Exception):
+    kind = "path"
+
+
+class AgentUsageError(Exception):
+    kind = "usage"
+
+
+class HeadTail(object):
+    """Bounded output buffer: keeps the first and last `limit // 2` bytes."""
+
+    def __init__(self, limit):
+        self.head_max = limit - limit // 2
+        self.tail_max = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data):
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self.tail += data
+        extra = len(self.tail) - self.tail_max
+        if extra > 0:
+            del self.tail[:extra]
+            self.dropped += extra
+
+    def fields(self, name):
+        return {name + "_head": b64(self.head), name + "_tail": b64(self.tail), name + "_dropped": self.dropped}
+
+
+class Request(object):
+    """One in-flight request: flow control for chunks, cancellation, inbound data."""
+
+    def __init__(self, rid):
+        self.id = rid
+        self.cond = threading.Condition()
+        self.unacked = 0
+        self.cancelled = False
+        self.inbox = []  # inbound data pieces (bytes) or None at EOF
+
+    def chunk(self, stream, data, deadline=None):
+        """Send a chunk, waiting while the host has too much unacknowledged data.
+        Returns False when the wait ran past `deadline` or the request was cancelled."""
+        with self.cond:
+            while self.unacked >= WINDOW and not self.cancelled:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self.cond.wait(left)
+            if self.cancelled:
+                return False
+            self.unacked += len(data)
+        send({"id": self.id, "ev": "chunk", "stream": stream, "data": b64(data)})
+        return True
+
+    def ack(self, n):
+        with self.cond:
+            self.unacked = max(0, self.unacked - n)
+            self.cond.notify_all()
+
+    def cancel(self):
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify_all()
+
+    def feed(self, data):
+        with self.cond:
+            self.inbox.append(data)
+            self.cond.notify_all()
+
+    def read_inbound(self):
+        """Next inbound piece (bytes), b'' at EOF."""
+        with self.cond:
+            while not self.inbox and not self.cancelled:
+                self.cond.wait()
+            if not self.inbox:
+                return b""
+            piece = self.inbox.pop(0)
+            return b"" if piece is None else piece
+
+
+class InboundReader(object):
+    """File-like view of the data messages that follow a request (for tarfile)."""
+
+    def __init__(self, req):
+        self.req = req
+        self.buf = b""
+        self.eof = False
+
+    def read(self, n=-1):
+        while not self.eof and (n < 0 or len(self.buf) < n):
+            piece = self.req.read_inbound()
+            if not piece:
+                self.eof = True
+                break
+            self.buf += piece
+        if n < 0:
+            out, self.buf = self.buf, b""
+        else:
+            out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
+class ChunkWriter(object):
+    """File-like sink that sends what is written as chunk events of CHUNK bytes."""
+
+    def __init__(self, req, stream="data"):
+        self.req = req
+        self.stream = stream
+        self.buf = bytearray()
+
+    def write(self, data):
+        self.buf += data
+        while len(self.buf) >= CHUNK:
+            self._emit(bytes(self.buf[:CHUNK]))
+            del self.buf[:CHUNK]
+        return len(data)
+
+    def flush(self):
+        pass
+
+    def close_out(self):
+        if self.buf:
+            self._emit(bytes(self.buf))
+            self.buf = bytearray()
+
+    def _emit(self, data):
+        if not self.req.chunk(self.stream, data):
+            raise AgentUsageError("transfer cancelled")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def command_argv(req):
+    if req.get("shell") is not None:
+        return ["/bin/sh", "-c", req["shell"]]
+    argv = req.get("argv")
+    if not argv:
+        raise AgentUsageError("empty command")
+    return [str(a) for a in argv]
+
+
+def command_env(req):
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    return env
+
+
+def oom_kills():
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            with open(path) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0] == key:
+                        return int(parts[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def kill_group(pid, sig=signal.SIGKILL):
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
+
+
+def spawn(req, stdin_pipe):
+    return subprocess.Popen(
+        command_argv(req),
+        stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=req.get("cwd") or None,
+        env=command_env(req),
+        start_new_session=True,
+    )
+
+
+def failed_start(exc, started):
+    """Result for a command that could not start (like a shell: 127 not found, 126 otherwise)."""
+    code = 127 if isinstance(exc, FileNotFoundError) else 126
+    msg = ("agent: cannot run command: %s\n" % exc).encode()
+    return {"exit_code": code, "signal": None, "timed_out": False, "oom_killed": False,
+            "stdout_head": "", "stdout_tail": "", "stdout_dropped": 0,
+            "stderr_head": b64(msg), "stderr_tail": "", "stderr_dropped": 0,
+            "duration": time.monotonic() - started}
+
+
+def _drain_forever(fds):
+    """Read and discard what processes left behind still write (a `cmd &` of the command)."""
+    sel = selectors.DefaultSelector()
+    for fd in fds:
+        sel.register(fd, selectors.EVENT_READ)
+    try:
+        while sel.get_map():
+            for key, _ in sel.select():
+                try:
+                    data = os.read(key.fd, READ_SIZE)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+    finally:
+        sel.close()
+
+
+def op_exec(req, ctx):
+    started = time.monotonic()
+    timeout = req.get("timeout")
+    deadline = started + float(timeout) if timeout else None
+    limit = int(req.get("limit") or (1 << 20))
+    streaming = bool(req.get("stream"))
+    stdin_data = unb64(req.get("stdin"))
+    oom_before = oom_kills()
+    try:
+        proc = spawn(req, stdin_pipe=bool(stdin_data))
+    except (OSError, ValueError) as exc:
+        return failed_start(exc, started)
+    _groups.add(proc.pid)
+    if stdin_data:
+        def feed():
+            try:
+                proc.stdin.write(stdin_data)
+            except (OSError, ValueError):
+                pass
+            finally:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        threading.Thread(target=feed, daemon=True).start()
+    bufs = {proc.stdout.fileno(): ("stdout", HeadTail(limit)), proc.stderr.fileno(): ("stderr", HeadTail(limit))}
+    fds = list(bufs)
+    sel = selectors.DefaultSelector()
+    for fd in fds:
+        sel.register(fd, selectors.EVENT_READ)
+    timed_out = False
+    exited_at = None
+    open_fds = set(fds)
+    try:
+        while open_fds:
+            now = time.monotonic()
+            if ctx.cancelled or (deadline is not None and now >= deadline):
+                timed_out = not ctx.cancelled
+                kill_group(proc.pid)
+                break
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > DRAIN_GRACE:
+                break  # main process gone; leftovers keep the pipes open
+            wait = 0.05 if exited_at is None else DRAIN_GRACE / 2
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - now))
+            for key, _ in sel.select(wait):
+                try:
+                    data = os.read(key.fd, READ_SIZE)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(key.fd)
+                    open_fds.discard(key.fd)
+                    continue
+                name, buf = bufs[key.fd]
+                buf.add(data)
+                if streaming and not ctx.chunk(name, data, deadline):
+                    if ctx.cancelled:
+                        kill_group(proc.pid)
+                        break
+        if timed_out or ctx.cancelled:
+            # the group is dead; take what is still buffered in the pipes, briefly
+            end = time.monotonic() + 0.5
+            while open_fds and time.monotonic() < end:
+                for key, _ in sel.select(0.05):
+                    try:
+                        data = os.read(key.fd, READ_SIZE)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(key.fd)
+                        open_fds.discard(key.fd)
+                    else:
+                        bufs[key.fd][1].add(data)
+        try:
+            left = None
+            if deadline is not None and not timed_out:
+                left = max(0.0, deadline - time.monotonic())
+            code = proc.wait(left)
+        except subprocess.TimeoutExpired:  # closed its pipes but kept running
+            timed_out = True
+            kill_group(proc.pid)
+            code = proc.wait()
+    finally:
+        sel.close()
+        _groups.discard(proc.pid)
+        leftover = [fd for fd in fds if fd in open_fds]
+        for fd in fds:
+            if fd not in leftover:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if leftover and not timed_out and not ctx.cancelled:
+            threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
+        else:
+            for fd in leftover:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+    duration = time.monotonic() - started
+    sig = -code if code < 0 else None
+    oom = False
+    if sig == signal.SIGKILL and not timed_out and oom_before is not None:
+        after = oom_kills()
+        oom = after is not None and after > oom_before
+    result = {"exit_code": None if sig else code, "signal": sig, "timed_out": timed_out,
+              "oom_killed": oom, "duration": duration}
+    result.update(bufs[fds[0]][1].fields("stdout"))
+    result.update(bufs[fds[1]][1].fields("stderr"))
+    return result
+
+
+class Background(object):
+    """A background process: pipes drained by two threads into bounded buffers."""
+
+    def __init__(self, proc, limit):
+        self.proc = proc
+        self.limit = limit
+        self.cond = threading.Condition()
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.dropped = {"stdout": 0, "stderr": 0}
+        self.eof = {"stdout": False, "stderr": False}
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            threading.Thread(target=self._pump, args=(name, pipe), daemon=True).start()
+
+    def _pump(self, name, pipe):
+        fd = pipe.fileno()
+        while True:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except OSError:
+                data = b""
+            with self.cond:
+                if not data:
+                    self.eof[name] = True
+                    self.cond.notify_all()
+                    break
+                buf = self.out[name]
+                buf += data
+                extra = len(buf) - self.limit
+                if extra > 0:  # keep the most recent output
+                    del buf[:extra]
+                    self.dropped[name] += extra
+                self.cond.notify_all()
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+    def status(self):
+        code = self.proc.poll()
+        sig = -code if code is not None and code < 0 else None
+        return {"pid": self.proc.pid, "running": code is None,
+                "exit_code": None if (code is None or sig) else code, "signal": sig}
+
+    def read(self, until=None, timeout=None):
+        marker = until.encode() if until else None
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        exited = False
+        with self.cond:
+            while marker is not None:
+                if marker in self.out["stdout"] or all(self.eof.values()) or exited:
+                    break
+                exited = self.proc.poll() is not None  # one more short wait for the pumps
+                left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            out = self.out["stdout"]
+            cut = len(out)
+            if marker is not None:
+                pos = out.find(marker)
+                if pos >= 0:
+                    cut = pos + len(marker)
+            stdout = bytes(out[:cut])
+            del out[:cut]
+            stderr = bytes(self.out["stderr"])
+            del self.out["stderr"][:]
+            dropped = dict(self.dropped)
+            self.dropped = {"stdout": 0, "stderr": 0}
+        return {"stdout": b64(stdout), "stderr": b64(stderr), "stdout_dropped": dropped["stdout"],
+                "stderr_dropped": dropped["stderr"], "found": bool(marker) and marker in stdout}
+
+
+def get_proc(req):
+    with _procs_lock:
+        bg = _procs.get(int(req.get("pid", -1)))
+    if bg is None:
+        raise AgentUsageError("no background process with pid %s" % req.get("pid"))
+    return bg
+
+
+def op_start(req, ctx):
+    limit = int(req.get("limit") or (1 << 20))
+    try:
+        proc = spawn(req, stdin_pipe=True)
+    except (OSError, ValueError) as exc:
+        raise AgentUsageError("cannot start process: %s" % exc)
+    bg = Background(proc, limit)
+    with _procs_lock:
+        _procs[proc.pid] = bg
+    return {"pid": proc.pid}
+
+
+def op_poll(req, ctx):
+    return get_proc(req).status()
+
+
+def op_read(req, ctx):
+    return get_proc(req).read(req.get("until"), req.get("timeout"))
+
+
+def op_write_stdin(req, ctx):
+    bg = get_proc(req)
+    try:
+        if req.get("data"):
+            bg.proc.stdin.write(unb64(req["data"]))
+            bg.proc.stdin.flush()
+        if req.get("close"):
+            bg.proc.stdin.close()
+    except (OSError, ValueError) as exc:
+        return {"written": False, "error": str(exc)}
+    return {"written": True}
+
+
+def op_kill(req, ctx):
+    bg = get_proc(req)
+    sig = int(req.get("signal") or signal.SIGKILL)
+    if req.get("group", True):
+        kill_group(bg.proc.pid, sig)
+    elif bg.proc.poll() is None:
+        try:
+            os.kill(bg.proc.pid, sig)
+        except OSError:
+            pass
+    return bg.status()
+
+
+def op_wait(req, ctx):
+    bg = get_proc(req)
+    try:
+        bg.proc.wait(req.get("timeout"))
+    except subprocess.TimeoutExpired:
+        pass
+    return bg.status()
+
+
+def op_forget(req, ctx):
+    with _procs_lock:
+        bg = _procs.pop(int(req.get("pid", -1)), None)
+    if bg is not None and bg.proc.poll() is None:
+        kill_group(bg.proc.pid)
+        bg.proc.wait()
+    return {}
+
+
+# ---------------------------------------------------------------- files
+
+
+def path_errors(fn):
+    def wrapped(req, ctx):
+        try:
+            return fn(req, ctx)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as exc:
+            raise AgentPathError("%s: %s" % (exc.strerror or type(exc).__name__, exc.filename or req.get("path")))
+    return wrapped
+
+
+@path_errors
+def op_write_file(req, ctx):
+    path = req["path"]
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(path, "wb") as f:
+        if "data" in req:
+            f.write(unb64(req["data"]))
+        else:
+            while True:
+                piece = ctx.read_inbound()
+                if not piece:
+                    break
+                f.write(piece)
+    os.chmod(path, int(req.get("mode", 0o644)))
+    return {"path": path}
+
+
+@path_errors
+def op_read_file(req, ctx):
+    path = req["path"]
+    max_bytes = req.get("max_bytes")
+    left = None if max_bytes is None else int(max_bytes)
+    size = 0
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            data = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not data:
+                break
+            size += len(data)
+            if left is not None:
+                left -= len(data)
+            if not ctx.chunk("data", data):
+                raise AgentUsageError("transfer cancelled")
+    return {"size": size}
+
+
+def _inside(root, path):
+    root = os.path.realpath(root)
+    path = os.path.realpath(path)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+@path_errors
+def op_put_tar(req, ctx):
+    import tarfile
+
+    dest = req["dest"]
+    os.makedirs(dest, exist_ok=True)
+    reader = InboundReader(ctx)
+    dirs = []
+    try:
+        with tarfile.open(fileobj=reader, mode="r|*") as tar:
+            for m in tar:
+                name = os.path.normpath(m.name)
+                if name == ".":
+                    dirs.append((dest, m))
+                    continue
+                if os.path.isabs(m.name) or name.startswith(".."):
+                    raise AgentPathError("archive member escapes destination: %s" % m.name)
+                target = os.path.join(dest, name)
+                if not _inside(dest, os.path.dirname(target)):
+                    raise AgentPathError("archive member would be written through a link out of destination: %s" % m.name)
+                if m.islnk():
+                    link = os.path.normpath(m.linkname)
+                    if os.path.isabs(m.linkname) or link.startswith(".."):
+                        raise AgentPathError("hard link escapes destination: %s" % m.name)
+                if m.isdev():
+                    raise AgentPathError("device files are refused: %s" % m.name)
+                if m.isdir():
+                    dirs.append((target, m))
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                if os.path.lexists(target) and not os.path.isdir(target):
+                    os.unlink(target)
+                kw = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
+                tar.extract(m, dest, **kw)
+    except tarfile.TarError as exc:
+        raise AgentUsageError("bad tar stream: %s" % exc)
+    for path, m in reversed(dirs):
+        try:
+            os.chmod(path, m.mode)
+        except OSError:
+            pass
+    return {"dest": dest}
+
+
+@path_errors
+def op_get_tar(req, ctx):
+    import tarfile
+
+    path = req["path"]
+    st = os.lstat(path)
+    import stat as stat_mod
+    kind = "dir" if stat_mod.S_ISDIR(st.st_mode) else "file"
+    sink = ChunkWriter(ctx)
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        if kind == "dir":
+            tar.add(path, arcname=".", recursive=True)
+        else:
+            tar.add(path, arcname=os.path.basename(path.rstrip("/")) or "file", recursive=False)
+    sink.close_out()
+    return {"kind": kind}
+
+
+def op_ping(req, ctx):
+    return {"pong": True, "time": time.time()}
+
+
+OPS = {
+    "exec": op_exec, "start": op_start, "poll": op_poll, "read": op_read,
+    "write_stdin": op_write_stdin, "kill": op_kill, "wait": op_wait, "forget": op_forget,
+    "write_file": op_write_file, "read_file": op_read_file,
+    "put_tar": op_put_tar, "get_tar": op_get_tar, "ping": op_ping,
+}
+
+
+def run_request(req, ctx):
+    rid = req.get("id")
+    try:
+        op = OPS.get(req.get("op"))
+        if op is None:
+            raise AgentUsageError("unknown op %r" % req.get("op"))
+        result = op(req, ctx)
+        msg = {"id": rid, "ev": "result"}
+        msg.update(result)
+    except (AgentPathError, AgentUsageError) as exc:
+        msg = {"id": rid, "ev": "error", "kind": exc.kind, "message": str(exc)}
+    except Exception as exc:  # a bug or an unexpected OS error: report it, keep serving
+        log("request %s (%s) failed: %r" % (rid, req.get("op"), exc))
+        msg = {"id": rid, "ev": "error", "kind": "internal", "message": "%s: %s" % (type(exc).__name__, exc)}
+    finally:
+        with _requests_lock:
+            _requests.pop(rid, None)
+    try:
+        send(msg)
+    except Exception as exc:
+        log("cannot send reply: %r" % exc)
+
+
+def shutdown():
+    for pgid in list(_groups):
+        kill_group(pgid)
+    with _procs_lock:
+        for bg in _procs.values():
+            kill_group(bg.proc.pid)
+
+
+def main():
+    send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
+          "python": "%d.%d.%d" % sys.version_info[:3]})
+    stdin = sys.stdin.buffer
+    while True:
+        line = stdin.readline()
+        if not line:
+            break
+        try:
+            req = json.loads(line)
+        except ValueError:
+            log("bad request line: %r" % line[:200])
+            continue
+        op = req.get("op")
+        rid = req.get("id")
+        if op in ("data", "ack", "cancel"):
+            with _requests_lock:
+                ctx = _requests.get(rid)
+            if ctx is None:
+                continue
+            if op == "data":
+                ctx.feed(None if req.get("eof") else unb64(req.get("data")))
+            elif op == "ack":
+                ctx.ack(int(req.get("bytes", 0)))
+            else:
+                ctx.cancel()
+            continue
+        ctx = Request(rid)
+        with _requests_lock:
+            _requests[rid] = ctx
+        threading.Thread(target=run_request, args=(req, ctx), daemon=True).start()
+    shutdown()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        shutdown()

@@ -1,0 +1,149 @@
+"""The agent's wire protocol, host side: message shapes as TypedDicts, the
+JSON-lines codec and the agent's source text.
+
+One JSON object per line, both ways; binary data is base64. The host numbers
+its requests (`id` ≥ 1); the agent answers each with zero or more `chunk`
+events and exactly one `result` or `error` event carrying the same id. The
+agent greets with a `hello` event (id 0) as soon as it runs.
+
+    host → agent   {"id": 7, "op": "exec", "shell": "ls", "timeout": 30, "limit": 1048576}
+    agent → host   {"id": 7, "ev": "result", "exit_code": 0, "stdout_head": "...", ...}
+
+Control messages that refer to an earlier request by its id and get no answer:
+`data` (inbound bytes for write_file/put_tar; `eof: true` ends them), `ack`
+(the host consumed `bytes` of chunk data: flow control, the agent stops
+sending at 4 MiB unacknowledged) and `cancel` (kill a streaming exec / stop a
+transfer).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+PROTOCOL_VERSION = 1
+ACK_EVERY = 1 << 20  # the host acknowledges chunk data in steps of this many bytes
+INLINE_MAX = 1 << 20  # write_file sends data inline up to this size, as data messages beyond
+
+
+class ExecRequest(TypedDict, total=False):
+    id: int
+    op: Literal["exec"]
+    argv: list[str]
+    shell: str
+    env: dict[str, str]
+    cwd: str
+    stdin: str  # base64
+    timeout: float
+    limit: int  # bytes kept per stream (head + tail)
+    stream: bool  # send chunk events as output arrives
+
+
+class ExecReply(TypedDict):
+    id: int
+    ev: Literal["result"]
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    oom_killed: bool
+    duration: float
+    stdout_head: str
+    stdout_tail: str
+    stdout_dropped: int
+    stderr_head: str
+    stderr_tail: str
+    stderr_dropped: int
+
+
+class StartRequest(TypedDict, total=False):
+    id: int
+    op: Literal["start"]
+    argv: list[str]
+    shell: str
+    env: dict[str, str]
+    cwd: str
+    limit: int
+
+
+class ProcessRequest(TypedDict, total=False):
+    """poll / read / write_stdin / kill / wait / forget on a background process."""
+
+    id: int
+    op: Literal["poll", "read", "write_stdin", "kill", "wait", "forget"]
+    pid: int
+    until: str  # read: wait for this stdout marker
+    timeout: float  # read / wait
+    data: str  # write_stdin, base64
+    close: bool  # write_stdin: close stdin afterwards
+    signal: int  # kill
+    group: bool  # kill the process group
+
+
+class ReadReply(TypedDict):
+    id: int
+    ev: Literal["result"]
+    stdout: str
+    stderr: str
+    stdout_dropped: int
+    stderr_dropped: int
+    found: bool
+
+
+class FileRequest(TypedDict, total=False):
+    """write_file / read_file / put_tar / get_tar."""
+
+    id: int
+    op: Literal["write_file", "read_file", "put_tar", "get_tar"]
+    path: str
+    dest: str
+    data: str  # write_file inline data, base64 (absent: data messages follow)
+    mode: int
+    max_bytes: int
+
+
+class ChunkEvent(TypedDict):
+    id: int
+    ev: Literal["chunk"]
+    stream: Literal["stdout", "stderr", "data"]
+    data: str  # base64
+
+
+class ErrorEvent(TypedDict):
+    id: int
+    ev: Literal["error"]
+    kind: Literal["path", "usage", "internal"]
+    message: str
+
+
+class HelloEvent(TypedDict):
+    id: int
+    ev: Literal["hello"]
+    version: int
+    pid: int
+    python: str
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+@lru_cache(maxsize=1)
+def agent_source() -> str:
+    """The agent program's source, to run as `python3 -u -c <source>`."""
+    return (Path(__file__).with_name("program.py")).read_text()
+
+
+def agent_argv(python: str = "python3") -> list[str]:
+    """The command that starts the agent inside a sandbox."""
+    return [python, "-u", "-c", agent_source()]

@@ -1,0 +1,336 @@
+"""The agent and `AgentSandbox` over a local pipe channel (no Docker needed):
+exec semantics, timeouts, bounded output, streaming, background processes,
+files and tar transfers, traversal refusal and agent death."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import io
+import json
+import os
+import tarfile
+import time
+
+import pytest
+
+from sandboxes import AgentError, PathError, SandboxNotRunning, SandboxSpec
+from sandboxes.agent import AgentSandbox, agent_source
+from sandboxes.agent.channels import ProcessChannel
+from sandboxes.agent.protocol import b64
+
+
+@pytest.fixture
+async def sb(tmp_path):
+    channel = await ProcessChannel.spawn(cwd=str(tmp_path))
+    sandbox = await AgentSandbox.connect(channel, id="local", name="local", spec=SandboxSpec(output_limit_bytes=64 * 1024))
+    yield sandbox
+    await sandbox.delete()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_agent_source_is_python37_stdlib_only():
+    tree = ast.parse(agent_source(), feature_version=(3, 7))
+    allowed = {"base64", "json", "os", "selectors", "signal", "subprocess", "sys", "threading", "time", "tarfile", "stat"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert {a.name.split(".")[0] for a in node.names} <= allowed
+        elif isinstance(node, ast.ImportFrom):
+            assert node.module.split(".")[0] in allowed and node.level == 0
+
+
+async def test_exec_result_and_exit_codes(sb):
+    r = await sb.exec("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.signal) == ("out\n", "err\n", 3, False, None)
+    assert not r.ok and r.duration > 0
+    r = await sb.exec(["printf", "%s|", "a b", "c"])
+    assert r.stdout == "a b|c|" and r.ok
+    r = await sb.exec(["/no/such/binary"])
+    assert r.exit_code == 127 and "cannot run" in r.stderr
+    r = await sb.exec("kill -TERM $$")
+    assert r.exit_code is None and r.signal == 15
+
+
+async def test_stdin_env_cwd(sb, tmp_path):
+    r = await sb.exec("tr a-z A-Z", stdin="hello")
+    assert r.stdout == "HELLO"
+    big = os.urandom(300_000)
+    r = await sb.exec("sha256sum", stdin=big)
+    import hashlib
+
+    assert r.stdout.split()[0] == hashlib.sha256(big).hexdigest()
+    r = await sb.exec("echo $FOO; pwd", env={"FOO": "bar"}, cwd="/tmp")
+    assert r.stdout == "bar\n/tmp\n"
+    r = await sb.exec("pwd")
+    assert r.stdout.strip() == str(tmp_path)
+
+
+async def test_timeout_kills_group_and_agent_survives(sb):
+    t0 = time.monotonic()
+    r = await sb.exec("sleep 60 & echo $!; sleep 60", timeout=0.5)
+    assert r.timed_out and r.exit_code is None and r.signal == 9
+    assert time.monotonic() - t0 < 3
+    child = int(r.stdout.split()[0])
+    for _ in range(50):
+        if not pid_alive(child):
+            break
+        await asyncio.sleep(0.02)
+    assert not pid_alive(child), "background child of a timed-out command survived"
+    assert (await sb.exec("echo still")).stdout == "still\n"
+
+
+async def test_background_leftover_does_not_block(sb):
+    t0 = time.monotonic()
+    r = await sb.exec("sleep 30 & echo started", timeout=10)
+    assert r.ok and r.stdout == "started\n"
+    assert time.monotonic() - t0 < 2
+
+
+async def test_output_capped_head_tail(sb):
+    limit = 64 * 1024
+    total = 5 * 1024 * 1024
+    r = await sb.exec(f"python3 -c \"import sys; sys.stdout.write('H'*1000 + 'x'*({total}-2000) + 'T'*1000)\"")
+    assert r.ok and r.truncated
+    assert r.stdout_dropped_bytes == total - limit
+    assert r.stdout.startswith("H" * 1000) and r.stdout.endswith("T" * 1000)
+    assert f"[... {total - limit} bytes dropped ...]" in r.stdout
+    assert len(r.stdout.encode()) < limit + 100
+
+
+async def test_binary_output_never_crashes(sb):
+    r = await sb.exec("printf '\\377\\376abc\\000\\200'")
+    assert r.ok and "abc" in r.stdout and "\ufffd" in r.stdout
+
+
+async def test_concurrent_requests_do_not_block(sb):
+    slow = asyncio.create_task(sb.exec("sleep 1.5; echo slow"))
+    await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    fast = await asyncio.gather(*(sb.exec(f"echo {i}") for i in range(20)))
+    assert time.monotonic() - t0 < 1.0
+    assert [f.stdout for f in fast] == [f"{i}\n" for i in range(20)]
+    assert (await slow).stdout == "slow\n"
+
+
+async def test_exec_stream_chunks_then_result(sb):
+    items = [x async for x in sb.exec_stream("for i in 1 2 3; do echo $i; sleep 0.05; done; echo e >&2")]
+    chunks, result = items[:-1], items[-1]
+    assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"1\n2\n3\n"
+    assert any(c.stream == "stderr" for c in chunks)
+    assert result.ok and result.stdout == "1\n2\n3\n"
+
+
+async def test_exec_stream_abandoned_kills_command(sb, tmp_path):
+    marker = tmp_path / "pid"
+    gen = sb.exec_stream(f"echo $$ > {marker}; while true; do echo tick; sleep 0.01; done", timeout=30)
+    async for _ in gen:
+        break
+    await gen.aclose()
+    pid = int(marker.read_text())
+    for _ in range(100):
+        if not pid_alive(pid):
+            break
+        await asyncio.sleep(0.02)
+    assert not pid_alive(pid)
+
+
+async def test_exec_stream_flow_control_bounded(sb):
+    # 20 MiB streamed: consumer is slow at first; the agent must wait for acks, not flood
+    n = 0
+    async for item in sb.exec_stream("head -c 20000000 /dev/zero", timeout=60):
+        if hasattr(item, "data"):
+            if n == 0:
+                await asyncio.sleep(0.5)
+                queued = sum(w.queue.qsize() for w in sb.connection._waiters.values() if w.queue is not None)
+                assert queued * 65536 <= 8 * 1024 * 1024
+            n += len(item.data)
+        else:
+            assert item.ok
+    assert n == 20_000_000
+
+
+async def test_background_process(sb):
+    p = await sb.start_process("echo ready; cat; echo done >&2")
+    out, _ = await p.read_output(until="ready", timeout=5)
+    assert out == "ready"
+    assert (await p.poll()).running
+    await p.write_stdin("line1 MARK tail\n")
+    out, _ = await p.read_output(until="MARK", timeout=5)
+    assert out == "\nline1 MARK"
+    out, _ = await p.read_output(until="nothing-comes", timeout=0.3)
+    assert out == " tail\n"
+    await p.close_stdin()
+    st = await p.wait(5)
+    assert not st.running and st.exit_code == 0
+    _, err = await p.read_output()
+    assert err == "done\n"
+
+
+async def test_background_kill_group(sb):
+    p = await sb.start_process("sleep 100 & echo $!; wait")
+    out, _ = await p.read_output(until="\n", timeout=5)
+    child = int(out)
+    await p.kill()
+    st = await p.wait(5)
+    assert not st.running and st.signal == 9
+    for _ in range(50):
+        if not pid_alive(child):
+            break
+        await asyncio.sleep(0.02)
+    assert not pid_alive(child)
+    await p.kill()  # idempotent
+
+
+async def test_files_round_trip(sb, tmp_path):
+    await sb.write_file(str(tmp_path / "a/b/c.bin"), b"\x00\x01" * 10, mode=0o750)
+    assert await sb.read_file(str(tmp_path / "a/b/c.bin")) == b"\x00\x01" * 10
+    assert oct((tmp_path / "a/b/c.bin").stat().st_mode & 0o777) == oct(0o750)
+    big = os.urandom(3 * 1024 * 1024 + 5)
+    await sb.write_file(str(tmp_path / "big"), big)
+    assert await sb.read_file(str(tmp_path / "big")) == big
+    assert await sb.read_file(str(tmp_path / "big"), max_bytes=10) == big[:10]
+    with pytest.raises(PathError):
+        await sb.read_file(str(tmp_path / "missing"))
+    with pytest.raises(PathError):
+        await sb.read_file(str(tmp_path / "a"))
+
+
+def make_tree(root):
+    (root / "sub").mkdir(parents=True)
+    (root / "sub/run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "sub/run.sh").chmod(0o755)
+    (root / "ro.txt").write_text("read only")
+    (root / "ro.txt").chmod(0o400)
+    (root / "link").symlink_to("sub/run.sh")
+    (root / "empty").mkdir()
+
+
+async def test_directory_round_trip_keeps_modes_and_links(sb, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src)
+    await sb.upload(src, str(tmp_path / "remote"))
+    back = tmp_path / "back"
+    await sb.download(str(tmp_path / "remote"), back)
+    assert (back / "sub/run.sh").read_text() == "#!/bin/sh\necho hi\n"
+    assert (back / "sub/run.sh").stat().st_mode & 0o777 == 0o755
+    assert (back / "ro.txt").stat().st_mode & 0o777 == 0o400
+    assert (back / "link").is_symlink() and os.readlink(back / "link") == "sub/run.sh"
+    assert (back / "empty").is_dir()
+    # single files too
+    await sb.upload(src / "sub/run.sh", str(tmp_path / "one.sh"))
+    assert (tmp_path / "one.sh").stat().st_mode & 0o777 == 0o755
+    await sb.download(str(tmp_path / "one.sh"), tmp_path / "one-back.sh")
+    assert (tmp_path / "one-back.sh").read_text() == "#!/bin/sh\necho hi\n"
+
+
+async def test_download_refuses_links_out(sb, tmp_path):
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "passwd").symlink_to("/etc/passwd")
+    with pytest.raises(PathError):
+        await sb.download(str(evil), tmp_path / "out")
+    (evil / "passwd").unlink()
+    (evil / "up").symlink_to("../../..")
+    with pytest.raises(PathError):
+        await sb.download(str(evil), tmp_path / "out2")
+
+
+async def test_put_tar_refuses_traversal(sb, tmp_path):
+    for name, kind in (("../escape.txt", tarfile.REGTYPE), ("/abs.txt", tarfile.REGTYPE)):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+
+        async def pieces(data=buf.getvalue()):
+            yield data
+
+        with pytest.raises(PathError):
+            await sb._run_stream({"op": "put_tar", "dest": str(tmp_path / "dest")}, inbound=pieces())
+    assert not (tmp_path / "escape.txt").exists()
+    # a link to outside, then a file written through it
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        link = tarfile.TarInfo("out")
+        link.type = tarfile.SYMTYPE
+        link.linkname = str(tmp_path / "victim")
+        tar.addfile(link)
+        f = tarfile.TarInfo("out/pwned")
+        f.size = 2
+        tar.addfile(f, io.BytesIO(b"hi"))
+    (tmp_path / "victim").mkdir()
+
+    async def pieces2():
+        yield buf.getvalue()
+
+    with pytest.raises(PathError):
+        await sb._run_stream({"op": "put_tar", "dest": str(tmp_path / "dest2")}, inbound=pieces2())
+    assert not (tmp_path / "victim/pwned").exists()
+    assert (await sb.exec("echo ok")).ok
+
+
+async def test_agent_death_fails_pending_requests(sb):
+    pending = asyncio.create_task(sb.exec("sleep 30"))
+    await asyncio.sleep(0.2)
+    sb.connection.channel.proc.kill()
+    with pytest.raises(AgentError):
+        await pending
+    with pytest.raises(AgentError):
+        await sb.exec("echo again")
+    assert not await sb.alive()
+
+
+async def test_agent_garbage_is_agent_error(tmp_path):
+    channel = await ProcessChannel.spawn(["python3", "-c", "print('hello'); import time; time.sleep(5)"])
+    with pytest.raises(AgentError):
+        await AgentSandbox.connect(channel, id="x", name="x", spec=SandboxSpec(), hello_timeout=5)
+    await channel.close()
+
+
+async def test_deleted_sandbox_raises_not_running(sb):
+    await sb.delete()
+    await sb.delete()  # idempotent
+    with pytest.raises(SandboxNotRunning):
+        await sb.exec("true")
+
+
+async def test_requests_are_never_resent(tmp_path):
+    # a recording channel: every request id written is unique, and a failure is not retried
+    channel = await ProcessChannel.spawn()
+    sent: list[dict] = []
+    orig = channel.send
+
+    async def record(data: bytes):
+        sent.extend(json.loads(line) for line in data.splitlines())
+        await orig(data)
+
+    channel.send = record
+    sandbox = await AgentSandbox.connect(channel, id="x", name="x", spec=SandboxSpec())
+    task = asyncio.create_task(sandbox.exec(f"echo started >> {tmp_path}/log; sleep 30"))
+    await asyncio.sleep(0.3)
+    channel.proc.kill()
+    with pytest.raises(AgentError):
+        await task
+    execs = [m for m in sent if m.get("op") == "exec"]
+    assert len(execs) == 1
+    assert (tmp_path / "log").read_text() == "started\n"
+    await sandbox.delete()
+
+
+async def test_ping_is_fast(sb):
+    times = sorted([await sb.ping() for _ in range(50)])
+    assert times[25] < 0.05
+    assert b64(b"x") == "eA=="
