@@ -223,9 +223,14 @@ class Forwarder:
         cls, port: int, *, python: str = sys.executable, chunk: int = DEFAULT_CHUNK
     ) -> "Forwarder":
         """Run the relay as a host subprocess (for tests and benchmarks)."""
+        return await cls.start_subprocess([python, "-u", str(RELAY_SOURCE), str(port), str(chunk)], chunk=chunk)
+
+    @classmethod
+    async def start_subprocess(cls, argv: list[str], *, chunk: int = DEFAULT_CHUNK) -> "Forwarder":
+        """Run the relay through any host command whose stdin/stdout reach it
+        (e.g. `docker exec -i CONTAINER python3 -u /tmp/relay.py PORT`)."""
         proc = await asyncio.create_subprocess_exec(
-            python, "-u", str(RELAY_SOURCE), str(port), str(chunk),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             limit=64 * 1024 * 1024,
         )
         fwd = cls(LocalChannel(proc), chunk=chunk)

@@ -1,0 +1,265 @@
+"""Build an OpenEnv project's image locally and offline, and write its manifest.
+
+Two images, both content-addressed so an unchanged project rebuilds in
+well under a second:
+
+* deps image `vf-sandbox/openenv-deps:<hash of the requirements + base>`: the
+  base image plus `/app/.venv` with the project's dependencies installed from
+  a host wheelhouse (`pip download` on the host; `docker build --network
+  none` installs with `--no-index`). Shared by every project with the same
+  requirements.
+* project image `vf-openenv/<env_id>:<hash of the project's files>`: the deps
+  image plus the project copied to `/app/env`.
+
+Requirements come from `uv.lock` (via `uv export`) when present and uv is
+installed, else `[project].dependencies` of pyproject.toml, else
+`server/requirements.txt`. The project's own Dockerfile is not used (it
+needs a registry and the network).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from sandboxes.errors import ConfigError, ImageNotFound, InfraError
+
+from .contract import detect_contract
+from .manifest import (
+    BuildManifest,
+    default_start_command,
+    read_manifest,
+    read_project_config,
+    write_manifest,
+)
+
+BASE_IMAGE = os.environ.get("VF_OPENENV_BASE_IMAGE", "vf-sandbox/base:bookworm")
+DEPS_REPO = "vf-sandbox/openenv-deps"
+PROJECT_REPO_PREFIX = "vf-openenv"
+FALLBACK_REQUIREMENT = "openenv-core[core]"
+_SKIP_PARTS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache", "outputs", ".ruff_cache"}
+_SKIP_NAMES = {".build.json", ".DS_Store"}
+
+
+class BuildError(InfraError):
+    """docker or pip failed while building (message carries the output tail)."""
+
+
+class BuildResult(BaseModel):
+    manifest: BuildManifest
+    built: bool  # False: the image for this content already existed
+    deps_built: bool
+    seconds: float
+
+
+def wheelhouse_dir() -> Path:
+    """$VF_SANDBOX_WHEELHOUSE or ~/.cache/vf-sandbox/wheelhouse."""
+    env = os.environ.get("VF_SANDBOX_WHEELHOUSE")
+    return Path(env) if env else Path.home() / ".cache" / "vf-sandbox" / "wheelhouse"
+
+
+def _project_files(project: Path) -> list[Path]:
+    files = []
+    for path in sorted(project.rglob("*")):
+        rel = path.relative_to(project)
+        if any(part in _SKIP_PARTS for part in rel.parts) or path.name in _SKIP_NAMES:
+            continue
+        if path.suffix in (".pyc", ".pyo") or not path.is_file():
+            continue
+        files.append(path)
+    return files
+
+
+def content_hash(project: str | Path) -> str:
+    """sha256 over the project's file names and bytes (caches, venvs and the manifest excluded)."""
+    root = Path(project)
+    h = hashlib.sha256()
+    for path in _project_files(root):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _run(cmd: list[str], *, what: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 1800) -> str:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise BuildError(f"{what}: {cmd[0]} not found") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"{what}: timed out after {timeout}s") from exc
+    if proc.returncode != 0:
+        tail = (proc.stdout[-2000:] + "\n" + proc.stderr[-3000:]).strip()
+        raise BuildError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def project_requirements(project: str | Path) -> list[str]:
+    """The project's dependency list (pinned when a uv.lock exists and uv is installed)."""
+    root = Path(project)
+    if (root / "uv.lock").exists() and shutil.which("uv"):
+        out = _run(
+            ["uv", "export", "--frozen", "--no-hashes", "--no-emit-project", "--no-dev", "--no-header"],
+            what="uv export", cwd=root,
+        )
+        reqs = [ln.strip() for ln in out.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        if reqs:
+            return reqs
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        try:
+            deps = tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", [])
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{pyproject}: {exc}") from exc
+        if deps:
+            return list(deps)
+    req = root / "server" / "requirements.txt"
+    if req.exists():
+        reqs = [ln.strip() for ln in req.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        if reqs:
+            return reqs
+    return [FALLBACK_REQUIREMENT]
+
+
+def _image_id(image: str) -> str | None:
+    proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def image_exists(image: str) -> bool:
+    return _image_id(image) is not None
+
+
+def _pip() -> list[str]:
+    """A pip to download wheels with: this interpreter's, else one on PATH."""
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        return [sys.executable, "-m", "pip"]
+    for name in ("pip3", "pip"):
+        if shutil.which(name):
+            return [name]
+    raise BuildError("no pip found to download wheels (install pip on the host)")
+
+
+def collect_wheels(requirements: list[str], dest: Path, *, wheelhouse: Path | None = None,
+                   log: Callable[[str], None] = lambda s: None) -> None:
+    """Copy exactly the wheels `requirements` need into `dest`, downloading into the
+    wheelhouse first when it lacks some (the only step that uses the network)."""
+    wheelhouse = wheelhouse or wheelhouse_dir()
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    req_file = dest / "requirements.txt"
+    dest.mkdir(parents=True, exist_ok=True)
+    req_file.write_text("\n".join(requirements) + "\n")
+    wheels = dest / "wheels"
+    offline = [*_pip(), "download", "-q", "--no-index", "--find-links", str(wheelhouse),
+               "--only-binary=:all:", "-d", str(wheels), "-r", str(req_file)]
+    try:
+        _run(offline, what="pip download (offline, from the wheelhouse)")
+        return
+    except BuildError:
+        log(f"downloading wheels into {wheelhouse} ...")
+    _run([*_pip(), "download", "-q", "--only-binary=:all:", "-d", str(wheelhouse), "-r", str(req_file)],
+         what="pip download")
+    _run(offline, what="pip download (offline, from the wheelhouse)")
+
+
+def _docker_build(context: Path, tag: str, *, what: str) -> None:
+    env = dict(os.environ, DOCKER_BUILDKIT="0")
+    _run(["docker", "build", "--network", "none", "-q", "-t", tag, str(context)], what=what, env=env)
+
+
+def ensure_deps_image(requirements: list[str], *, wheelhouse: Path | None = None,
+                      log: Callable[[str], None] = lambda s: None) -> tuple[str, bool]:
+    """(image, built): the deps image for these requirements on the base image."""
+    base_id = _image_id(BASE_IMAGE)
+    if base_id is None:
+        raise ImageNotFound(f"base image {BASE_IMAGE} not found locally: build it with images/base/build.sh")
+    key = hashlib.sha256(("\n".join(requirements) + "\n" + base_id).encode()).hexdigest()[:16]
+    tag = f"{DEPS_REPO}:{key}"
+    if image_exists(tag):
+        return tag, False
+    log(f"building dependency image {tag} ...")
+    with tempfile.TemporaryDirectory(prefix="vf-openenv-deps-") as tmp:
+        ctx = Path(tmp)
+        collect_wheels(requirements, ctx, wheelhouse=wheelhouse, log=log)
+        (ctx / "Dockerfile").write_text(
+            f"FROM {BASE_IMAGE}\n"
+            "COPY requirements.txt /tmp/vf-deps/requirements.txt\n"
+            "COPY wheels /tmp/vf-deps/wheels\n"
+            "RUN python3 -m venv /app/.venv \\\n"
+            " && /app/.venv/bin/pip install -q --no-index --no-cache-dir --find-links /tmp/vf-deps/wheels"
+            " -r /tmp/vf-deps/requirements.txt \\\n"
+            " && rm -rf /tmp/vf-deps\n"
+            "ENV PATH=/app/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        )
+        _docker_build(ctx, tag, what=f"docker build {tag}")
+    return tag, True
+
+
+def _docker_name(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-._")
+    return slug or "env"
+
+
+def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path | None = None,
+                  log: Callable[[str], None] = lambda s: None) -> BuildResult:
+    """Build PROJECT's image (when its content changed) and write PROJECT/.build.json."""
+    import time
+
+    t0 = time.monotonic()
+    root = Path(project).resolve()
+    cfg = read_project_config(root)
+    contract = detect_contract(root, cfg.app)
+    digest = content_hash(root)
+    env_id = cfg.name
+    image = f"{PROJECT_REPO_PREFIX}/{_docker_name(env_id)}:{digest[:16]}"
+    start = default_start_command(cfg.app, cfg.port)
+
+    try:
+        old = read_manifest(root)
+    except ConfigError:
+        old = None
+    if (not force and old is not None and old.content_hash == digest and old.image == image
+            and old.contract == contract and image_exists(image)):
+        return BuildResult(manifest=old, built=False, deps_built=False, seconds=time.monotonic() - t0)
+
+    deps_image, deps_built = ensure_deps_image(project_requirements(root), wheelhouse=wheelhouse, log=log)
+    built = False
+    if force or not image_exists(image):
+        log(f"building {image} ...")
+        with tempfile.TemporaryDirectory(prefix="vf-openenv-build-") as tmp:
+            ctx = Path(tmp)
+            for path in _project_files(root):
+                dst = ctx / "env" / path.relative_to(root)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dst)
+            (ctx / "Dockerfile").write_text(
+                f"FROM {deps_image}\n"
+                "COPY env /app/env\n"
+                "ENV PYTHONPATH=/app/env ENABLE_WEB_INTERFACE=false PYTHONUNBUFFERED=1\n"
+                "WORKDIR /app/env\n"
+                f'LABEL vf-sandbox.openenv.id="{env_id}" vf-sandbox.openenv.content="{digest}"\n'
+                f'CMD ["sh", "-c", "{start}"]\n'
+            )
+            _docker_build(ctx, image, what=f"docker build {image}")
+        built = True
+    manifest = BuildManifest(
+        environment_id=env_id, image=image, port=cfg.port, app=cfg.app, contract=contract,
+        start_command=start, image_status="built", content_hash=digest, deps_image=deps_image,
+    )
+    write_manifest(root, manifest)
+    return BuildResult(manifest=manifest, built=built, deps_built=deps_built, seconds=time.monotonic() - t0)
+
+
+def ensure_built(project: str | Path, *, log: Callable[[str], None] = lambda s: None) -> BuildManifest:
+    """The project's manifest, building first when it is missing or stale."""
+    return build_project(project, log=log).manifest
