@@ -100,7 +100,8 @@ def bwrap_args(root: Path, *, network: bool, cwd: str = "/") -> list[str]:
     for name in _LINK_OR_DIR:
         host = f"/{name}"
         if os.path.islink(host):
-            args += ["--symlink", os.readlink(host), host]
+            if not os.path.lexists(root / name):  # a second bwrap on the same root finds it made
+                args += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
     args += ["--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-ipc", "--unshare-uts",

@@ -1,0 +1,346 @@
+"""`KubernetesBackend` ("kubernetes"): one pod per sandbox, commands through
+the shared in-sandbox agent over one pods/exec websocket per sandbox.
+
+Create: rate-limited (token bucket) POST of the pod from `manifest.py`
+(plus, once, the deny-all NetworkPolicy for network-off sandboxes), then
+poll until Running (`status.py` turns ImagePullBackOff, Unschedulable past a
+grace period, OOMKilled, Evicted... into typed InfraErrors carrying the pod's
+own reason), then open the exec websocket running the agent; its hello is
+the readiness probe. Creation is shielded: a caller cancelled mid-create
+does not leak the pod (it is deleted), and with an idempotency key the pod
+name is derived from the key, so a retried create adopts the first pod
+instead of making a second.
+
+Exec costs one round trip on the open websocket (pings every
+`keepalive` seconds keep idle streams alive through proxies). The agent is
+started with a tiny bootstrap (`python3 -u -c <20 lines>` reading the agent
+source from stdin) so the exec URL stays short. When the stream drops, every
+request in flight fails with AgentError (never re-sent: it may have run);
+the next call reconnects once per drop, after checking that the pod still
+runs (otherwise the pod's typed error is raised). Background processes die
+with the dropped agent.
+
+Delete is grace 0; `delete_many` uses deletecollection by label selector;
+`reap` deletes sandboxes whose owner died or that expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from sandboxes import labels as lc
+from sandboxes.agent import AgentSandbox
+from sandboxes.agent.client import AgentChannel, AgentConnection
+from sandboxes.agent.protocol import agent_source
+from sandboxes.errors import AgentError, InfraError, SandboxCreateError
+from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
+from sandboxes.spec import SandboxSpec
+
+from . import manifest as mf
+from .api import Connection, ExecChannel, KubeApi
+from .config import KubernetesConfig
+from .ratelimit import RateLimiter
+from .status import classify, pod_error
+
+log = logging.getLogger(__name__)
+
+# Reads a length line then exactly that many bytes of agent source from stdin, and runs it.
+# The agent then keeps reading the same buffered stdin, so nothing is lost.
+BOOTSTRAP = (
+    "import sys;b=sys.stdin.buffer;n=int(b.readline());"
+    "exec(compile(b.read(n),'vf-sandbox-agent','exec'))"
+)
+MAX_RECONNECTS = 3  # per sandbox handle; each drop gets one attempt
+
+
+def bootstrap_argv(python: str) -> list[str]:
+    return [python, "-u", "-c", BOOTSTRAP]
+
+
+def bootstrap_payload() -> bytes:
+    src = agent_source().encode()
+    return str(len(src)).encode() + b"\n" + src
+
+
+class KubeAgentChannel(AgentChannel):
+    """`AgentChannel` over an exec websocket whose process is the bootstrapped agent."""
+
+    def __init__(self, ch: ExecChannel) -> None:
+        self.ch = ch
+
+    async def send(self, data: bytes) -> None:
+        await self.ch.send(data)
+
+    async def receive(self) -> bytes:
+        return await self.ch.recv()
+
+    async def close(self) -> None:
+        await self.ch.close()
+
+    def describe(self) -> str:
+        return f"pods/exec websocket to {self.ch.pod} ({self.ch.protocol})"
+
+    def log_tail(self) -> str:
+        tail = bytes(self.ch.stderr[-4000:]).decode("utf-8", "replace")
+        if self.ch.status and self.ch.status.get("status") != "Success":
+            tail += f"\nexec status: {self.ch.status.get('message', self.ch.status)}"
+        return tail
+
+
+class KubeSandbox(AgentSandbox):
+    backend_name = "kubernetes"
+
+    def __init__(self, *args, backend: "KubernetesBackend", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._backend = backend
+        self._reconnects = 0
+        self._reconnect_lock = asyncio.Lock()
+
+    async def _ensure(self) -> None:
+        """Reconnect the agent once after a dropped stream, if the pod still runs."""
+        if self._deleted or self._conn.dead is None:
+            return
+        async with self._reconnect_lock:
+            if self._conn.dead is None or self._deleted:
+                return
+            pod = await self._backend.api.get_pod(self.id)
+            state, _ = classify(pod) if pod else ("failed", None)
+            if state != "ready":
+                raise pod_error(pod, self.id) from self._conn.dead
+            if self._reconnects >= MAX_RECONNECTS:
+                raise AgentError(f"pod {self.id}: agent stream dropped again after {self._reconnects} reconnects") from self._conn.dead
+            self._reconnects += 1
+            log.warning("pod %s: agent stream dropped (%s); reconnecting", self.id, self._conn.dead)
+            self._conn = await self._backend._start_agent(self.id)
+
+    async def _classified(self, exc: AgentError) -> BaseException:
+        """A dropped stream caused by the pod dying becomes the pod's typed error."""
+        with contextlib.suppress(InfraError):
+            pod = await self._backend.api.get_pod(self.id)
+            if pod is None or classify(pod)[0] != "ready":
+                err = pod_error(pod, self.id)
+                err.__cause__ = exc
+                return err
+        return exc
+
+    async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
+        await self._ensure()
+        try:
+            return await super()._call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
+        except AgentError as e:
+            raise await self._classified(e) from None
+
+    async def _run_stream(self, msg: dict[str, Any], inbound=None, sink=None) -> dict:
+        await self._ensure()
+        try:
+            return await super()._run_stream(msg, inbound, sink)
+        except AgentError as e:
+            raise await self._classified(e) from None
+
+    async def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None) -> AsyncIterator[OutputChunk | ExecResult]:
+        await self._ensure()
+        try:
+            async for item in super().exec_stream(cmd, timeout=timeout, env=env, cwd=cwd):
+                yield item
+        except AgentError as e:
+            raise await self._classified(e) from None
+
+    async def alive(self) -> bool:
+        if self._deleted:
+            return False
+        try:
+            pod = await self._backend.api.get_pod(self.id)
+        except InfraError:
+            return False
+        if pod is None or classify(pod)[0] != "ready":
+            return False
+        try:
+            await self._ensure()
+        except InfraError:
+            return False
+        return await super().alive()
+
+    async def _destroy(self) -> None:
+        await self._backend.delete(self.id)
+
+
+class KubernetesBackend:
+    """Sandboxes as pods. Options: the fields of `KubernetesConfig`."""
+
+    name = "kubernetes"
+
+    def __init__(self, **options: Any) -> None:
+        self.config = KubernetesConfig(**options)
+        self.limiter = RateLimiter(self.config.creates_per_second, self.config.create_burst)
+        self._api: KubeApi | None = None
+        self._api_lock = asyncio.Lock()
+        self._policy_ready = False
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            raise RuntimeError("kubernetes backend used before connecting")
+        return self._api
+
+    async def connect(self) -> KubeApi:
+        """Load cluster config (kubeconfig or in-cluster) once."""
+        if self._api is None:
+            async with self._api_lock:
+                if self._api is None:
+                    conn = await asyncio.to_thread(Connection.load, self.config)
+                    self._api = KubeApi(conn, self.config)
+        return self._api
+
+    # -- create
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> KubeSandbox:
+        api = await self.connect()
+        labels = {**spec.labels, **lc.lifecycle_labels(spec)}
+        name = mf.pod_name(spec)
+        if idempotency_key:
+            name = name.rsplit("-", 1)[0] + "-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:10]
+        manifest = mf.pod_manifest(spec, self.config, name, labels)
+        if not spec.network and self.config.create_network_policy and not self._policy_ready:
+            await api.ensure_network_policy(mf.deny_all_network_policy(self.config))
+            self._policy_ready = True
+        task = asyncio.ensure_future(self._create_and_wait(manifest, spec))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The caller gave up; the pod may exist: make sure it does not leak.
+            task.add_done_callback(lambda t: asyncio.ensure_future(self._discard(t, name)))
+            raise
+
+    async def _discard(self, task: asyncio.Future, name: str) -> None:
+        with contextlib.suppress(BaseException):
+            sb = task.result()
+            await sb.delete()
+            return
+        with contextlib.suppress(Exception):
+            await self.api.delete_pod(name)
+
+    async def _create_and_wait(self, manifest: dict[str, Any], spec: SandboxSpec) -> KubeSandbox:
+        name = manifest["metadata"]["name"]
+        await self.limiter.acquire()
+        try:
+            await self.api.create_pod(manifest)
+        except InfraError as e:
+            if getattr(e, "status", None) != 409:
+                raise SandboxCreateError(f"cannot create pod {name}: {e}") from e
+            log.info("pod %s already exists (idempotent create): adopting it", name)
+        try:
+            await self._wait_running(name)
+            conn = await self._start_agent(name)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.api.delete_pod(name)
+            raise
+        return KubeSandbox(conn, id=name, name=name, spec=spec, backend_name=self.name, backend=self)
+
+    async def _wait_running(self, name: str) -> dict[str, Any]:
+        cfg = self.config
+        deadline = time.monotonic() + cfg.ready_timeout
+        unschedulable_since: float | None = None
+        last: dict[str, Any] | None = None
+        delay = 0.05  # short first polls: a warm node starts a pod in well under a second
+        while True:
+            pod = await self.api.get_pod(name)
+            if pod is None:
+                raise SandboxCreateError(f"pod {name} disappeared while starting")
+            last = pod
+            state, err = classify(pod)
+            if state == "ready":
+                return pod
+            if state == "failed":
+                raise err  # type: ignore[misc]
+            if state == "unschedulable":
+                unschedulable_since = unschedulable_since or time.monotonic()
+                if time.monotonic() - unschedulable_since >= cfg.unschedulable_grace:
+                    raise err  # type: ignore[misc]
+            else:
+                unschedulable_since = None
+            if time.monotonic() >= deadline:
+                phase = (last.get("status") or {}).get("phase")
+                raise SandboxCreateError(f"pod {name} not running after {cfg.ready_timeout:.0f}s (phase {phase})")
+            await asyncio.sleep(delay)
+            delay = min(cfg.poll_interval, delay * 2)
+
+    async def _start_agent(self, name: str) -> AgentConnection:
+        """Open the exec websocket, bootstrap the agent, wait for its hello (the readiness probe)."""
+        ch = await self.api.exec_channel(name, bootstrap_argv(self.config.python))
+        channel = KubeAgentChannel(ch)
+        conn = AgentConnection(channel)
+        try:
+            await channel.send(bootstrap_payload())
+            await conn.start(timeout=min(60.0, self.config.ready_timeout))
+        except BaseException as e:
+            await conn.close()
+            if isinstance(e, AgentError):
+                raise AgentError(f"pod {name}: agent did not start (is {self.config.python} in the image?): {e}") from e
+            raise
+        return conn
+
+    # -- the rest of the contract
+    async def get(self, sandbox_id: str) -> KubeSandbox:
+        api = await self.connect()
+        pod = await api.get_pod(sandbox_id)
+        if pod is None or classify(pod)[0] != "ready":
+            raise pod_error(pod, sandbox_id)
+        spec = mf.spec_of(pod) or SandboxSpec(image=pod["spec"]["containers"][0]["image"])
+        conn = await self._start_agent(sandbox_id)
+        return KubeSandbox(conn, id=sandbox_id, name=sandbox_id, spec=spec, backend_name=self.name, backend=self)
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        api = await self.connect()
+        pods = await api.list_pods(mf.selector(labels or {}))
+        out = []
+        for pod in pods:
+            exact = mf.labels_of(pod)
+            if labels and any(exact.get(k) != v for k, v in labels.items()):
+                continue  # a sanitised-value collision: the annotation has the truth
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            created = exact.get(lc.CREATED_AT)
+            out.append(SandboxInfo(
+                id=meta.get("name", ""), name=meta.get("name", ""), backend=self.name,
+                status=str(status.get("phase", "Pending")).lower(),
+                image=((pod.get("spec") or {}).get("containers") or [{}])[0].get("image", ""),
+                labels=exact, created_at=float(created) if created else None,
+            ))
+        return out
+
+    async def delete(self, sandbox_id: str) -> None:
+        api = await self.connect()
+        await api.delete_pod(sandbox_id)
+
+    async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
+        api = await self.connect()
+        if labels is not None and not ids:
+            return len(await api.delete_pods(mf.selector(labels)))
+        targets = set(ids or [])
+        if labels is not None:
+            targets &= {i.id for i in await self.list(labels)}
+        results = await asyncio.gather(*(api.delete_pod(t) for t in targets))
+        return sum(1 for r in results if r)
+
+    async def reap(self, *, max_age_seconds: float | None = None) -> list[str]:
+        """Delete sandboxes whose owner process died, that expired, or are older than `max_age_seconds`."""
+        now = time.time()
+        doomed = [
+            i.id for i in await self.list()
+            if lc.expired(i.labels, now) or not lc.owner_alive(i.labels)
+            or (max_age_seconds is not None and i.created_at is not None and now - i.created_at > max_age_seconds)
+        ]
+        await asyncio.gather(*(self.api.delete_pod(d) for d in doomed))
+        return doomed
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+
+
+__all__ = ["KubernetesBackend", "KubeSandbox", "KubeAgentChannel", "BOOTSTRAP"]
