@@ -1,0 +1,209 @@
+"""Clients on the official `openai` SDK: chat completions and legacy completions.
+
+The SDK client is built on openai's aiohttp transport (`DefaultAioHttpClient`):
+at high concurrency httpx's pool scan is the bottleneck (see benchmarks)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+
+from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError, OverlongPromptError
+from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
+from .base import Client, ModelAuthError
+from .config import ClientConfig, resolve_api_key
+
+# Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
+_CHAT_ARGS = frozenset(
+    {
+        "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "presence_penalty",
+        "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "response_format",
+        "tool_choice", "parallel_tool_calls", "user", "reasoning_effort", "metadata", "store",
+        "service_tier", "modalities", "prediction", "audio", "stream_options", "verbosity",
+        "extra_headers", "extra_query", "extra_body", "timeout",
+    }
+)
+_COMPLETION_ARGS = frozenset(
+    {
+        "max_tokens", "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty",
+        "logit_bias", "logprobs", "seed", "suffix", "echo", "best_of", "user",
+        "extra_headers", "extra_query", "extra_body", "timeout",
+    }
+)
+
+
+def build_async_openai(config: ClientConfig) -> openai.AsyncOpenAI:
+    """An AsyncOpenAI on the aiohttp transport configured from `config`."""
+    timeout = openai.Timeout(config.timeout, connect=config.connect_timeout)
+    try:
+        http_client = openai.DefaultAioHttpClient(timeout=timeout)
+    except Exception:  # aiohttp extra missing: fall back to the SDK's default transport
+        http_client = None
+    return openai.AsyncOpenAI(
+        api_key=resolve_api_key(config.api_key_var),
+        base_url=config.api_base_url,
+        timeout=timeout,
+        max_retries=config.max_retries,
+        default_headers=config.extra_headers or None,
+        http_client=http_client,
+    )
+
+
+def _split_args(sampling_args: SamplingArgs, allowed: frozenset[str]) -> dict[str, Any]:
+    direct: dict[str, Any] = {}
+    extra_body: dict[str, Any] = dict(sampling_args.pop("extra_body", None) or {})
+    for key, value in sampling_args.items():
+        if value is None:
+            continue
+        if key in allowed:
+            direct[key] = value
+        else:
+            extra_body[key] = value
+    if extra_body:
+        direct["extra_body"] = extra_body
+    return direct
+
+
+def _classify_openai_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
+        return ModelAuthError(f"model endpoint refused the API key ({getattr(exc, 'status_code', '?')}): {exc}")
+    if isinstance(exc, openai.BadRequestError):
+        text = str(exc).lower()
+        if "context length" in text or "maximum context" in text or "too long" in text:
+            return OverlongPromptError(str(exc))
+    if isinstance(exc, openai.APIConnectionError):
+        return ModelError(f"model endpoint unreachable: {type(exc).__name__}: {exc}")
+    return ModelError(f"{type(exc).__name__}: {exc}")
+
+
+class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
+    """OpenAI Chat Completions API (the default client)."""
+
+    def setup_client(self, config: ClientConfig) -> openai.AsyncOpenAI:
+        return build_async_openai(config)
+
+    def to_native_prompt(self, messages: Messages) -> tuple[Any, dict[str, Any]]:
+        if isinstance(messages, str):
+            return [{"role": "user", "content": messages}], {}
+        return messages, {}
+
+    def to_native_tool(self, tool: Tool) -> Any:
+        fn: dict[str, Any] = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+        if tool.strict is not None:
+            fn["strict"] = tool.strict
+        return {"type": "function", "function": fn}
+
+    async def get_native_response(
+        self, prompt: Any, model: str, sampling_args: SamplingArgs, tools: list[Any] | None, **kwargs: Any
+    ) -> Any:
+        args = _split_args(sampling_args, _CHAT_ARGS)
+        if tools:
+            args["tools"] = tools
+        headers = kwargs.get("extra_headers")
+        if headers:
+            args["extra_headers"] = {**args.get("extra_headers", {}), **headers}
+        return await self._client.chat.completions.create(model=model, messages=prompt, **args)
+
+    def classify_error(self, exc: BaseException) -> BaseException:
+        return _classify_openai_error(exc)
+
+    def raise_from_native_response(self, response: Any) -> None:
+        if response is None or not getattr(response, "choices", None):
+            raise InvalidModelResponseError("model response has no choices")
+        msg = response.choices[0].message
+        if msg is None:
+            raise InvalidModelResponseError("model response has no message")
+        if not msg.content and not msg.tool_calls and not getattr(msg, "reasoning_content", None):
+            if response.choices[0].finish_reason != "length":
+                raise EmptyModelResponseError("model returned neither content nor tool calls")
+
+    def from_native_response(self, response: Any) -> Response:
+        choice = response.choices[0]
+        msg = choice.message
+        tool_calls = None
+        if msg.tool_calls:
+            tool_calls = [
+                ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "{}")
+                for tc in msg.tool_calls
+            ]
+        finish = choice.finish_reason if choice.finish_reason in ("stop", "length", "tool_calls") else None
+        extra = msg.model_extra or {}
+        usage = None
+        if response.usage is not None:
+            usage = Usage(
+                prompt_tokens=response.usage.prompt_tokens or 0,
+                completion_tokens=response.usage.completion_tokens or 0,
+                total_tokens=response.usage.total_tokens or 0,
+            )
+        return Response(
+            id=response.id or "",
+            created=response.created or 0,
+            model=response.model or "",
+            usage=usage,
+            message=ResponseMessage(
+                content=msg.content,
+                reasoning_content=extra.get("reasoning_content") or extra.get("reasoning"),
+                finish_reason=finish,
+                is_truncated=choice.finish_reason == "length",
+                tool_calls=tool_calls,
+            ),
+        )
+
+
+class OpenAICompletionsClient(Client[openai.AsyncOpenAI]):
+    """OpenAI legacy Completions API (message_type="completion")."""
+
+    def setup_client(self, config: ClientConfig) -> openai.AsyncOpenAI:
+        return build_async_openai(config)
+
+    def to_native_prompt(self, messages: Messages) -> tuple[Any, dict[str, Any]]:
+        if isinstance(messages, str):
+            return messages, {}
+        return "\n".join(str(m.get("content") or "") for m in messages), {}
+
+    def to_native_tool(self, tool: Tool) -> Any:
+        raise ModelError("the completions API does not support tools")
+
+    async def get_native_response(
+        self, prompt: Any, model: str, sampling_args: SamplingArgs, tools: list[Any] | None, **kwargs: Any
+    ) -> Any:
+        args = _split_args(sampling_args, _COMPLETION_ARGS)
+        headers = kwargs.get("extra_headers")
+        if headers:
+            args["extra_headers"] = {**args.get("extra_headers", {}), **headers}
+        return await self._client.completions.create(model=model, prompt=prompt, **args)
+
+    def classify_error(self, exc: BaseException) -> BaseException:
+        return _classify_openai_error(exc)
+
+    def raise_from_native_response(self, response: Any) -> None:
+        if response is None or not getattr(response, "choices", None):
+            raise InvalidModelResponseError("completion response has no choices")
+
+    def from_native_response(self, response: Any) -> Response:
+        choice = response.choices[0]
+        usage = None
+        if response.usage is not None:
+            usage = Usage(
+                prompt_tokens=response.usage.prompt_tokens or 0,
+                completion_tokens=response.usage.completion_tokens or 0,
+                total_tokens=response.usage.total_tokens or 0,
+            )
+        finish = choice.finish_reason if choice.finish_reason in ("stop", "length") else None
+        return Response(
+            id=response.id or "",
+            created=response.created or 0,
+            model=response.model or "",
+            usage=usage,
+            message=ResponseMessage(content=choice.text, finish_reason=finish, is_truncated=finish == "length"),
+        )
+
+
+def tool_call_to_dict(tc: ToolCall) -> dict[str, Any]:
+    return {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+
+
+def parse_arguments(arguments: str) -> Any:
+    return json.loads(arguments) if arguments else {}

@@ -1,0 +1,666 @@
+"""`Environment`: datasets, the rollout driver (concurrency, rollout-level
+retry on InfraError, cleanup / teardown handlers, group scoring) and the
+`generate` / `evaluate` entry points. Subclasses implement `rollout`.
+
+Hooks a subclass (e.g. a sandbox-backed env) can rely on:
+- `@vf.cleanup` methods run after every rollout (also one that raised), in
+  priority order; `@vf.teardown` methods run once via `await env.teardown()`
+  (the eval CLI calls it at the end, also after Ctrl-C / SIGTERM).
+- A rollout whose error has an `InfraError` anywhere in its cause chain is
+  re-run on a fresh state (up to `max_retries` times, exponential backoff);
+  the output row's `attempts` says how many tries it took.
+- Per-rollout metrics: put numbers in `state["metrics"]` (or call
+  `self.record_metric(state, name, value)`) during the rollout; they appear in
+  the row's `metrics` and in `avg_metrics` next to the rubric's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import random
+import time
+import uuid
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from sandboxes.retry import RetryPolicy
+
+from .clients.base import Client, ModelAuthError
+from .decorators import call_with_named_args, discover
+from .errors import Error, OverlongPromptError, is_infra_error
+from .outputs import aggregate, state_to_output
+from .parsers import Parser
+from .rubrics.group import RubricGroup
+from .rubrics.rubric import Rubric
+from .types import (
+    GenerateOutputs,
+    Messages,
+    Response,
+    RolloutInput,
+    RolloutOutput,
+    RolloutTiming,
+    SamplingArgs,
+    State,
+    Tool,
+)
+
+log = logging.getLogger("envs")
+
+GroupCallback = Callable[[list[RolloutOutput]], "Awaitable[None] | None"]
+
+
+class _InfraRetry(Exception):
+    """Raised internally to make tenacity retry a rollout whose state holds an InfraError."""
+
+
+def _rows_of(dataset: Any) -> list[dict[str, Any]]:
+    if dataset is None:
+        return []
+    if callable(dataset) and not hasattr(dataset, "to_list"):
+        dataset = dataset()
+    if hasattr(dataset, "to_list"):
+        return list(dataset.to_list())
+    return [dict(r) for r in dataset]
+
+
+class Environment(ABC):
+    """Abstract base of every environment."""
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        eval_dataset: Any = None,
+        system_prompt: str | None = None,
+        few_shot: list[dict[str, Any]] | None = None,
+        parser: Parser | None = None,
+        rubric: Rubric | None = None,
+        sampling_args: SamplingArgs | None = None,
+        message_type: str = "chat",
+        max_workers: int = 512,
+        env_id: str | None = None,
+        env_args: dict | None = None,
+        max_seq_len: int | None = None,
+        score_rollouts: bool = True,
+        pass_threshold: float = 0.5,
+        **kwargs: Any,
+    ):
+        self.logger = log
+        self.message_type = message_type
+        self.system_prompt = system_prompt
+        self.few_shot = few_shot
+        self.parser = parser or Parser()
+        self.rubric = rubric or Rubric(parser=self.parser)
+        if rubric is not None and parser is None and getattr(rubric, "parser", None) is not None:
+            self.parser = rubric.parser
+        self.sampling_args = dict(sampling_args or {})
+        self.max_workers = max_workers
+        self.concurrency = max_workers
+        self.env_id = env_id or ""
+        self.env_args = dict(env_args or {})
+        self.max_seq_len = max_seq_len
+        self.score_rollouts = score_rollouts
+        self.pass_threshold = pass_threshold
+        self.retry_policy = RetryPolicy(attempts=1, initial_delay=0.5, max_delay=30.0, jitter=0.25)
+        self.tool_defs: list[Tool] | None = getattr(self, "tool_defs", None)
+        self._dataset_src = dataset
+        self._eval_dataset_src = eval_dataset
+        self._dataset_rows: list[dict[str, Any]] | None = None
+        self._eval_rows: list[dict[str, Any]] | None = None
+        self._torn_down = False
+        self._atexit_registered = False
+        self._cleanup_handlers: list[Callable[..., Any]] | None = None
+        self._stop_conditions: list[Callable[..., Any]] | None = None
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    # ------------------------------------------------------------------ datasets
+    def _format_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for i, row in enumerate(rows):
+            row = dict(row)
+            if "prompt" not in row:
+                question = row.get("question", "")
+                if self.message_type == "completion":
+                    row["prompt"] = (self.system_prompt + "\n\n" if self.system_prompt else "") + str(question)
+                else:
+                    msgs: list[dict[str, Any]] = []
+                    if self.system_prompt:
+                        msgs.append({"role": "system", "content": self.system_prompt})
+                    msgs.extend(self.few_shot or [])
+                    msgs.append({"role": "user", "content": question})
+                    row["prompt"] = msgs
+            elif self.system_prompt and isinstance(row["prompt"], list) and not any(
+                m.get("role") == "system" for m in row["prompt"]
+            ):
+                row["prompt"] = [{"role": "system", "content": self.system_prompt}, *row["prompt"]]
+            if row.get("example_id") is None:
+                row["example_id"] = i
+            row.setdefault("answer", "")
+            if row.get("info") is None:
+                row["info"] = {}
+            row.setdefault("task", "default")
+            out.append(row)
+        return out
+
+    def _train_rows(self) -> list[dict[str, Any]]:
+        if self._dataset_rows is None:
+            self._dataset_rows = self._format_rows(_rows_of(self._dataset_src))
+        return self._dataset_rows
+
+    def _eval_rows_all(self) -> list[dict[str, Any]]:
+        if self._eval_rows is None:
+            src = self._eval_dataset_src if self._eval_dataset_src is not None else None
+            self._eval_rows = self._format_rows(_rows_of(src)) if src is not None else self._train_rows()
+        return self._eval_rows
+
+    @staticmethod
+    def _select(rows: list[dict[str, Any]], n: int, seed: int | None) -> list[dict[str, Any]]:
+        if seed is not None:
+            rows = list(rows)
+            random.Random(seed).shuffle(rows)
+        return rows[:n] if n is not None and n >= 0 else list(rows)
+
+    @staticmethod
+    def _as_dataset(rows: list[dict[str, Any]], like: Any) -> Any:
+        if like is not None and hasattr(like, "to_list"):
+            from datasets import Dataset
+
+            return Dataset.from_list(rows) if rows else Dataset.from_dict({})
+        return rows
+
+    def get_dataset(self, n: int = -1, seed: int | None = None) -> Any:
+        """The training dataset (formatted), optionally shuffled with `seed`, first `n` rows."""
+        return self._as_dataset(self._select(self._train_rows(), n, seed), self._dataset_src)
+
+    def get_eval_dataset(self, n: int = -1, seed: int | None = None) -> Any:
+        """The evaluation dataset (falls back to the training one)."""
+        return self._as_dataset(self._select(self._eval_rows_all(), n, seed), self._eval_dataset_src or self._dataset_src)
+
+    @staticmethod
+    def make_dataset(inputs: Iterable[dict[str, Any]]) -> Any:
+        from datasets import Dataset
+
+        return Dataset.from_list(list(inputs))
+
+    def get_eval_inputs(
+        self, num_examples: int = -1, rollouts_per_example: int = 1, shuffle: bool = False, shuffle_seed: int | None = None
+    ) -> list[RolloutInput]:
+        """Eval rows repeated `rollouts_per_example` times (grouped by example)."""
+        seed = (shuffle_seed if shuffle_seed is not None else 0) if shuffle else None
+        rows = self._select(self._eval_rows_all(), num_examples, seed)
+        inputs: list[RolloutInput] = []
+        for row in rows:
+            for _ in range(max(1, rollouts_per_example)):
+                inputs.append(self._to_input(row))
+        return inputs
+
+    @staticmethod
+    def _to_input(row: dict[str, Any]) -> RolloutInput:
+        inp: dict[str, Any] = {
+            "prompt": row["prompt"],
+            "example_id": row["example_id"],
+            "answer": row.get("answer", ""),
+            "info": row.get("info") or {},
+            "task": row.get("task", "default"),
+        }
+        return inp  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ configuration
+    def set_kwargs(self, **kwargs: Any) -> None:
+        for key, value in kwargs.items():
+            setter = getattr(self, f"set_{key}", None)
+            if callable(setter):
+                setter(value)
+            else:
+                setattr(self, key, value)
+
+    def set_concurrency(self, concurrency: int) -> None:
+        self.concurrency = max(1, int(concurrency))
+
+    def add_rubric(self, rubric: Rubric) -> None:
+        if self.rubric is None:
+            self.rubric = rubric
+        elif isinstance(self.rubric, RubricGroup):
+            self.rubric.rubrics.append(rubric)
+        else:
+            self.rubric = RubricGroup(rubrics=[self.rubric, rubric])
+
+    def set_max_seq_len(self, max_seq_len: int | None) -> None:
+        self.max_seq_len = max_seq_len
+
+    def set_score_rollouts(self, score_rollouts: bool) -> None:
+        self.score_rollouts = bool(score_rollouts)
+
+    def set_max_retries(self, max_retries: int) -> None:
+        self.retry_policy = self.retry_policy.model_copy(update={"attempts": max(0, int(max_retries)) + 1})
+
+    @staticmethod
+    def record_metric(state: State, name: str, value: float) -> None:
+        """Record a per-rollout metric; it appears in the row's metrics and avg_metrics."""
+        metrics = state.get("metrics")
+        if not isinstance(metrics, dict):
+            metrics = state["metrics"] = {}
+        metrics[name] = float(value)
+
+    # ------------------------------------------------------------------ rollout pieces
+    async def init_state(
+        self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None = None
+    ) -> State:
+        now = time.time()
+        state = State(
+            input=input,
+            client=client,
+            model=model,
+            sampling_args={**self.sampling_args, **(sampling_args or {})},
+            is_completed=False,
+            is_truncated=False,
+            tool_defs=list(self.tool_defs) if self.tool_defs else None,
+            trajectory=[],
+            trajectory_id=uuid.uuid4().hex,
+            timing=RolloutTiming(start_time=now),
+            completion=None,
+            reward=None,
+            advantage=None,
+            metrics={},
+            stop_condition=None,
+            error=None,
+            usage={},
+        )
+        return state
+
+    def _request_headers(self, state: State, client: Client) -> dict[str, str] | None:
+        cfg = getattr(client, "config", None)
+        mapping = getattr(cfg, "extra_headers_from_state", None) or getattr(self, "extra_headers_from_state", None)
+        if not mapping:
+            return None
+        headers = {}
+        for header, key in mapping.items():
+            value = state.get(key)
+            if value is not None:
+                headers[header] = str(value)
+        return headers or None
+
+    async def get_model_response(
+        self,
+        state: State,
+        prompt: Messages,
+        client: Client | None = None,
+        model: str | None = None,
+        tool_defs: list[Tool] | None = None,
+        sampling_args: SamplingArgs | None = None,
+    ) -> Response:
+        """Ask the model; records token usage into state["usage"]."""
+        client = client or state["client"]
+        model = model or state["model"]
+        tools = tool_defs if tool_defs is not None else state.get("tool_defs")
+        args = dict(sampling_args if sampling_args is not None else state.get("sampling_args") or {})
+        headers = self._request_headers(state, client)
+        if headers:
+            response = await client.get_response(prompt, model, args, tools, extra_headers=headers)
+        else:
+            response = await client.get_response(prompt, model, args, tools)
+        if response.usage is not None:
+            usage = state.setdefault("usage", {})
+            usage["input_tokens"] = usage.get("input_tokens", 0) + response.usage.prompt_tokens
+            usage["output_tokens"] = usage.get("output_tokens", 0) + response.usage.completion_tokens
+            usage["final_input_tokens"] = response.usage.prompt_tokens
+            usage["final_output_tokens"] = response.usage.completion_tokens
+        if self.max_seq_len and response.usage is not None:
+            if response.usage.prompt_tokens + response.usage.completion_tokens > self.max_seq_len:
+                state["is_truncated"] = True
+        return response
+
+    def stop_conditions(self) -> list[Callable[..., Any]]:
+        if self._stop_conditions is None:
+            self._stop_conditions = discover(self, "stop")
+        return self._stop_conditions
+
+    async def is_completed(self, state: State, **kwargs: Any) -> bool:
+        """True when a stop condition fires (sets is_completed / stop_condition)."""
+        if state.get("is_completed"):
+            return True
+        for cond in self.stop_conditions():
+            result = cond(state)
+            if hasattr(result, "__await__"):
+                result = await result
+            if result:
+                state["is_completed"] = True
+                state["stop_condition"] = cond.__name__
+                if cond.__name__ in ("prompt_too_long", "max_turns_reached", "max_total_completion_tokens_reached"):
+                    state["is_truncated"] = state.get("is_truncated") or cond.__name__ != "max_turns_reached"
+                return True
+        return False
+
+    async def cleanup(self, state: State) -> None:
+        """Run every @cleanup handler (priority order); one failing does not skip the others."""
+        if self._cleanup_handlers is None:
+            self._cleanup_handlers = discover(self, "cleanup")
+        for handler in self._cleanup_handlers:
+            try:
+                await call_with_named_args(handler, state=state)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("cleanup %s failed: %s: %s", handler.__name__, type(exc).__name__, exc)
+
+    async def teardown(self) -> None:
+        """Run the rubric's and then the env's @teardown handlers, once."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        try:
+            await self.rubric.teardown()
+        except Exception as exc:
+            log.warning("rubric teardown failed: %s", exc)
+        for handler in discover(self, "teardown"):
+            try:
+                await call_with_named_args(handler)
+            except Exception as exc:
+                log.warning("teardown %s failed: %s: %s", handler.__name__, type(exc).__name__, exc)
+
+    _teardown = teardown  # name used by verifiers
+
+    def _register_atexit(self) -> None:
+        if self._atexit_registered:
+            return
+        self._atexit_registered = True
+        ref = weakref.ref(self)
+
+        def _at_exit() -> None:
+            env = ref()
+            if env is None or env._torn_down or not discover(env, "teardown"):
+                return
+            try:
+                asyncio.run(env.teardown())
+            except Exception as exc:  # interpreter shutting down
+                log.warning("teardown at exit failed: %s", exc)
+
+        atexit.register(_at_exit)
+
+    @abstractmethod
+    async def rollout(
+        self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None = None
+    ) -> State:
+        """Run one rollout and return its state (errors recorded in state["error"])."""
+
+    # ------------------------------------------------------------------ driving
+    async def _rollout_once(self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None) -> State:
+        try:
+            return await self.rollout(input, client, model, sampling_args)
+        except ModelAuthError:
+            raise
+        except Exception as exc:  # an env that let an error escape: record it, keep the run going
+            state = State(input=input, model=model, timing=RolloutTiming(start_time=time.time()), trajectory=[], metrics={})
+            state["error"] = exc
+            state["completion"] = None
+            return state
+
+    async def run_rollout(
+        self,
+        sem: asyncio.Semaphore | None,
+        input: RolloutInput,
+        client: Client,
+        model: str,
+        sampling_args: SamplingArgs | None = None,
+        max_retries: int | None = None,
+    ) -> State:
+        """One rollout under `sem`, re-run on InfraError up to `max_retries` times."""
+        attempts_allowed = (max_retries + 1) if max_retries is not None else self.retry_policy.attempts
+        if sem is None:
+            return await self._run_with_retry(input, client, model, sampling_args, attempts_allowed)
+        async with sem:
+            return await self._run_with_retry(input, client, model, sampling_args, attempts_allowed)
+
+    async def _run_with_retry(
+        self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None, attempts_allowed: int
+    ) -> State:
+        if attempts_allowed <= 1:
+            state = await self._rollout_once(input, client, model, sampling_args)
+            state["attempts"] = 1
+            return state
+        policy = self.retry_policy.model_copy(update={"attempts": attempts_allowed})
+        state: State | None = None
+        attempt = 0
+
+        def on_retry(rs: Any) -> None:
+            err = state.get("error") if state is not None else None
+            log.warning(
+                "rollout example_id=%s attempt %d/%d failed with infra error %s: %s; retrying",
+                input.get("example_id"), rs.attempt_number, attempts_allowed, type(err).__name__, err,
+            )
+
+        async for ctx in policy.retrying(on_retry):
+            with ctx:
+                attempt = ctx.retry_state.attempt_number
+                state = await self._rollout_once(input, client, model, sampling_args)
+                err = state.get("error")
+                if err is not None and attempt < attempts_allowed and is_infra_error(err):
+                    raise _InfraRetry(str(err)) from err
+        assert state is not None
+        state["attempts"] = attempt
+        return state
+
+    async def _score_group(self, states: list[State]) -> None:
+        await self.rubric.score_group(states)
+
+    async def _finish_states(self, states: list[State]) -> None:
+        if self.score_rollouts:
+            try:
+                await self._score_group(states)
+            except Exception as exc:  # scoring itself failed (e.g. InfraError in a test run)
+                for s in states:
+                    if s.get("error") is None:
+                        s["error"] = exc
+                    s["reward"] = 0.0
+        else:
+            for s in states:
+                s["reward"] = s.get("reward") or 0.0
+        for s in states:
+            try:
+                await self.rubric.cleanup(s)
+            except Exception as exc:
+                log.warning("rubric cleanup failed: %s", exc)
+
+    async def run_group(
+        self,
+        group_inputs: list[RolloutInput],
+        client: Client,
+        model: str,
+        sampling_args: SamplingArgs | None = None,
+        sem: asyncio.Semaphore | None = None,
+        max_retries: int | None = None,
+        independent_scoring: bool = False,
+        **kwargs: Any,
+    ) -> list[State]:
+        """Run a group of rollouts (one example) concurrently, then score it."""
+        if independent_scoring:
+
+            async def one(inp: RolloutInput) -> State:
+                st = await self.run_rollout(sem, inp, client, model, sampling_args, max_retries)
+                await self._finish_states([st])
+                return st
+
+            return list(await asyncio.gather(*(one(i) for i in group_inputs)))
+        states = list(
+            await asyncio.gather(*(self.run_rollout(sem, i, client, model, sampling_args, max_retries) for i in group_inputs))
+        )
+        await self._finish_states(states)
+        return states
+
+    async def generate(
+        self,
+        inputs: Any,
+        client: Any,
+        model: str,
+        sampling_args: SamplingArgs | None = None,
+        max_concurrent: int = -1,
+        results_path: Any = None,
+        state_columns: list[str] | None = None,
+        save_results: bool = False,
+        push_to_hf_hub: bool = False,
+        hf_hub_dataset_name: str | None = None,
+        independent_scoring: bool = False,
+        max_retries: int = 0,
+        shuffle: bool = False,
+        shuffle_seed: int | None = None,
+        on_start: Callable[..., Any] | None = None,
+        on_progress: Callable[..., Any] | list[Callable[..., Any]] | None = None,
+        on_log: Callable[..., Any] | None = None,
+        on_group: GroupCallback | None = None,
+        **kwargs: Any,
+    ) -> GenerateOutputs:
+        """Run rollouts for `inputs` (rows repeated per rollout; grouped by example_id).
+
+        `client` is a Client, a ClientConfig (endpoint replicas are used
+        round-robin per group) or a raw AsyncOpenAI / AsyncAnthropic.
+        `on_group(rows)` is awaited after each completed group (results
+        writing hooks in here); `on_progress(done_rows, total)` likewise."""
+        from .clients import ClientConfig, make_client
+
+        self._register_atexit()
+        rows = [self._to_input(r) if "prompt" in r and "example_id" in r else r for r in _rows_of(inputs)]
+        if rows and any("example_id" not in r for r in rows):
+            rows = [self._to_input(r) for r in self._format_rows(rows)]
+        owned_clients: list[Client] = []
+        if isinstance(client, ClientConfig):
+            clients = [make_client(c) for c in client.replicas()]
+            owned_clients = clients
+        else:
+            clients = [make_client(client)]
+        groups: dict[Any, list[RolloutInput]] = {}
+        for r in rows:
+            groups.setdefault(r["example_id"], []).append(r)  # type: ignore[index]
+        total = len(rows)
+        limit = max_concurrent if max_concurrent and max_concurrent > 0 else 0
+        sem = asyncio.Semaphore(limit) if limit else None
+        progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
+        writer = None
+        if save_results and results_path is not None:
+            from .eval.writer import ResultsWriter
+
+            writer = ResultsWriter(results_path)
+            writer.open()
+        if on_start is not None:
+            on_start(total)
+        outputs: list[RolloutOutput] = []
+        t0 = time.time()
+
+        async def do_group(i: int, group: list[RolloutInput]) -> None:
+            c = clients[i % len(clients)]
+            states = await self.run_group(
+                group, c, model, sampling_args, sem=sem, max_retries=max_retries, independent_scoring=independent_scoring
+            )
+            rows_out = [state_to_output(s, state_columns) for s in states]
+            outputs.extend(rows_out)
+            if writer is not None:
+                writer.append(rows_out)
+            if on_group is not None:
+                res = on_group(rows_out)
+                if hasattr(res, "__await__"):
+                    await res
+            for cb in progress_cbs:
+                res = cb(outputs, total)
+                if hasattr(res, "__await__"):
+                    await res
+
+        tasks = [asyncio.ensure_future(do_group(i, g)) for i, g in enumerate(groups.values())]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            if writer is not None:
+                writer.close()
+            for c in owned_clients:
+                try:
+                    await c.close()
+                except Exception:
+                    pass
+        elapsed_ms = (time.time() - t0) * 1000
+        n_examples = len(groups)
+        metadata = self.build_metadata(
+            outputs,
+            model=model,
+            base_url=",".join(c.base_url for c in clients),
+            num_examples=n_examples,
+            rollouts_per_example=(total // n_examples) if n_examples else 0,
+            sampling_args=sampling_args or {},
+            time_ms=elapsed_ms,
+            state_columns=state_columns or [],
+            path_to_save=str(results_path or ""),
+        )
+        if writer is not None:
+            writer.write_metadata(metadata)
+        return {"outputs": outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+
+    def build_metadata(self, outputs: list[RolloutOutput], **fields: Any) -> dict[str, Any]:
+        from datetime import datetime, timezone
+
+        from .version import version_info
+
+        meta: dict[str, Any] = {
+            "env_id": self.env_id,
+            "env_args": self.env_args,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "pass_threshold": self.pass_threshold,
+            "tools": [t.model_dump() for t in self.tool_defs] if self.tool_defs else None,
+            "version_info": version_info(self.env_id),
+        }
+        meta.update(fields)
+        meta.update(aggregate(outputs, self.pass_threshold))
+        return meta
+
+    def generate_sync(self, inputs: Any, client: Any, model: str, **kwargs: Any) -> GenerateOutputs:
+        return asyncio.run(self.generate(inputs, client, model, **kwargs))
+
+    async def evaluate(
+        self,
+        client: Any,
+        model: str,
+        sampling_args: SamplingArgs | None = None,
+        num_examples: int = -1,
+        rollouts_per_example: int = 1,
+        max_concurrent: int = -1,
+        results_path: Any = None,
+        state_columns: list[str] | None = None,
+        save_results: bool = False,
+        push_to_hf_hub: bool = False,
+        hf_hub_dataset_name: str | None = None,
+        independent_scoring: bool = False,
+        max_retries: int = 0,
+        shuffle: bool = False,
+        shuffle_seed: int | None = None,
+        **kwargs: Any,
+    ) -> GenerateOutputs:
+        """Evaluate on the eval dataset: `num_examples` x `rollouts_per_example` rollouts."""
+        inputs = self.get_eval_inputs(num_examples, rollouts_per_example, shuffle, shuffle_seed)
+        return await self.generate(
+            inputs,
+            client,
+            model,
+            sampling_args=sampling_args,
+            max_concurrent=max_concurrent,
+            results_path=results_path,
+            state_columns=state_columns,
+            save_results=save_results,
+            independent_scoring=independent_scoring,
+            max_retries=max_retries,
+            **kwargs,
+        )
+
+    def evaluate_sync(self, client: Any, model: str, **kwargs: Any) -> GenerateOutputs:
+        return asyncio.run(self.evaluate(client, model, **kwargs))
+
+
+def overlong(exc: BaseException) -> bool:
+    return isinstance(exc, OverlongPromptError)
+
+
+__all__ = ["Environment", "Error"]

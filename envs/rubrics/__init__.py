@@ -1,0 +1,7 @@
+"""Rubrics: how rollouts are scored."""
+
+from .group import RubricGroup
+from .judge import JudgeRubric, MathRubric
+from .rubric import Rubric
+
+__all__ = ["JudgeRubric", "MathRubric", "Rubric", "RubricGroup"]

@@ -1,0 +1,199 @@
+"""`Rubric`: weighted reward functions (weight 0 = metric only), group reward
+functions, and signature-based argument passing.
+
+A reward function gets, by name, whichever of these it declares (or all of
+them with **kwargs): prompt, completion, answer, state, info, task,
+example_id, parser, plus every object added with `add_class_object`. A
+function whose parameters include a plural name (completions, states,
+answers, prompts, infos, tasks) is a *group* function: it gets the lists of
+a whole group and returns one score per rollout. Sync and async both work.
+
+A reward function that raises scores 0 (logged) — unless the failure is an
+InfraError (cause chain), which marks the rollout as errored so it can be
+retried instead of being scored as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..decorators import call_with_named_args, discover
+from ..errors import is_infra_error
+from ..parsers import Parser
+from ..types import State
+
+log = logging.getLogger(__name__)
+
+GROUP_PARAMS = frozenset({"completions", "prompts", "answers", "states", "infos", "tasks", "example_ids"})
+
+
+def _name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def is_group_func(func: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+    return any(p in GROUP_PARAMS for p in params)
+
+
+class Rubric:
+    """Combines reward functions with weights (default 1.0)."""
+
+    def __init__(
+        self,
+        funcs: list[Callable[..., Any]] | None = None,
+        weights: list[float] | None = None,
+        parser: Parser | None = None,
+        **kwargs: Any,
+    ):
+        self.funcs: list[Callable[..., Any]] = []
+        self.weights: list[float] = []
+        self.parser = parser or Parser()
+        self.class_objects: dict[str, Any] = {"parser": self.parser}
+        funcs = list(funcs or [])
+        weights = list(weights) if weights is not None else [1.0] * len(funcs)
+        if len(weights) != len(funcs):
+            raise ValueError(f"Rubric: {len(funcs)} funcs but {len(weights)} weights")
+        for f, w in zip(funcs, weights):
+            self.add_reward_func(f, w)
+        for key, value in kwargs.items():
+            self.add_class_object(key, value)
+        self._group_flags: dict[int, bool] = {}
+
+    # ---- building
+    def add_reward_func(self, func: Callable[..., Any], weight: float = 1.0) -> None:
+        self.funcs.append(func)
+        self.weights.append(float(weight))
+
+    def add_metric(self, func: Callable[..., Any], weight: float = 0.0) -> None:
+        self.add_reward_func(func, weight)
+
+    def remove_reward_func(self, name: str) -> None:
+        keep = [(f, w) for f, w in zip(self.funcs, self.weights) if _name(f) != name]
+        self.funcs = [f for f, _ in keep]
+        self.weights = [w for _, w in keep]
+
+    def add_class_object(self, name: str, obj: Any) -> None:
+        self.class_objects[name] = obj
+        if name == "parser":
+            self.parser = obj
+
+    def get_reward_func_names(self) -> list[str]:
+        return [_name(f) for f in self.funcs]
+
+    def _is_group(self, func: Callable[..., Any]) -> bool:
+        key = id(func)
+        flag = self._group_flags.get(key)
+        if flag is None:
+            flag = self._group_flags[key] = is_group_func(func)
+        return flag
+
+    # ---- scoring
+    def _args(self, state: State) -> dict[str, Any]:
+        return {
+            "prompt": state.get("prompt"),
+            "completion": state.get("completion"),
+            "answer": state.get("answer", ""),
+            "state": state,
+            "info": state.get("info") or {},
+            "task": state.get("task", "default"),
+            "example_id": state.get("example_id"),
+            **self.class_objects,
+        }
+
+    async def _call(self, func: Callable[..., Any], args: dict[str, Any], name: str) -> Any:
+        try:
+            return await call_with_named_args(func, **args)
+        except Exception as exc:
+            if is_infra_error(exc):
+                raise
+            log.warning("reward function %s raised %s: %s (scored 0)", name, type(exc).__name__, exc)
+            return None
+
+    async def score_rollout(self, state: State) -> None:
+        """Score one rollout in place (state["reward"], state["metrics"]).
+        Group functions are called with a group of one."""
+        await self.score_group([state])
+
+    async def score_group(self, states: list[State]) -> None:
+        """Score a group in place; also sets state["advantage"] (reward - group mean)."""
+        t0 = time.time()
+        live = [s for s in states if s.get("error") is None]
+        names = self.get_reward_func_names()
+        per_func: dict[str, list[float]] = {n: [0.0] * len(states) for n in names}
+        index = {id(s): i for i, s in enumerate(states)}
+        for func, name in zip(self.funcs, names):
+            if self._is_group(func):
+                if not live:
+                    continue
+                args = self._group_args(live)
+                values = await self._call(func, args, name)
+                if values is None:
+                    continue
+                for s, v in zip(live, list(values)):
+                    per_func[name][index[id(s)]] = _num(v)
+            else:
+                for s in live:
+                    v = await self._call(func, self._args(s), name)
+                    per_func[name][index[id(s)]] = _num(v)
+        t1 = time.time()
+        for i, s in enumerate(states):
+            reward = sum(w * per_func[n][i] for n, w in zip(names, self.weights)) if s.get("error") is None else 0.0
+            metrics = dict(s.get("metrics") or {})
+            metrics.update({n: per_func[n][i] for n in names})
+            s["reward"] = float(reward)
+            s["metrics"] = metrics
+            timing = s.get("timing")
+            if timing is not None:
+                if not timing.scoring.start:
+                    timing.scoring.start = t0
+                timing.scoring.end = t1
+        if states:
+            mean = sum(s["reward"] for s in states) / len(states)
+            for s in states:
+                s["advantage"] = s["reward"] - mean
+
+    def _group_args(self, states: list[State]) -> dict[str, Any]:
+        singles = [self._args(s) for s in states]
+        args = {
+            "prompts": [a["prompt"] for a in singles],
+            "completions": [a["completion"] for a in singles],
+            "answers": [a["answer"] for a in singles],
+            "states": states,
+            "infos": [a["info"] for a in singles],
+            "tasks": [a["task"] for a in singles],
+            "example_ids": [a["example_id"] for a in singles],
+        }
+        args.update(self.class_objects)
+        return args
+
+    # ---- lifecycle
+    async def cleanup(self, state: State) -> None:
+        for handler in discover(self, "cleanup"):
+            try:
+                await call_with_named_args(handler, state=state)
+            except Exception as exc:
+                log.warning("rubric cleanup %s failed: %s", handler.__name__, exc)
+
+    async def teardown(self) -> None:
+        for handler in discover(self, "teardown"):
+            try:
+                await call_with_named_args(handler)
+            except Exception as exc:
+                log.warning("rubric teardown %s failed: %s", handler.__name__, exc)
+
+
+def _num(value: Any) -> float:
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0

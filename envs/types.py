@@ -1,0 +1,263 @@
+"""The data types of the env / rubric / eval stack.
+
+Messages are plain OpenAI-format dicts (`{"role", "content", "tool_calls",
+"tool_call_id"}`) or a plain string in completion mode. Everything that crosses
+a boundary (model responses, tools, timings) is a pydantic model; rollout
+inputs / outputs and run metadata are JSON-serialisable dicts (TypedDicts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, NotRequired, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+ChatMessage = dict[str, Any]
+Messages = str | list[ChatMessage]
+Info = dict[str, Any]
+SamplingArgs = dict[str, Any]
+MessageType = Literal["chat", "completion"]
+ClientType = Literal[
+    "openai_completions",
+    "openai_chat_completions",
+    "openai_chat_completions_token",
+    "anthropic_messages",
+]
+
+
+class CustomBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class TimeSpan(CustomBaseModel):
+    """A timed span (unix seconds). duration = end - start."""
+
+    start: float = 0.0
+    end: float = 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.end - self.start) if self.end else 0.0
+
+
+class TimeSpans(CustomBaseModel):
+    """A list of spans with their summed duration."""
+
+    spans: list[TimeSpan] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def duration(self) -> float:
+        return sum(s.duration for s in self.spans)
+
+
+class RolloutTiming(CustomBaseModel):
+    """Rollout-level timing, in seconds."""
+
+    start_time: float = 0.0
+    setup: TimeSpan = Field(default_factory=TimeSpan)
+    generation: TimeSpan = Field(default_factory=TimeSpan)
+    scoring: TimeSpan = Field(default_factory=TimeSpan)
+    model: TimeSpans = Field(default_factory=TimeSpans)
+    env: TimeSpans = Field(default_factory=TimeSpans)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> float:
+        end = self.scoring.end or self.generation.end
+        return max(0.0, end - self.generation.start) if end and self.generation.start else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def overhead(self) -> float:
+        return max(
+            0.0,
+            self.total - self.setup.duration - self.model.duration - self.env.duration - self.scoring.duration,
+        )
+
+
+# --------------------------------------------------------------------------- model responses
+
+
+class TokenUsage(TypedDict, total=False):
+    input_tokens: float
+    output_tokens: float
+    final_input_tokens: float
+    final_output_tokens: float
+
+
+class Usage(CustomBaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ToolCall(CustomBaseModel):
+    """One tool call the model made; `arguments` is the raw JSON string."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ResponseTokens(CustomBaseModel):
+    prompt_ids: list[int] = Field(default_factory=list)
+    prompt_mask: list[int] = Field(default_factory=list)
+    completion_ids: list[int] = Field(default_factory=list)
+    completion_mask: list[int] = Field(default_factory=list)
+    completion_logprobs: list[float] = Field(default_factory=list)
+
+
+class ResponseMessage(CustomBaseModel):
+    content: str | None = None
+    reasoning_content: str | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    is_truncated: bool | None = None
+    tokens: ResponseTokens | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class Response(CustomBaseModel):
+    """Provider-neutral model response returned by every Client."""
+
+    id: str = ""
+    created: int = 0
+    model: str = ""
+    usage: Usage | None = None
+    message: ResponseMessage = Field(default_factory=ResponseMessage)
+
+
+class Tool(CustomBaseModel):
+    """Provider-neutral tool definition (JSON-schema parameters)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+# --------------------------------------------------------------------------- rollouts
+
+
+class RolloutInput(TypedDict, total=False):
+    prompt: Messages
+    example_id: int
+    answer: str
+    info: Info
+    task: str
+
+
+class TrajectoryStepTokens(TypedDict, total=False):
+    prompt_ids: list[int]
+    prompt_mask: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    completion_logprobs: list[float]
+    overlong_prompt: bool
+    is_truncated: bool
+
+
+class TrajectoryStep(TypedDict):
+    prompt: Messages
+    completion: Messages
+    response: Response
+    tokens: TrajectoryStepTokens | None
+    reward: float | None
+    advantage: float | None
+    is_truncated: bool
+    trajectory_id: str
+    extras: dict[str, Any]
+
+
+class RolloutOutput(dict):
+    """Serialised rollout (one line of results.jsonl). Known keys: example_id,
+    prompt, completion, answer, info, reward, metrics, timing, is_completed,
+    is_truncated, stop_condition, error (`{"type", "message", "kind",
+    "chain"}` or None), error_type, error_kind ("infra" | "model" | "task"),
+    attempts, token_usage, trajectory (opt-in), tool_defs, plus state columns."""
+
+
+class RolloutScore(TypedDict):
+    reward: float
+    metrics: dict[str, float]
+
+
+class RolloutScores(TypedDict):
+    reward: list[float]
+    metrics: dict[str, list[float]]
+
+
+class VersionInfo(TypedDict):
+    vf_version: str
+    vf_commit: str | None
+    env_version: str | None
+    env_commit: str | None
+
+
+class GenerateMetadata(TypedDict):
+    env_id: str
+    name: NotRequired[str]
+    env_args: dict
+    model: str
+    base_url: str
+    num_examples: int
+    rollouts_per_example: int
+    sampling_args: SamplingArgs
+    date: str
+    time_ms: float
+    avg_reward: float
+    avg_metrics: dict[str, float]
+    avg_error: float
+    pass_at_k: dict[str, float]
+    pass_all_k: dict[str, float]
+    pass_threshold: float
+    usage: TokenUsage | None
+    version_info: VersionInfo
+    state_columns: list[str]
+    path_to_save: Path | str
+    tools: list[dict] | None
+
+
+class GenerateOutputs(TypedDict):
+    outputs: list[RolloutOutput]
+    metadata: GenerateMetadata
+
+
+# --------------------------------------------------------------------------- state
+
+
+class State(dict):
+    """Per-rollout mutable state. Reading a key of INPUT_FIELDS that was not set
+    directly forwards to `state["input"]`."""
+
+    INPUT_FIELDS = ("prompt", "answer", "info", "example_id", "task")
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return dict.__getitem__(self, key)
+        except KeyError:
+            if key in State.INPUT_FIELDS:
+                inp = dict.get(self, "input")
+                if inp is not None and key in inp:
+                    return inp[key]
+            raise
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if key in State.INPUT_FIELDS:
+            inp = dict.get(self, "input")
+            return inp is not None and key in inp
+        return False
