@@ -215,7 +215,11 @@ class Forwarder:
         await sandbox.write_file(RELAY_REMOTE_PATH, RELAY_SOURCE.read_bytes())
         proc = await sandbox.start_process([python, "-u", RELAY_REMOTE_PATH, str(port), str(chunk)])
         fwd = cls(ProcessChannel(proc), chunk=chunk)
-        await fwd.ping()
+        try:
+            await fwd.ping()
+        except BaseException:
+            await fwd.close()
+            raise
         return fwd
 
     @classmethod
@@ -234,7 +238,11 @@ class Forwarder:
             limit=64 * 1024 * 1024,
         )
         fwd = cls(LocalChannel(proc), chunk=chunk)
-        await fwd.ping()
+        try:
+            await fwd.ping()
+        except BaseException:
+            await fwd.close()
+            raise
         return fwd
 
     async def _call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
