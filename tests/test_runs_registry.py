@@ -137,3 +137,28 @@ def test_filters(env, tmp_path):
     assert [r.id for r in registry.list_runs(model="m2")] == [b.id]
     assert [r.id for r in registry.list_runs(status="running")] == [a.id]
     a.finish("completed")
+
+
+def test_sigkill_during_writes_never_corrupts_the_registry(env, tmp_path):
+    """Writers SIGKILLed mid-transaction: the file stays consistent, every run readable."""
+    storm = tmp_path / "storm.py"
+    storm.write_text(
+        "import sys\nfrom envs.runs.registry import RunRecorder\n"
+        "rec = RunRecorder.start(kind='eval', env_id='storm', output_dir=sys.argv[1], capture_logging=False)\n"
+        "print(rec.id, flush=True)\n"
+        "i = 0\nwhile True:\n    i += 1\n    rec.progress(completed=i, total=i)  # completed==total: never throttled\n")
+    e = env[2]
+    procs = []
+    for k in range(3):
+        p = subprocess.Popen([sys.executable, str(storm), str(tmp_path / f"s{k}")], env=e,
+                             stdout=subprocess.PIPE, text=True)
+        procs.append((p, p.stdout.readline().strip()))
+    time.sleep(1.5)
+    for p, _ in procs:
+        p.kill()
+        p.wait()
+    with registry.connect() as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    for _, rid in procs:
+        r = registry.get_run(rid)
+        assert r.status == "failed" and r.vanished and r.completed > 10

@@ -35,6 +35,8 @@ from aiohttp import web
 from . import registry, results
 
 STATIC = Path(__file__).with_name("static")
+CFG = web.AppKey("cfg", dict)
+CHILDREN = web.AppKey("children", list)
 LOG_CHUNK = 256 * 1024
 MAX_SAMPLE_GROUPS = 200
 
@@ -62,7 +64,7 @@ async def _thread(fn, *a, **kw):
 
 async def list_runs(request: web.Request) -> web.Response:
     q = request.query
-    request.app["children"][:] = [p for p in request.app["children"] if p.poll() is None]  # reap
+    request.app[CHILDREN][:] = [p for p in request.app[CHILDREN] if p.poll() is None]  # reap
     runs = await _thread(registry.list_runs, status=q.get("status") or None, env_id=q.get("env") or None,
                          model=q.get("model") or None, kind=q.get("kind") or None,
                          limit=int(q.get("limit", 500)))
@@ -156,7 +158,7 @@ def read_endpoints(path: str) -> list[dict]:
 
 
 async def endpoints(request: web.Request) -> web.Response:
-    cfg = request.app["cfg"]
+    cfg = request.app[CFG]
     return web.json_response({"endpoints": read_endpoints(cfg["endpoints_path"]),
                               "allow_launch": cfg["allow_launch"]})
 
@@ -191,7 +193,7 @@ def launch_argv(body: dict, endpoints_path: str) -> list[str]:
 
 
 async def launch(request: web.Request) -> web.Response:
-    cfg = request.app["cfg"]
+    cfg = request.app[CFG]
     if not cfg["allow_launch"]:
         raise web.HTTPForbidden(text="launching is disabled (--no-launch)")
     body = await _json_body(request)
@@ -207,7 +209,7 @@ async def launch(request: web.Request) -> web.Response:
     with open(console, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=envv, cwd=cfg["cwd"], start_new_session=True)
-    request.app["children"].append(proc)
+    request.app[CHILDREN].append(proc)
     # Wait briefly for the run to register itself, so the page can open it.
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -223,7 +225,7 @@ async def launch(request: web.Request) -> web.Response:
 
 @web.middleware
 async def guard(request: web.Request, handler):
-    allowed = request.app["cfg"]["allowed_hosts"]
+    allowed = request.app[CFG]["allowed_hosts"]
     host = (request.host or "").rsplit(":", 1)[0].strip("[]")
     if allowed and host not in allowed:
         raise web.HTTPForbidden(text="unexpected Host header")
@@ -241,13 +243,13 @@ def make_app(*, host: str = "127.0.0.1", endpoints_path: str = "configs/endpoint
              allow_launch: bool = True) -> web.Application:
     app = web.Application(middlewares=[guard])
     wildcard = host in ("0.0.0.0", "::", "")
-    app["cfg"] = {
+    app[CFG] = {
         "endpoints_path": str(Path(endpoints_path).resolve()),
         "allow_launch": allow_launch,
         "cwd": os.getcwd(),
         "allowed_hosts": None if wildcard else {host, "localhost", "127.0.0.1", "::1"},
     }
-    app["children"] = []
+    app[CHILDREN] = []
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/api/runs", list_runs)
