@@ -1,0 +1,414 @@
+"""`DockerBackend`: sandboxes as Docker containers, driven through the Engine
+API with aiodocker, every command served by the in-sandbox agent over one
+attached exec per sandbox.
+
+Each container runs with networking off (unless `spec.network`), every
+capability dropped, no-new-privileges, pids/memory(+swap)/CPU limits, an init
+process, AutoRemove, and PID 1 wrapped in `timeout -s KILL <lifetime>`: it is
+gone after `timeout_minutes` even if its owner was SIGKILLed. Creation is
+idempotent (the container name derives from the idempotency key; a 409 means
+"fetch the one a previous attempt made"), retried on InfraError only.
+Images missing locally are built from `images/` when a recipe maps to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import re
+import socket
+import uuid
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import aiodocker
+import aiohttp
+
+from sandboxes import lifecycle
+from sandboxes.agent import AgentSandbox
+from sandboxes.agent.client import AgentConnection
+from sandboxes.agent.protocol import agent_argv
+from sandboxes.errors import (
+    AgentError,
+    BackendUnavailable,
+    ImageNotFound,
+    SandboxCreateError,
+    SandboxNotRunning,
+)
+from sandboxes.labels import MANAGED, lifecycle_labels
+from sandboxes.results import SandboxInfo
+from sandboxes.retry import RetryPolicy, retry_infra
+from sandboxes.spec import SandboxSpec
+
+from .channel import DockerExecChannel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "unix:///var/run/docker.sock"
+NAME_PREFIX = "vf-"
+PYTHON_PROBE = "command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 7))'"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The Engine API address: explicit, else $DOCKER_HOST, else the default unix socket."""
+    return url or os.environ.get("DOCKER_HOST") or DEFAULT_URL
+
+
+def container_name(prefix: str, key: str) -> str:
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", prefix).strip("-.") or "sandbox"
+    return f"{NAME_PREFIX}{safe[:40]}-{key}"
+
+
+def _key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def remove_container_sync(url: str, container_id: str, timeout: float = 15.0) -> None:
+    """Force-remove a container with one blocking HTTP call (signal handlers, atexit)."""
+    if url.startswith("unix://"):
+        conn: http.client.HTTPConnection = _UnixHTTPConnection(url[len("unix://"):], timeout)
+    else:
+        hostport = re.sub(r"^(tcp|http)://", "", url).rstrip("/")
+        conn = http.client.HTTPConnection(hostport, timeout=timeout)
+    try:
+        conn.request("DELETE", f"/containers/{container_id}?force=1&v=1")
+        conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+class DockerSandbox(AgentSandbox):
+    """A container served by the agent; `delete()` removes the container."""
+
+    backend_name = "docker"
+
+    def __init__(self, connection: AgentConnection, *, backend: "DockerBackend", **kw: Any):
+        super().__init__(connection, backend_name="docker", **kw)
+        self._backend = backend
+
+    async def _destroy(self) -> None:
+        await self._backend.delete(self.id)
+
+    async def alive(self) -> bool:
+        if self._deleted:
+            return False
+        if self._conn.dead is None:
+            return await super().alive()
+        return await self._backend._running(self.id)
+
+
+class DockerBackend:
+    """Docker Engine backend (registered as "docker")."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        build_missing: bool = True,
+        network_mode: str | None = None,
+        hello_timeout: float = 60.0,
+        api_timeout: float = 120.0,
+        python: str = "python3",
+    ):
+        self.url = resolve_url(url)
+        self.retry = retry or RetryPolicy()
+        self.build_missing = build_missing
+        self.network_mode = network_mode
+        self.hello_timeout = hello_timeout
+        self.api_timeout = api_timeout
+        self.python = python
+        self._docker: aiodocker.Docker | None = None
+        self._images: dict[str, str] = {}  # requested image -> image to run
+        self._image_locks: dict[str, asyncio.Lock] = {}
+        self._no_agent: set[str] = set()  # images without a usable python3
+
+    # ---------------------------------------------------------- plumbing
+    async def _client(self) -> aiodocker.Docker:
+        if self._docker is None:
+            timeout = aiohttp.ClientTimeout(total=self.api_timeout, connect=10, sock_connect=10)
+            if self.url.startswith("unix://"):
+                connector: aiohttp.BaseConnector = aiohttp.UnixConnector(self.url[len("unix://"):], limit=0)
+                url = "unix://localhost"
+            else:
+                connector = aiohttp.TCPConnector(limit=0)
+                url = re.sub(r"^tcp://", "http://", self.url)
+            # limit=0: every sandbox's agent stream holds one connection for its lifetime
+            self._docker = aiodocker.Docker(url=url, connector=connector, timeout=timeout, api_version="v1.41")
+        return self._docker
+
+    def _unavailable(self, exc: BaseException, what: str) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"Docker daemon at {self.url} does not answer ({what}): {getattr(exc, 'message', None) or exc!r}. "
+            "Is dockerd running? (start it, or set DOCKER_HOST)"
+        )
+
+    @contextlib.asynccontextmanager
+    async def _api(self, what: str):
+        """Translate transport failures to BackendUnavailable."""
+        try:
+            yield
+        except aiodocker.DockerError as exc:
+            if exc.status == 900:
+                raise self._unavailable(exc, what) from exc
+            raise
+        except (aiohttp.ClientConnectionError, ConnectionError, FileNotFoundError, asyncio.TimeoutError) as exc:
+            raise self._unavailable(exc, what) from exc
+
+    async def ping(self) -> None:
+        """Raise BackendUnavailable unless the daemon answers."""
+        docker = await self._client()
+        async with self._api("ping"):
+            await docker._query_json("version")
+
+    async def close(self) -> None:
+        if self._docker is not None:
+            docker, self._docker = self._docker, None
+            with contextlib.suppress(Exception):
+                await docker.close()
+            with contextlib.suppress(Exception):
+                await docker.connector.close()
+
+    # ---------------------------------------------------------- images
+    async def resolve_image(self, image: str) -> str:
+        """The local image to run for `image`, building it from images/ if needed."""
+        if image in self._images:
+            return self._images[image]
+        lock = self._image_locks.setdefault(image, asyncio.Lock())
+        async with lock:
+            if image in self._images:
+                return self._images[image]
+            docker = await self._client()
+            try:
+                async with self._api("inspect image"):
+                    await docker.images.inspect(image)
+                self._images[image] = image
+                return image
+            except aiodocker.DockerError as exc:
+                if exc.status != 404:
+                    raise SandboxCreateError(f"cannot inspect image {image}: {exc.message}") from exc
+            from . import images as image_recipes
+
+            recipe = image_recipes.find_recipe(image)
+            if recipe is None or not self.build_missing:
+                raise ImageNotFound(image_recipes.missing_image_message(image))
+            built = await asyncio.to_thread(image_recipes.ensure_image, recipe.name, self.url)
+            self._images[image] = built
+            return built
+
+    # ---------------------------------------------------------- create
+    async def _network_mode(self) -> str:
+        if self.network_mode is None:
+            docker = await self._client()
+            async with self._api("list networks"):
+                nets = await docker.networks.list()
+            names = {n.get("Name") for n in nets}
+            self.network_mode = "bridge" if "bridge" in names else "host"
+        return self.network_mode
+
+    async def container_config(self, spec: SandboxSpec, image: str) -> dict[str, Any]:
+        """The Engine API create body for `spec` (secure defaults)."""
+        lifetime = max(1, int(spec.timeout_minutes * 60))
+        memory = spec.memory_bytes
+        host: dict[str, Any] = {
+            "NetworkMode": (await self._network_mode()) if spec.network else "none",
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges"],
+            "PidsLimit": spec.pids_limit,
+            "Memory": memory,
+            "MemorySwap": memory,
+            "NanoCpus": int(spec.cpu_cores * 1e9),
+            "Init": True,
+            "AutoRemove": True,
+        }
+        if spec.gpu_count:
+            host["DeviceRequests"] = [{"Driver": "nvidia", "Count": spec.gpu_count, "Capabilities": [["gpu"]]}]
+        labels = {**{k: str(v) for k, v in spec.labels.items()}, **lifecycle_labels(spec)}
+        return {
+            "Image": image,
+            "Cmd": ["timeout", "-s", "KILL", f"{lifetime}s", "/bin/sh", "-c", spec.start_command],
+            "Env": [f"{k}={v}" for k, v in spec.environment_vars.items()],
+            "WorkingDir": spec.workdir,
+            "User": spec.user or "",
+            "Labels": labels,
+            "NetworkDisabled": not spec.network,
+            "HostConfig": host,
+        }
+
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> AgentSandbox:
+        key = _key_digest(idempotency_key) if idempotency_key else uuid.uuid4().hex[:16]
+        name = container_name(spec.name, key)
+        image = await self.resolve_image(spec.image)
+        sandbox, _ = await retry_infra(lambda: self._create_once(spec, image, name), self.retry)
+        return sandbox
+
+    async def _create_once(self, spec: SandboxSpec, image: str, name: str) -> AgentSandbox:
+        docker = await self._client()
+        config = await self.container_config(spec, image)
+        try:
+            async with self._api("create container"):
+                container = await docker.containers.create(config, name=name)
+            cid = container.id
+            started = False
+        except aiodocker.DockerError as exc:
+            if exc.status == 404:
+                self._images.pop(spec.image, None)
+                raise ImageNotFound(f"image {image} vanished: {exc.message}") from exc
+            if exc.status != 409:
+                raise SandboxCreateError(f"cannot create container {name}: {exc.message}") from exc
+            # a previous attempt of this very call created it: use that one
+            try:
+                async with self._api("inspect container"):
+                    container = await docker.containers.get(name)
+            except aiodocker.DockerError as exc2:
+                raise SandboxCreateError(f"container {name} exists but cannot be inspected: {exc2.message}") from exc2
+            cid = container.id
+            state = container["State"]
+            if state.get("Running"):
+                started = True
+            elif state.get("Status") != "created":
+                raise SandboxCreateError(f"container {name} from an earlier attempt is {state.get('Status')}")
+        lifecycle.track(cid, partial(remove_container_sync, self.url, cid), backend=self.name)
+        try:
+            if not started:
+                try:
+                    async with self._api("start container"):
+                        await container.start()
+                except aiodocker.DockerError as exc:
+                    raise SandboxCreateError(f"cannot start container {name}: {exc.message}") from exc
+            return await self._attach(container, spec, name)
+        except BaseException:
+            # never leave a half-made container behind; a retry makes a fresh one
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.delete(cid))
+            raise
+
+    async def _attach(self, container, spec: SandboxSpec, name: str) -> AgentSandbox:
+        """Start the agent in a running container and return the sandbox handle."""
+        if spec.image in self._no_agent:
+            return await self._fallback(container, spec, name)
+        try:
+            async with self._api("start agent"):
+                channel = await DockerExecChannel.open(container, agent_argv(self.python), user=spec.user,
+                                                       workdir=spec.workdir)
+        except aiodocker.DockerError as exc:
+            if exc.status in (404, 409):
+                raise SandboxNotRunning(f"container {name} stopped before the agent started: {exc.message}") from exc
+            raise SandboxCreateError(f"cannot start the agent in {name}: {exc.message}") from exc
+        conn = AgentConnection(channel)
+        try:
+            await conn.start(self.hello_timeout)
+        except AgentError as exc:
+            if not await self._has_python(container):
+                log.info("image %s has no python3 >= 3.7: one exec per command", spec.image)
+                self._no_agent.add(spec.image)
+                return await self._fallback(container, spec, name)
+            raise SandboxCreateError(f"the agent did not start in {name}: {exc}") from exc
+        return DockerSandbox(conn, backend=self, id=container.id, name=name, spec=spec)
+
+    async def _has_python(self, container) -> bool:
+        from .fallback import run_exec
+
+        try:
+            code, _, _ = await run_exec(container, ["/bin/sh", "-c", PYTHON_PROBE], timeout=30)
+        except Exception:
+            return True  # cannot tell: report the agent failure itself
+        return code == 0
+
+    async def _fallback(self, container, spec: SandboxSpec, name: str) -> AgentSandbox:
+        from .fallback import ExecSandbox
+
+        return ExecSandbox(container, backend=self, id=container.id, name=name, spec=spec)
+
+    # ---------------------------------------------------------- other operations
+    async def get(self, sandbox_id: str) -> AgentSandbox:
+        docker = await self._client()
+        try:
+            async with self._api("inspect container"):
+                container = await docker.containers.get(sandbox_id)
+        except aiodocker.DockerError as exc:
+            raise SandboxNotRunning(f"sandbox {sandbox_id} not found: {exc.message}") from exc
+        if not container["State"].get("Running"):
+            raise SandboxNotRunning(f"sandbox {sandbox_id} is {container['State'].get('Status')}")
+        labels = container["Config"].get("Labels") or {}
+        if labels.get(MANAGED) != "true":
+            raise SandboxNotRunning(f"container {sandbox_id} is not a vf-sandbox sandbox")
+        spec = SandboxSpec(image=container["Config"]["Image"], workdir=container["Config"].get("WorkingDir") or "/",
+                           user=container["Config"].get("User") or None)
+        return await self._attach(container, spec, container["Name"].lstrip("/"))
+
+    async def _running(self, sandbox_id: str) -> bool:
+        docker = await self._client()
+        try:
+            async with self._api("inspect container"):
+                container = await docker.containers.get(sandbox_id)
+        except aiodocker.DockerError:
+            return False
+        return bool(container["State"].get("Running"))
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        docker = await self._client()
+        wanted = {MANAGED: "true", **(labels or {})}
+        filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
+        async with self._api("list containers"):
+            containers = await docker.containers.list(all=True, filters=filters)
+        out = []
+        for c in containers:
+            raw = c._container
+            out.append(SandboxInfo(
+                id=raw["Id"], name=(raw.get("Names") or ["/"])[0].lstrip("/"), backend=self.name,
+                status=raw.get("State", ""), image=raw.get("Image", ""), labels=raw.get("Labels") or {},
+                created_at=float(raw.get("Created", 0)) or None,
+            ))
+        return out
+
+    async def delete(self, sandbox_id: str) -> None:
+        docker = await self._client()
+
+        async def once() -> None:
+            try:
+                async with self._api("remove container"):
+                    await docker.containers.container(sandbox_id).delete(force=True, v=True)
+            except aiodocker.DockerError as exc:
+                if exc.status in (404, 409):  # gone, or AutoRemove already removing it
+                    return
+                raise SandboxCreateError(f"cannot remove {sandbox_id}: {exc.message}") from exc
+
+        await retry_infra(once, self.retry)
+        lifecycle.untrack(sandbox_id)
+
+    async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
+        targets = set(ids or [])
+        if labels is not None or ids is None:
+            targets |= {info.id for info in await self.list(labels)}
+        results = await asyncio.gather(*(self.delete(t) for t in targets), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        return len(targets)
+
+    async def __aenter__(self) -> "DockerBackend":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+

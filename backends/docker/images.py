@@ -1,0 +1,252 @@
+"""Image recipes (`images/recipes.toml`) and the cached builder.
+
+A `dir` recipe is built with `docker build --network none` (the Engine API's
+classic builder, through docker-py) and labelled with a content hash of its
+context plus its parent image's id: an unchanged recipe is "built" in
+milliseconds by reading that label back. A `script` recipe (the debootstrap
+base) is run only when its image is absent. A recipe's `FROM` naming another
+recipe builds that one first; a public image is pulled by the daemon where
+the machine can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from sandboxes.errors import BackendUnavailable, ImageNotFound
+
+log = logging.getLogger(__name__)
+
+IMAGES_ROOT = Path(os.environ.get("VF_SANDBOX_IMAGES", Path(__file__).resolve().parents[2] / "images"))
+WHEEL_CACHE = Path(os.environ.get("VF_SANDBOX_CACHE", Path.home() / ".cache" / "vf-sandbox")) / "wheelhouse"
+HASH_LABEL = "vf-sandbox.recipe-hash"
+RECIPE_LABEL = "vf-sandbox.recipe"
+_build_lock = threading.Lock()
+
+
+class Recipe(BaseModel):
+    """One entry of images/recipes.toml."""
+
+    name: str = Field(description="Image name:tag the recipe produces.")
+    dir: str | None = Field(None, description="Build context (with a Dockerfile), relative to images/.")
+    script: str | None = Field(None, description="Program producing the image when absent, relative to images/.")
+    aliases: list[str] = Field(default_factory=list, description="Other names this recipe stands in for.")
+    description: str = ""
+    root: Path = IMAGES_ROOT
+
+    @property
+    def context(self) -> Path:
+        return self.root / (self.dir or "")
+
+    def parents(self) -> list[str]:
+        """Images named by FROM lines of the Dockerfile."""
+        if not self.dir:
+            return []
+        text = (self.context / "Dockerfile").read_text()
+        return [m.group(1) for m in re.finditer(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)", text)]
+
+
+class BuildOutcome(BaseModel):
+    name: str
+    cached: bool
+    seconds: float
+    image_id: str = ""
+
+
+def load_recipes(root: Path | None = None) -> list[Recipe]:
+    root = root or IMAGES_ROOT
+    index = root / "recipes.toml"
+    if not index.exists():
+        return []
+    data = tomllib.loads(index.read_text())
+    return [Recipe(**entry, root=root) for entry in data.get("image", [])]
+
+
+def find_recipe(image: str, root: Path | None = None) -> Recipe | None:
+    """The recipe producing `image` (by name or alias), if any."""
+    for recipe in load_recipes(root):
+        if image == recipe.name or image in recipe.aliases:
+            return recipe
+    return None
+
+
+def missing_image_message(image: str) -> str:
+    names = ", ".join(r.name for r in load_recipes()) or "none"
+    return (
+        f"image {image!r} is not present locally and no recipe in {IMAGES_ROOT}/recipes.toml builds it. "
+        f"Build it (`docker build -t {image} <context>`), load it (`docker load -i <file>.tar`) or, on a "
+        f"machine with a registry, pull it (`docker pull {image}`). Recipes available: {names} "
+        "(`vf-sandbox images build NAME`)."
+    )
+
+
+def recipe_hash(recipe: Recipe, parent_ids: list[str]) -> str:
+    """Content hash of the build context (paths, exec bits, bytes) and parent image ids."""
+    h = hashlib.sha256()
+    if recipe.script:
+        h.update((recipe.root / recipe.script).read_bytes())
+    if recipe.dir:
+        for path in sorted(p for p in recipe.context.rglob("*") if p.is_file()):
+            rel = path.relative_to(recipe.context).as_posix()
+            h.update(f"{rel}\0{os.access(path, os.X_OK)}\0".encode())
+            h.update(path.read_bytes())
+    for pid in parent_ids:
+        h.update(pid.encode())
+    return h.hexdigest()[:24]
+
+
+class ImageBuilder:
+    """Builds recipes through the Engine API (docker-py, blocking: call from a thread)."""
+
+    def __init__(self, url: str | None = None, root: Path | None = None):
+        from .backend import resolve_url
+
+        self.url = resolve_url(url)
+        self.root = root or IMAGES_ROOT
+        self._api = None
+
+    @property
+    def api(self):
+        if self._api is None:
+            import docker
+
+            try:
+                self._api = docker.APIClient(base_url=self.url, version="1.41", timeout=600)
+                self._api.ping()
+            except Exception as exc:
+                raise BackendUnavailable(f"Docker daemon at {self.url} does not answer: {exc}") from exc
+        return self._api
+
+    def image(self, name: str) -> dict | None:
+        import docker
+
+        try:
+            return self.api.inspect_image(name)
+        except docker.errors.ImageNotFound:
+            return None
+
+    def status(self, recipe: Recipe) -> str:
+        """'missing', 'stale' or 'ok'."""
+        info = self.image(recipe.name)
+        if info is None:
+            return "missing"
+        if recipe.script:
+            return "ok"
+        parents = [p for p in (self.image(x) for x in recipe.parents()) if p]
+        want = recipe_hash(recipe, [p["Id"] for p in parents])
+        have = (info.get("Config") or {}).get("Labels") or {}
+        return "ok" if have.get(HASH_LABEL) == want else "stale"
+
+    def ensure(self, name: str, force: bool = False) -> BuildOutcome:
+        """Build `name` (a recipe name or alias) unless an up-to-date image exists."""
+        recipe = find_recipe(name, self.root)
+        if recipe is None:
+            raise ImageNotFound(missing_image_message(name))
+        with _build_lock:
+            return self._ensure(recipe, force)
+
+    def _ensure(self, recipe: Recipe, force: bool) -> BuildOutcome:
+        t0 = time.monotonic()
+        if recipe.script:
+            info = self.image(recipe.name)
+            if info is None or force:
+                self._run_script(recipe)
+                info = self.image(recipe.name)
+                if info is None:
+                    raise ImageNotFound(f"{recipe.script} finished but {recipe.name} does not exist")
+                return BuildOutcome(name=recipe.name, cached=False, seconds=time.monotonic() - t0, image_id=info["Id"])
+            return BuildOutcome(name=recipe.name, cached=True, seconds=time.monotonic() - t0, image_id=info["Id"])
+        parent_ids = []
+        for parent in recipe.parents():
+            if find_recipe(parent, self.root) is not None:
+                parent_ids.append(self._ensure(find_recipe(parent, self.root), False).image_id)
+            else:
+                info = self.image(parent)
+                parent_ids.append(info["Id"] if info else parent)  # pulled by the build where possible
+        want = recipe_hash(recipe, parent_ids)
+        info = self.image(recipe.name)
+        if info is not None and not force and ((info.get("Config") or {}).get("Labels") or {}).get(HASH_LABEL) == want:
+            return BuildOutcome(name=recipe.name, cached=True, seconds=time.monotonic() - t0, image_id=info["Id"])
+        image_id = self._build_dir(recipe, want)
+        return BuildOutcome(name=recipe.name, cached=False, seconds=time.monotonic() - t0, image_id=image_id)
+
+    def _run_script(self, recipe: Recipe) -> None:
+        script = recipe.root / recipe.script
+        log.warning("building %s with %s (may take a few minutes)", recipe.name, script)
+        proc = subprocess.run(["bash", str(script), recipe.name], capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise ImageNotFound(f"building {recipe.name} with {script} failed (exit {proc.returncode}):\n{tail}")
+
+    def _build_dir(self, recipe: Recipe, digest: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="vf-image-") as tmp:
+            ctx = Path(tmp) / "ctx"
+            shutil.copytree(recipe.context, ctx, symlinks=True)
+            wheels = ctx / "wheels.txt"
+            if wheels.exists():
+                house = fetch_wheels(wheels)
+                shutil.copytree(house, ctx / "wheelhouse")
+                shutil.copy(wheels, ctx / "wheelhouse" / "wheels.txt")
+            log.warning("building image %s from %s", recipe.name, recipe.context)
+            lines: list[str] = []
+            image_id = ""
+            for chunk in self.api.build(path=str(ctx), tag=recipe.name, network_mode="none", rm=True, forcerm=True,
+                                        decode=True, labels={HASH_LABEL: digest, RECIPE_LABEL: recipe.name}):
+                if "stream" in chunk:
+                    lines.append(chunk["stream"])
+                if "aux" in chunk and "ID" in chunk["aux"]:
+                    image_id = chunk["aux"]["ID"]
+                if "error" in chunk:
+                    tail = "".join(lines)[-3000:]
+                    raise ImageNotFound(f"building {recipe.name} failed: {chunk['error']}\n{tail}")
+            info = self.image(recipe.name)
+            if info is None:
+                raise ImageNotFound(f"building {recipe.name} produced no image:\n{''.join(lines)[-3000:]}")
+            return info["Id"] or image_id
+
+
+def _pip() -> list[str]:
+    for cand in ([sys.executable, "-m", "pip"],):
+        if subprocess.run([*cand, "--version"], capture_output=True).returncode == 0:
+            return cand
+    for exe in ("pip3", "pip"):
+        if path := shutil.which(exe):
+            return [path]
+    raise ImageNotFound("no pip on the host to download the recipe's wheels (install pip)")
+
+
+def fetch_wheels(requirements: Path, python_version: str = "3.11") -> Path:
+    """Download the wheels of `requirements` for Linux/CPython `python_version` on the host, cached by content."""
+    key = hashlib.sha256(requirements.read_bytes() + python_version.encode()).hexdigest()[:16]
+    house = WHEEL_CACHE / key
+    if (house / ".complete").exists():
+        return house
+    house.mkdir(parents=True, exist_ok=True)
+    arch = platform.machine() or "x86_64"
+    argv = [*_pip(), "download", "-q", "-d", str(house), "-r", str(requirements), "--only-binary=:all:",
+            "--python-version", python_version, "--implementation", "cp",
+            "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_28_{arch}", "--platform", "any"]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageNotFound(f"downloading wheels for {requirements} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+    (house / ".complete").write_text("ok\n")
+    return house
+
+
+def ensure_image(name: str, url: str | None = None, force: bool = False) -> str:
+    """Build the recipe for `name` if needed; returns the image name to run."""
+    return ImageBuilder(url).ensure(name, force=force).name
