@@ -151,6 +151,12 @@ def _print_summary(c, s: dict) -> None:
         c.print("[bold]errors by type[/]")
         for et, n in sorted(s["errors_by_type"].items(), key=lambda kv: -kv[1]):
             c.print(f"  {et:<30} {n}", highlight=False)
+    if s.get("errors_by_kind"):
+        c.print("  by kind: " + ", ".join(f"{k} {n}" for k, n in s["errors_by_kind"].items()), highlight=False)
+    if s.get("avg_token_usage"):
+        c.print("[bold]avg token usage[/] " + "  ".join(f"{k} {v:.1f}" for k, v in s["avg_token_usage"].items()))
+    if s.get("timing"):
+        c.print("[bold]timing (s)[/]")
     for name, p in s.get("timing", {}).items():
         c.print(f"  [dim]{name:<16}[/] p50 {p['p50']:.2f}s  p90 {p['p90']:.2f}s  p99 {p['p99']:.2f}s  max {p['max']:.2f}s")
 

@@ -279,7 +279,7 @@ def get_run(run_id: str, path: str | os.PathLike[str] | None = None) -> RunRecor
         r = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if r is None:
             rows = conn.execute(
-                "SELECT * FROM runs WHERE id LIKE ? ORDER BY started_at DESC LIMIT 3",
+                "SELECT * FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 3",
                 (run_id.replace("%", "").replace("_", "\\_") + "%",),
             ).fetchall()
             if len(rows) > 1:

@@ -153,7 +153,7 @@ def error_type(err: Any) -> str | None:
     if not err:
         return None
     if isinstance(err, dict):
-        for key in ("error", "type", "error_type", "name"):
+        for key in ("type", "error", "error_type", "name"):
             if isinstance(err.get(key), str) and err[key]:
                 return err[key]
         return "error"
@@ -247,6 +247,8 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
     groups: dict[Any, list[float]] = {}
     metrics: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    usage: dict[str, float] = {}
     phases: dict[str, list[float]] = {}
     for i, r in enumerate(rows):
         rw = _num(r.get("reward"))
@@ -257,9 +259,17 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
             n = _num(v)
             if n is not None:
                 metrics.setdefault(k, []).append(n)
-        et = error_type(r.get("error"))
+        et = (r.get("error_type") if r.get("error") else None) or error_type(r.get("error"))
         if et:
             errors[et] = errors.get(et, 0) + 1
+            err = r.get("error")
+            kind = r.get("error_kind") or (err.get("kind") if isinstance(err, dict) else None) or "unknown"
+            kinds[str(kind)] = kinds.get(str(kind), 0) + 1
+        tu = r.get("token_usage")
+        for k, v in (tu.items() if isinstance(tu, dict) else ()):
+            n = _num(v)
+            if n is not None:
+                usage[k] = usage.get(k, 0.0) + n
         for k, v in timing_phases(r.get("timing")).items():
             phases.setdefault(k, []).append(v)
     at, allk = pass_at_k(groups, threshold)
@@ -273,6 +283,8 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
         "pass_at_k": at,
         "pass_all_k": allk,
         "errors_by_type": errors,
+        "errors_by_kind": kinds,
+        "avg_token_usage": {k: v / len(rows) for k, v in usage.items()} if rows else {},
         "error_rate": (sum(errors.values()) / len(rows)) if rows else 0.0,
         "timing": {k: percentiles(v) for k, v in sorted(phases.items())},
         "histogram": histogram(rewards),
