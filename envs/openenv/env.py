@@ -1,0 +1,326 @@
+"""`OpenEnvEnv`: run an OpenEnv project (gym or MCP contract) in a sandbox.
+
+Per rollout: create a sandbox from the project's image (`.build.json`), start
+its server with the manifest's start command, start the relay
+(`forwarder.py`) and reach the server at 127.0.0.1:PORT through the
+sandbox's command channel — no sandbox network needed, the same on every
+backend. Wait for `/health`, read `/schema`, check the contract, open a
+`/ws` session, `reset(seed)`.
+
+* gym: each assistant turn is parsed into an action (`actions.parse_action`)
+  and sent as one `step`; the step's reward goes to the turn's trajectory
+  entry; the rollout stops when the env says done.
+* mcp: the env's tools (`list_tools`) are the model's tools; each tool call is
+  one `call_tool` step; a turn's rewards are summed; the rollout stops when
+  the env says done or the model answers without tool calls.
+
+The default rubric is the sum of step rewards. A server that never gets
+healthy is a `ServerStartError` (InfraError: the rollout is retried) with
+the server's log tail; a contract mismatch is a `ContractMismatch`
+(ConfigError). The sandbox is deleted in `@cleanup` whatever happened, and
+`@teardown` deletes any left registered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sandboxes.errors import ConfigError, InfraError, ServerStartError
+from sandboxes.interface import BackgroundProcess, Sandbox, SandboxBackend
+from sandboxes.registry import get_backend
+from sandboxes.spec import SandboxSpec
+
+from ..decorators import cleanup, stop, teardown
+from ..multi_turn import MultiTurnEnv
+from ..rubrics.rubric import Rubric
+from ..types import Messages, State
+from .actions import ActionParseError, parse_action, tool_defs, tool_result_text
+from .contract import check_contract
+from .forwarder import DirectTransport, Forwarder, ForwardError, Transport
+from .manifest import BuildManifest, read_manifest
+from .session import ActionRejected, OpenEnvSession
+
+log = logging.getLogger(__name__)
+
+SERVER_LOG = "/tmp/openenv-server.log"
+LOG_TAIL = 4000
+
+
+def sum_step_rewards(state: State) -> float:
+    """The default reward: the sum of every step's reward."""
+    return float(sum(step.get("reward") or 0.0 for step in state.get("trajectory") or []))
+
+
+def _as_messages(rendered: Messages | str | None) -> list[dict[str, Any]]:
+    if rendered is None:
+        return []
+    if isinstance(rendered, str):
+        return [{"role": "user", "content": rendered}]
+    return list(rendered)
+
+
+class OpenEnvEnv(MultiTurnEnv):
+    """An OpenEnv project as a multi-turn environment (see the module docstring)."""
+
+    def __init__(
+        self,
+        openenv_project: str | Path | None = None,
+        num_train_examples: int = 100,
+        num_eval_examples: int = 50,
+        seed: int = 0,
+        prompt_renderer: Callable[..., Messages] | None = None,
+        max_turns: int = -1,
+        rubric: Rubric | None = None,
+        *,
+        backend: str | SandboxBackend | None = None,
+        backend_options: dict[str, Any] | None = None,
+        auto_build: bool = True,
+        publish_port: bool = False,
+        cpu_cores: float = 2,
+        memory_gb: float = 4,
+        timeout_minutes: float = 60,
+        startup_timeout: float = 120.0,
+        step_timeout: float = 60.0,
+        labels: dict[str, str] | list[str] | None = None,
+        python: str = "python3",
+        **kwargs: Any,
+    ):
+        if openenv_project is None:
+            raise ConfigError("OpenEnvEnv needs openenv_project= (a directory with openenv.yaml)")
+        if prompt_renderer is None:
+            raise ConfigError("OpenEnvEnv needs prompt_renderer= (turns observations into chat messages)")
+        self.openenv_project = Path(openenv_project)
+        if auto_build:
+            from .build import ensure_built
+
+            self.manifest: BuildManifest = ensure_built(self.openenv_project)
+        else:
+            self.manifest = read_manifest(self.openenv_project)
+        self.seed = seed
+        self.prompt_renderer = prompt_renderer
+        self.backend_spec = backend
+        self.backend_options = dict(backend_options or {})
+        self.publish_port = publish_port
+        self.startup_timeout = startup_timeout
+        self.step_timeout = step_timeout
+        self.python = python
+        self.sandbox_spec = SandboxSpec(
+            image=self.manifest.image,
+            name=f"openenv-{self.manifest.environment_id}"[:40],
+            cpu_cores=cpu_cores,
+            memory_gb=memory_gb,
+            timeout_minutes=timeout_minutes,
+            environment_vars={"ENABLE_WEB_INTERFACE": "false"},
+            labels={**SandboxSpec(labels=labels or {}).labels, "vf-sandbox.openenv": self.manifest.environment_id},
+            network=publish_port,
+        )
+        env_id = self.manifest.environment_id
+        train = [{"prompt": [], "info": {"seed": seed + i}, "task": env_id} for i in range(num_train_examples)]
+        evals = [
+            {"prompt": [], "info": {"seed": seed + num_train_examples + i}, "task": env_id}
+            for i in range(num_eval_examples)
+        ]
+        super().__init__(
+            dataset=kwargs.pop("dataset", train),
+            eval_dataset=kwargs.pop("eval_dataset", evals),
+            rubric=rubric or Rubric(funcs=[sum_step_rewards]),
+            max_turns=max_turns,
+            **kwargs,
+        )
+        self._backend: SandboxBackend | None = None
+        self._live: dict[str, Sandbox] = {}  # sandbox id -> handle, until deleted
+        self._register_atexit()
+
+    # ------------------------------------------------------------------ plumbing
+    def _get_backend(self) -> SandboxBackend:
+        if self._backend is None:
+            self._backend = get_backend(self.backend_spec, **self.backend_options)
+        return self._backend
+
+    def _render(self, observation: dict[str, Any], context: str, state: State, **extra: Any) -> list[dict[str, Any]]:
+        """Call prompt_renderer(observation, context=..., <whichever of state/info/tools/... it names>)."""
+        available = {"context": context, "state": state, "info": state.get("info") or {},
+                     "action_schema": state.get("openenv_action_schema"), **extra}
+        params = inspect.signature(self.prompt_renderer).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            kwargs = available
+        else:
+            kwargs = {k: v for k, v in available.items() if k in params}
+        return _as_messages(self.prompt_renderer(observation, **kwargs))
+
+    async def _log_tail(self, sandbox: Sandbox) -> str:
+        try:
+            data = await sandbox.read_file(SERVER_LOG)
+        except Exception as exc:  # the sandbox itself may be gone
+            return f"(server log unavailable: {type(exc).__name__}: {exc})"
+        return data.decode("utf-8", "replace")[-LOG_TAIL:]
+
+    async def _transport(self, state: State, sandbox: Sandbox) -> Transport:
+        port = self.manifest.port
+        if self.publish_port:
+            url_of = getattr(sandbox, "published_url", None)
+            if url_of is None:
+                raise ConfigError(
+                    f"publish_port=True but the {sandbox.backend_name!r} backend offers no published ports; "
+                    "leave it off to reach the server through the command channel"
+                )
+            return DirectTransport(await url_of(port))
+        return await Forwarder.start_in_sandbox(sandbox, port, python=self.python)
+
+    async def _start_server(self, state: State, sandbox: Sandbox) -> OpenEnvSession:
+        server: BackgroundProcess = await sandbox.start_process(
+            ["/bin/sh", "-c", f"({self.manifest.start_command}) >{SERVER_LOG} 2>&1"]
+        )
+        state["openenv_server_pid"] = server.pid
+        transport = await self._transport(state, sandbox)
+        state["openenv_transport"] = transport
+        session = OpenEnvSession(transport, step_timeout=self.step_timeout)
+
+        async def alive() -> bool:
+            return (await server.poll()).running
+
+        try:
+            await session.wait_healthy(self.startup_timeout, alive=alive)
+        except (TimeoutError, RuntimeError) as exc:
+            raise ServerStartError(
+                f"OpenEnv server {self.manifest.environment_id!r} ({self.manifest.image}) did not become "
+                f"healthy: {exc}\n--- server log tail ({SERVER_LOG}) ---\n{await self._log_tail(sandbox)}"
+            ) from exc
+        return session
+
+    # ------------------------------------------------------------------ rollout
+    async def setup_state(self, state: State) -> State:
+        backend = self._get_backend()
+        sandbox = await backend.create(self.sandbox_spec)
+        self._live[sandbox.id] = sandbox
+        state["sandbox_id"] = sandbox.id
+        state["openenv_sandbox"] = sandbox
+        session = await self._start_server(state, sandbox)
+        state["openenv_session"] = session
+        schema = await session.schema()
+        check_contract(self.manifest.contract, schema, where=self.manifest.environment_id)
+        state["openenv_action_schema"] = schema.get("action") or {}
+        seed = (state.get("info") or {}).get("seed", self.seed)
+        first = await session.reset(seed=seed)
+        state["openenv_done"] = bool(first.get("done"))
+        state["openenv_rewards"] = []
+        extra: dict[str, Any] = {"reward": first.get("reward"), "done": first.get("done", False)}
+        if self.manifest.contract == "mcp":
+            tools = await session.list_tools()
+            state["tool_defs"] = tool_defs(tools)
+            extra["tools"] = tools
+        prompt = self._render(first.get("observation") or {}, "reset", state, **extra)
+        if self.system_prompt and not any(m.get("role") == "system" for m in prompt):
+            prompt = [{"role": "system", "content": self.system_prompt}, *prompt]
+        state["prompt"] = prompt
+        return state
+
+    def _record_reward(self, state: State, reward: float) -> None:
+        if state["trajectory"]:
+            state["trajectory"][-1]["reward"] = reward
+        state["openenv_rewards"].append(reward)
+
+    async def env_response(self, messages: Messages, state: State, **kwargs: Any) -> Messages:
+        session: OpenEnvSession = state["openenv_session"]
+        last = messages[-1] if isinstance(messages, list) and messages else {}
+        if self.manifest.contract == "mcp":
+            return await self._mcp_response(session, last, state)
+        try:
+            action = parse_action(last.get("content") if isinstance(last, dict) else str(last),
+                                  state["openenv_action_schema"])
+            payload = await session.step(action)
+        except (ActionParseError, ActionRejected) as exc:
+            self._record_reward(state, 0.0)
+            state["openenv_invalid_actions"] = state.get("openenv_invalid_actions", 0) + 1
+            return [{"role": "user", "content": f"Invalid action: {exc}"}]
+        reward = float(payload.get("reward") or 0.0)
+        self._record_reward(state, reward)
+        done = bool(payload.get("done"))
+        reply = self._render(payload.get("observation") or {}, "step", state, reward=payload.get("reward"), done=done)
+        if done:
+            state["openenv_done"] = True
+            state["final_env_response"] = reply
+        return reply
+
+    async def _mcp_response(self, session: OpenEnvSession, last: dict[str, Any], state: State) -> Messages:
+        out: list[dict[str, Any]] = []
+        total = 0.0
+        done = False
+        for call in last.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            call_id = call.get("id", "")
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("tool arguments must be a JSON object")
+            except ValueError as exc:
+                out.append({"role": "tool", "tool_call_id": call_id, "content": f"error: bad arguments: {exc}"})
+                continue
+            try:
+                payload = await session.call_tool(fn.get("name", ""), args)
+            except ActionRejected as exc:
+                out.append({"role": "tool", "tool_call_id": call_id, "content": f"error: {exc}"})
+                continue
+            total += float(payload.get("reward") or 0.0)
+            done = done or bool(payload.get("done"))
+            out.append({"role": "tool", "tool_call_id": call_id,
+                        "content": tool_result_text(payload.get("observation") or {})})
+            if done:
+                break
+        self._record_reward(state, total)
+        if done:
+            state["openenv_done"] = True
+            state["final_env_response"] = out
+        return out
+
+    # ------------------------------------------------------------------ stop / cleanup
+    @stop
+    async def openenv_done(self, state: State) -> bool:
+        return bool(state.get("openenv_done"))
+
+    @stop
+    async def no_tools_called(self, state: State) -> bool:
+        """mcp: the model answered without calling a tool."""
+        if self.manifest.contract != "mcp" or not state.get("trajectory"):
+            return False
+        completion = state["trajectory"][-1]["completion"]
+        return isinstance(completion, list) and bool(completion) and not completion[-1].get("tool_calls")
+
+    @cleanup
+    async def delete_sandbox(self, state: State) -> None:
+        """Close the session and relay, delete the sandbox (always, whatever happened)."""
+        session = state.pop("openenv_session", None)
+        transport = state.pop("openenv_transport", None)
+        sandbox: Sandbox | None = state.pop("openenv_sandbox", None)
+        try:
+            if session is not None:
+                await session.close()
+            if transport is not None:
+                await transport.close()
+        except (ForwardError, InfraError) as exc:
+            log.debug("closing the OpenEnv session failed: %s", exc)
+        finally:
+            if sandbox is not None:
+                self._live.pop(sandbox.id, None)
+                await sandbox.delete()
+
+    @teardown
+    async def delete_all_sandboxes(self) -> None:
+        """Delete sandboxes still registered (rollouts cut short) and close the backend."""
+        for sid, sandbox in list(self._live.items()):
+            try:
+                await sandbox.delete()
+            except Exception as exc:
+                log.warning("deleting OpenEnv sandbox %s failed: %s", sid, exc)
+            self._live.pop(sid, None)
+        if self._backend is not None:
+            backend, self._backend = self._backend, None
+            try:
+                await backend.close()
+            except Exception as exc:
+                log.debug("closing the backend failed: %s", exc)
