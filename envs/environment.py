@@ -515,8 +515,8 @@ class Environment(ABC):
     ) -> GenerateOutputs:
         """Run rollouts for `inputs` (rows repeated per rollout; grouped by example_id).
 
-        `client` is a Client, a ClientConfig (endpoint replicas are used
-        round-robin per group) or a raw AsyncOpenAI / AsyncAnthropic.
+        `client` is a Client, a ClientConfig or a list of Clients (replicas
+        are used round-robin per group) or a raw AsyncOpenAI / AsyncAnthropic.
         `on_group(rows)` is awaited after each completed group (results
         writing hooks in here); `on_progress(done_rows, total)` likewise."""
         from .clients import ClientConfig, make_client
@@ -529,6 +529,8 @@ class Environment(ABC):
         if isinstance(client, ClientConfig):
             clients = [make_client(c) for c in client.replicas()]
             owned_clients = clients
+        elif isinstance(client, (list, tuple)):
+            clients = [make_client(c) for c in client]  # replicas, round-robin per group
         else:
             clients = [make_client(client)]
         groups: dict[Any, list[RolloutInput]] = {}

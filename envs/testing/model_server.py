@@ -44,7 +44,9 @@ last arithmetic expression in the user's message and answers ``\\boxed{n}``),
 answers with the tool's output or ``answer``), ``tool_script([...])`` (a
 sequence of tool calls, then an answer), ``fail(status)``, ``stall(seconds)``,
 ``sequence(p1, p2, ...)`` (the i-th request gets p_i, the last one repeats),
-``fail_first(n, status, then)``. ``policy_from_spec("compute")`` parses the
+``fail_first(n, status, then)``, ``tool_compute(tool, arg)`` (calls the tool
+with the prompt's arithmetic, then boxes its output), ``auto()`` (tool_compute
+when tools are offered, else compute; the CLI default). ``policy_from_spec("compute")`` parses the
 CLI's ``--policy`` strings.
 
 Using it
@@ -98,6 +100,8 @@ __all__ = [
     "policy_from_spec",
     "sequence",
     "stall",
+    "auto",
+    "tool_compute",
     "tool_script",
     "tool_then_answer",
 ]
@@ -294,6 +298,34 @@ def tool_script(
     return policy
 
 
+def tool_compute(tool: str = "calculator", arg: str = "expression") -> Policy:
+    """Call `tool` with {arg: <the arithmetic in the user's message>}, then answer
+    ``\\boxed{<tool output>}``."""
+
+    def expression(req: PolicyRequest) -> dict[str, Any]:
+        candidates = sorted((m.group(0).strip().rstrip(".") for m in _EXPR.finditer(req.last_user_text())), key=len, reverse=True)
+        return {arg: candidates[0] if candidates else ""}
+
+    def answer(req: PolicyRequest) -> str:
+        results = req.tool_results()
+        return f"The answer is \\boxed{{{results[-1].strip() if results else ''}}}."
+
+    return tool_script([(tool, expression)], answer)
+
+
+def auto() -> Policy:
+    """`tool_compute` with the first offered tool when the request offers tools, else `compute`."""
+    plain = compute()
+
+    def policy(req: PolicyRequest) -> Reply | Awaitable[Reply]:
+        if req.tools:
+            params = req.tools[0].get("parameters", {}).get("properties", {}) or {"expression": {}}
+            return tool_compute(req.tools[0]["name"], next(iter(params)))(req)
+        return plain(req)
+
+    return policy
+
+
 def fail(status: int = 500, message: str | None = None) -> Policy:
     """Fail every request with HTTP `status` (500, 429, 401, ...)."""
     reply = Reply(error_status=status, error_message=message or f"scripted HTTP {status}")
@@ -326,9 +358,14 @@ def fail_first(n: int, status: int = 500, then: Policy | None = None) -> Policy:
 
 
 def policy_from_spec(spec: str) -> Policy:
-    """Parse a CLI policy: echo | compute | fixed:TEXT | fail:STATUS | stall:SECONDS
+    """Parse a CLI policy: auto | tool-compute[:NAME[:ARG]] | echo | compute | fixed:TEXT | fail:STATUS | stall:SECONDS
     | tool:NAME:JSON_ARGS (call once, then answer the tool output)."""
     kind, _, rest = spec.partition(":")
+    if kind == "auto":
+        return auto()
+    if kind == "tool-compute":
+        name, _, arg = rest.partition(":")
+        return tool_compute(name or "calculator", arg or "expression")
     if kind == "echo":
         return echo()
     if kind == "compute":
@@ -631,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--policy", default="compute", help="echo | compute[:K] | fixed:TEXT | fail:STATUS | stall:S | tool:NAME:JSON")
+    parser.add_argument("--policy", default="auto", help="auto | tool-compute[:NAME[:ARG]] | echo | compute[:K] | fixed:TEXT | fail:STATUS | stall:S | tool:NAME:JSON")
     args = parser.parse_args(argv)
     server = ModelServer(policy_from_spec(args.policy), host=args.host, port=args.port)
 

@@ -1,0 +1,186 @@
+"""`vf-sandbox eval` and `vf-sandbox env install`: the typer layer only.
+Flags mirror the reference eval CLI (same short forms and defaults); the work
+happens in `envs.eval` (imported inside the commands to keep startup cheap)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+env_app = typer.Typer(help="Manage environment packages.", add_completion=False, no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+_AUTO = "__auto__"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@app.command("eval")
+def eval_command(
+    env_id_or_path: list[str] = typer.Argument(..., help="Environment ID(s) or path to a TOML config"),
+    env_args: Optional[str] = typer.Option(None, "--env-args", "-a", help="JSON object passed to load_environment() [default: {}]"),
+    extra_env_kwargs: Optional[str] = typer.Option(None, "--extra-env-kwargs", "-x", help="JSON object passed to the environment constructor [default: {}]"),
+    env_dir_path: Optional[str] = typer.Option(None, "--env-dir-path", "-p", help="Base path of local environments [default: ./environments]"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or endpoint alias [default: openai/gpt-4.1-mini]"),
+    api_base_url: Optional[str] = typer.Option(None, "--api-base-url", "-b", help="API base URL [default: https://api.pinference.ai/api/v1]"),
+    api_key_var: Optional[str] = typer.Option(None, "--api-key-var", "-k", help="Environment variable holding the API key [default: PRIME_API_KEY]"),
+    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_chat_completions_token | anthropic_messages"),
+    endpoints_path: Optional[str] = typer.Option(None, "--endpoints-path", "-e", help="TOML endpoints registry [default: ./configs/endpoints.toml]"),
+    header: Optional[list[str]] = typer.Option(None, "--header", help="Extra HTTP header 'Name: Value' (repeatable)"),
+    header_from_state: Optional[list[str]] = typer.Option(None, "--header-from-state", help="Per-request header 'Name: state_key' (repeatable) [default: X-Session-ID: example_id]"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-t", help="Maximum tokens to generate"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", "-T", help="Sampling temperature"),
+    sampling_args: Optional[str] = typer.Option(None, "--sampling-args", "-S", help="JSON object of extra sampling parameters"),
+    num_examples: Optional[int] = typer.Option(None, "--num-examples", "-n", help="Number of dataset examples [default: 5]"),
+    rollouts_per_example: Optional[int] = typer.Option(None, "--rollouts-per-example", "-r", help="Rollouts per example [default: 3]"),
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", "-c", help="Maximum concurrent rollouts [default: 32]"),
+    max_concurrent_generation: Optional[int] = typer.Option(None, "--max-concurrent-generation", help="Concurrent generation requests [default: same as -c]"),
+    max_concurrent_scoring: Optional[int] = typer.Option(None, "--max-concurrent-scoring", help="Concurrent scoring requests [default: same as -c]"),
+    no_interleave_scoring: bool = typer.Option(False, "--no-interleave-scoring", "-N", help="Score after generation instead of per group"),
+    independent_scoring: bool = typer.Option(False, "--independent-scoring", "-i", help="Score each rollout individually"),
+    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries per rollout on InfraError [default: 0]"),
+    num_workers: str = typer.Option("auto", "--num-workers", "-w", help="Env worker processes (accepted for compatibility; rollouts run in-process)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging"),
+    fullscreen: bool = typer.Option(False, "--fullscreen", "-f", help="Use the alternate screen for the live display"),
+    disable_tui: bool = typer.Option(False, "--disable-tui", "-d", help="Plain logs instead of the live display"),
+    abbreviated_summary: bool = typer.Option(False, "--abbreviated-summary", "-A", help="Summary without sample rollouts"),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Base output directory [default: ./outputs]"),
+    save_results: bool = typer.Option(False, "--save-results", "-s", help="Save results to disk"),
+    resume: Optional[str] = typer.Option(None, "--resume", "-R", flag_value=_AUTO, help="Resume a run (PATH, or the latest incomplete matching run when omitted)"),
+    state_columns: Optional[str] = typer.Option(None, "--state-columns", "-C", help="Extra state columns to save (comma-separated)"),
+    save_to_hf_hub: bool = typer.Option(False, "--save-to-hf-hub", "-H", help="Push results to the Hugging Face Hub"),
+    hf_hub_dataset_name: Optional[str] = typer.Option(None, "--hf-hub-dataset-name", "-D", help="Dataset name on the HF Hub"),
+    heartbeat_url: Optional[str] = typer.Option(None, "--heartbeat-url", help="Heartbeat URL (accepted; not used offline)"),
+    eval_name: Optional[str] = typer.Option(None, "--eval-name", help="Name recorded for this run in the run registry"),
+    timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="Stop cleanly after this many minutes"),
+) -> None:
+    """Evaluate a model on one or more environments (or a TOML config)."""
+    import logging
+
+    from sandboxes.errors import ConfigError, UsageError
+
+    from ..errors import MissingKeyError
+    from ..eval.config import configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object
+    from ..logging_utils import setup_logging
+
+    setup_logging("DEBUG" if verbose else "INFO")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    resume_path = None if resume in (None, _AUTO) else resume
+    try:
+        is_toml = len(env_id_or_path) == 1 and env_id_or_path[0].endswith(".toml")
+        if is_toml:
+            overrides = {
+                "resume": resume is not None or None,
+                "resume_path": resume_path,
+                "output_dir": output_dir,
+                "verbose": verbose or None,
+                "timeout_minutes": timeout_minutes,
+                "name": eval_name,
+            }
+            configs = configs_from_toml(env_id_or_path[0], overrides)
+        else:
+            if any(x.endswith(".toml") for x in env_id_or_path):
+                raise ConfigError("pass either environment ids or one TOML config, not both")
+            headers = parse_header_lines(header, "--header")
+            from_state = parse_header_lines(header_from_state, "--header-from-state") if header_from_state else None
+            cli = {
+                "env_args": parse_json_object(env_args, "--env-args/-a"),
+                "extra_env_kwargs": parse_json_object(extra_env_kwargs, "--extra-env-kwargs/-x"),
+                "sampling_args": parse_json_object(sampling_args, "--sampling-args/-S") or None,
+                "env_dir_path": env_dir_path,
+                "model": model,
+                "api_base_url": api_base_url,
+                "api_key_var": api_key_var,
+                "api_client_type": api_client_type,
+                "endpoints_path": endpoints_path,
+                "headers": headers or None,
+                "headers_from_state": from_state,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "num_examples": num_examples,
+                "rollouts_per_example": rollouts_per_example,
+                "max_concurrent": max_concurrent,
+                "no_interleave_scoring": no_interleave_scoring or None,
+                "independent_scoring": independent_scoring or None,
+                "max_retries": max_retries,
+                "verbose": verbose or None,
+                "output_dir": output_dir,
+                "save_results": save_results or None,
+                "resume": resume is not None or None,
+                "resume_path": resume_path,
+                "state_columns": state_columns,
+                "save_to_hf_hub": save_to_hf_hub or None,
+                "hf_hub_dataset_name": hf_hub_dataset_name,
+                "timeout_minutes": timeout_minutes,
+                "name": eval_name,
+            }
+            if not cli["env_args"]:
+                cli["env_args"] = None
+            if not cli["extra_env_kwargs"]:
+                cli["extra_env_kwargs"] = None
+            configs = configs_from_cli(env_id_or_path, cli)
+        if resume_path is not None and len(configs) != 1:
+            raise ConfigError("--resume PATH applies to exactly one eval")
+    except (ConfigError, UsageError, MissingKeyError) as exc:
+        _fail(str(exc))
+        return
+    code = _run(configs, disable_tui=disable_tui, fullscreen=fullscreen, abbreviated=abbreviated_summary)
+    raise typer.Exit(code)
+
+
+def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int:
+    import asyncio
+    import signal
+
+    from ..eval.display import make_display, print_summary
+    from ..eval.runner import run_evals
+
+    plain = disable_tui or not sys.stdout.isatty()
+    display = make_display(plain, fullscreen)
+    with display:
+        results = asyncio.run(run_evals(configs, display))
+    for res in results:
+        if res.metadata:
+            print_summary(res.metadata, res.rows, abbreviated=abbreviated, plain=plain)
+        if res.status != "completed":
+            typer.secho(f"{res.config.env_id}: {res.status}" + (f": {res.error}" if res.error else ""),
+                        fg=typer.colors.RED if res.status == "failed" else typer.colors.YELLOW, err=True)
+        if res.run_dir is not None and res.metadata.get("path_to_save"):
+            typer.echo(f"results: {res.run_dir}")
+    signals = getattr(run_evals, "signals", [])
+    if signals:
+        return 128 + int(signals[0]) if signals[0] in (signal.SIGINT, signal.SIGTERM) else 1
+    return 0 if all(r.status == "completed" for r in results) else 1
+
+
+@env_app.command("install")
+def env_install(
+    name: str = typer.Argument(..., help="Environment name (./environments/NAME)"),
+    path: str = typer.Option("./environments", "--path", "-p", help="Directory holding environment packages"),
+    editable: bool = typer.Option(True, "--editable/--no-editable", help="Install in editable mode"),
+) -> None:
+    """Install ./environments/NAME as a Python package into this interpreter."""
+    import shutil
+    import subprocess
+
+    base = Path(path)
+    candidates = [base / name, base / name.replace("-", "_"), base / name.replace("_", "-")]
+    pkg = next((c for c in candidates if (c / "pyproject.toml").exists()), None)
+    if pkg is None:
+        have = sorted(p.name for p in base.iterdir() if (p / "pyproject.toml").exists()) if base.is_dir() else []
+        _fail(f"no environment package {name!r} under {base} (looked for {candidates[1]}/pyproject.toml); available: {', '.join(have) or 'none'}")
+    target = ["-e", str(pkg.resolve())] if editable else [str(pkg.resolve())]
+    uv = shutil.which("uv")
+    cmd = [uv, "pip", "install", "--python", sys.executable, *target] if uv else [sys.executable, "-m", "pip", "install", *target]
+    typer.echo(f"installing {pkg} ...")
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0:
+        _fail(f"installation of {pkg} failed (exit {proc.returncode})", code=proc.returncode)
+    typer.echo(f"installed {pkg.name}")

@@ -1,0 +1,437 @@
+"""Eval settings resolution: CLI flags, TOML `[[eval]]` / `[[ablation]]`
+configs, the `configs/endpoints.toml` registry and per-environment defaults
+from the env package's pyproject.
+
+Precedence (most specific first):
+- with a TOML config (CLI flags ignored): [[eval]] entry > TOML top-level >
+  env pyproject `[tool.verifiers.eval]` > built-in defaults;
+- CLI only: CLI flags > env pyproject > built-in defaults.
+
+Every bad input raises `ConfigError` with a message naming the file, line,
+key or variable concerned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sandboxes.errors import ConfigError
+
+from ..clients.config import ClientConfig, EndpointClientConfig
+
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "num_examples": 5,
+    "rollouts_per_example": 3,
+    "max_concurrent": 32,
+    "model": "openai/gpt-4.1-mini",
+    "api_base_url": "https://api.pinference.ai/api/v1",
+    "api_key_var": "PRIME_API_KEY",
+    "api_client_type": "openai_chat_completions",
+    "endpoints_path": "./configs/endpoints.toml",
+    "env_dir_path": "./environments",
+    "max_retries": 0,
+}
+DEFAULT_HEADER_FROM_STATE = {"X-Session-ID": "example_id"}
+CLIENT_TYPES = ("openai_chat_completions", "openai_completions", "openai_chat_completions_token", "anthropic_messages")
+
+# Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]]).
+SETTING_KEYS = frozenset(
+    {
+        "name", "env_args", "num_examples", "rollouts_per_example", "extra_env_kwargs", "model", "endpoint_id",
+        "endpoints_path", "api_base_url", "api_key_var", "api_client_type", "sampling_args", "max_tokens",
+        "temperature", "headers", "header", "headers_from_state", "header_from_state", "max_concurrent",
+        "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
+        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
+        "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary",
+    }
+)
+EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
+ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_type", "type", "headers", "extra_headers"})
+
+
+class EvalConfig(BaseModel):
+    """One fully resolved evaluation (no secrets: keys are variable names)."""
+
+    env_id: str
+    name: str | None = None
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    env_dir_path: str = "./environments"
+    endpoint_id: str | None = None
+    model: str
+    client_config: ClientConfig
+    sampling_args: dict[str, Any] = Field(default_factory=dict)
+    num_examples: int = 5
+    rollouts_per_example: int = 3
+    max_concurrent: int = 32
+    independent_scoring: bool = False
+    no_interleave_scoring: bool = False
+    extra_env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    max_retries: int = 0
+    verbose: bool = False
+    state_columns: list[str] = Field(default_factory=list)
+    save_results: bool = False
+    output_dir: str | None = None
+    resume: bool = False
+    resume_path: str | None = None
+    save_to_hf_hub: bool = False
+    hf_hub_dataset_name: str | None = None
+    timeout_minutes: float | None = None
+    shuffle: bool = False
+    shuffle_seed: int | None = None
+
+    def public_args(self) -> dict[str, Any]:
+        """The settings as a JSON-able dict for the run registry (key *names* only)."""
+        data = self.model_dump(mode="json")
+        return data
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+
+def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
+    """Parse a `-a/-x/-S` JSON object, or raise ConfigError naming the flag."""
+    if text is None or text == "":
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag}: invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}: expected a JSON object like '{{\"key\": 1}}', got {type(value).__name__}: {text!r}")
+    return value
+
+
+def parse_header_lines(lines: list[str] | None, what: str = "--header") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in lines or []:
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(f"{what}: expected 'Name: Value', got {line!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file; syntax errors name the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+
+
+def _check_keys(table: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+
+
+# --------------------------------------------------------------------------- endpoints registry
+
+
+class Endpoint(BaseModel):
+    endpoint_id: str
+    model: str
+    url: str
+    key: str
+    api_client_type: str = "openai_chat_completions"
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+def load_endpoints(path: str | Path | None) -> dict[str, list[Endpoint]]:
+    """endpoint_id -> replicas, from a TOML registry ({} when the file is absent)."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        return {}
+    data = load_toml(p)
+    _check_keys(data, frozenset({"endpoint"}), f"{p}")
+    rows = data.get("endpoint", [])
+    if not isinstance(rows, list):
+        raise ConfigError(f"{p}: 'endpoint' must be an array of tables ([[endpoint]])")
+    out: dict[str, list[Endpoint]] = {}
+    for i, row in enumerate(rows, 1):
+        where = f"{p}: [[endpoint]] #{i}"
+        _check_keys(row, ENDPOINT_KEYS, where)
+        missing = [k for k in ("endpoint_id", "model", "url", "key") if k not in row]
+        if missing:
+            raise ConfigError(f"{where}: missing required key(s) {missing}")
+        if "headers" in row and "extra_headers" in row:
+            raise ConfigError(f"{where}: set either 'headers' or 'extra_headers', not both")
+        ctype = row.get("api_client_type", row.get("type", "openai_chat_completions"))
+        if ctype not in CLIENT_TYPES:
+            raise ConfigError(f"{where}: unknown api_client_type {ctype!r}; one of {CLIENT_TYPES}")
+        headers = row.get("headers", row.get("extra_headers", {})) or {}
+        out.setdefault(row["endpoint_id"], []).append(
+            Endpoint(endpoint_id=row["endpoint_id"], model=row["model"], url=row["url"], key=row["key"],
+                     api_client_type=ctype, headers={str(k): str(v) for k, v in headers.items()})
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- env pyproject defaults
+
+
+def env_defaults(env_id: str, env_dir: str | Path | None) -> dict[str, Any]:
+    """`[tool.verifiers.eval]` (or `[tool.vf-sandbox.eval]`) of the env package's pyproject."""
+    from ..loader import env_package_dir
+
+    pkg = env_package_dir(env_id, env_dir)
+    if pkg is None:
+        return {}
+    data = load_toml(pkg / "pyproject.toml")
+    tool = data.get("tool", {})
+    defaults = {**(tool.get("verifiers", {}).get("eval", {})), **(tool.get("vf-sandbox", {}).get("eval", {}))}
+    allowed = frozenset({"num_examples", "rollouts_per_example", "max_concurrent", "sampling_args", "max_tokens", "temperature", "env_args", "max_retries"})
+    _check_keys(defaults, allowed, f"{pkg / 'pyproject.toml'}: [tool.verifiers.eval]")
+    return defaults
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _merge_layers(*layers: dict[str, Any]) -> dict[str, Any]:
+    """First layer that sets a key wins (layers given most specific first)."""
+    out: dict[str, Any] = {}
+    for layer in reversed(layers):
+        for key, value in layer.items():
+            if value is not None:
+                out[key] = value
+    return out
+
+
+def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[str, list[Endpoint]]] | None = None) -> EvalConfig:
+    """Resolve one eval from merged raw settings (built-in defaults applied here)."""
+    env_id = settings.get("env_id")
+    if not env_id:
+        raise ConfigError("an eval needs an env_id")
+    s = _merge_layers(settings, BUILTIN_DEFAULTS)
+    endpoints_path = s["endpoints_path"]
+    cache = endpoints_cache if endpoints_cache is not None else {}
+    if endpoints_path not in cache:
+        cache[endpoints_path] = load_endpoints(endpoints_path)
+    registry = cache[endpoints_path]
+
+    endpoint_id = settings.get("endpoint_id")
+    model = s["model"]
+    replicas: list[Endpoint] = []
+    if endpoint_id is not None:
+        if not Path(endpoints_path).exists():
+            raise ConfigError(f"endpoint_id {endpoint_id!r} needs an endpoints registry, but {endpoints_path} does not exist")
+        if endpoint_id not in registry:
+            raise ConfigError(f"endpoint_id {endpoint_id!r} not in {endpoints_path}; known: {', '.join(sorted(registry)) or 'none'}")
+        replicas = registry[endpoint_id]
+    elif model in registry:
+        endpoint_id = model
+        replicas = registry[model]
+
+    headers: dict[str, str] = {}
+    client_type = settings.get("api_client_type")
+    if replicas:
+        model = replicas[0].model
+        client_type = client_type or replicas[0].api_client_type
+        base_url = settings.get("api_base_url") or replicas[0].url
+        key_var = settings.get("api_key_var") or replicas[0].key
+        headers.update(replicas[0].headers)
+    else:
+        base_url = s["api_base_url"]
+        key_var = s["api_key_var"]
+    client_type = client_type or BUILTIN_DEFAULTS["api_client_type"]
+    if client_type not in CLIENT_TYPES:
+        raise ConfigError(f"unknown api_client_type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
+    headers.update({str(k): str(v) for k, v in (s.get("headers") or {}).items()})
+    headers.update(parse_header_lines(s.get("header"), "header"))
+    from_state = dict(DEFAULT_HEADER_FROM_STATE)
+    from_state.update({str(k): str(v) for k, v in (s.get("headers_from_state") or {}).items()})
+    from_state.update(parse_header_lines(s.get("header_from_state"), "header_from_state"))
+
+    endpoint_configs: list[EndpointClientConfig] = []
+    if len(replicas) > 1 and not settings.get("api_base_url"):
+        endpoint_configs = [
+            EndpointClientConfig(api_key_var=settings.get("api_key_var") or r.key, api_base_url=r.url, extra_headers=r.headers)
+            for r in replicas
+        ]
+    client_config = ClientConfig(
+        client_type=client_type,
+        api_key_var=key_var,
+        api_base_url=base_url,
+        endpoint_configs=endpoint_configs,
+        extra_headers=headers,
+        extra_headers_from_state=from_state,
+    )
+
+    sampling = dict(s.get("sampling_args") or {})
+    if s.get("max_tokens") is not None:
+        sampling["max_tokens"] = s["max_tokens"]
+    if s.get("temperature") is not None:
+        sampling["temperature"] = s["temperature"]
+
+    state_columns = s.get("state_columns") or []
+    if isinstance(state_columns, str):
+        state_columns = [c.strip() for c in state_columns.split(",") if c.strip()]
+
+    for key in ("num_examples", "rollouts_per_example", "max_concurrent"):
+        value = s[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if s["rollouts_per_example"] < 1:
+        raise ConfigError("rollouts_per_example must be >= 1")
+    if s["max_concurrent"] == 0:
+        raise ConfigError("max_concurrent must be positive (or -1 for unlimited)")
+
+    return EvalConfig(
+        env_id=env_id,
+        name=s.get("name"),
+        env_args=dict(s.get("env_args") or {}),
+        env_dir_path=s["env_dir_path"],
+        endpoint_id=endpoint_id,
+        model=model,
+        client_config=client_config,
+        sampling_args=sampling,
+        num_examples=s["num_examples"],
+        rollouts_per_example=s["rollouts_per_example"],
+        max_concurrent=s["max_concurrent"],
+        independent_scoring=bool(s.get("independent_scoring", False)),
+        no_interleave_scoring=bool(s.get("no_interleave_scoring", False)),
+        extra_env_kwargs=dict(s.get("extra_env_kwargs") or {}),
+        max_retries=int(s.get("max_retries", 0)),
+        verbose=bool(s.get("verbose", False)),
+        state_columns=list(state_columns),
+        save_results=bool(s.get("save_results", False)),
+        output_dir=s.get("output_dir"),
+        resume=bool(s.get("resume", False)),
+        resume_path=s.get("resume_path"),
+        save_to_hf_hub=bool(s.get("save_to_hf_hub", False)),
+        hf_hub_dataset_name=s.get("hf_hub_dataset_name"),
+        timeout_minutes=s.get("timeout_minutes"),
+        shuffle=bool(s.get("shuffle", False)),
+        shuffle_seed=s.get("shuffle_seed"),
+    )
+
+
+def _with_env_defaults(layers_specific: list[dict[str, Any]], env_id: str, env_dir: str | None) -> dict[str, Any]:
+    defaults = env_defaults(env_id, env_dir or BUILTIN_DEFAULTS["env_dir_path"])
+    merged = _merge_layers(*layers_specific, defaults)
+    # env_args from pyproject defaults merge under the explicit ones
+    if "env_args" in defaults:
+        merged["env_args"] = {**defaults["env_args"], **_merge_layers(*layers_specific).get("env_args", {})}
+    return merged
+
+
+def configs_from_cli(env_ids: list[str], cli: dict[str, Any]) -> list[EvalConfig]:
+    """CLI only: CLI flags > env pyproject > built-in defaults."""
+    cache: dict[str, dict[str, list[Endpoint]]] = {}
+    out = []
+    for env_id in env_ids:
+        merged = _with_env_defaults([{k: v for k, v in cli.items() if v is not None}], env_id, cli.get("env_dir_path"))
+        merged["env_id"] = env_id
+        out.append(build_eval_config(merged, cache))
+    return out
+
+
+def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
+    table = dict(table)
+    if "id" in table:
+        table.setdefault("env_id", table.pop("id"))
+    if "args" in table:
+        if "env_args" in table:
+            raise ConfigError(f"{where}: set either 'args' or 'env_args', not both")
+        table["env_args"] = table.pop("args")
+    for key in ("env_args", "extra_env_kwargs", "sampling_args", "headers", "headers_from_state"):
+        if key in table and not isinstance(table[key], dict):
+            raise ConfigError(f"{where}: {key} must be a table, got {type(table[key]).__name__}")
+    return table
+
+
+def expand_ablation(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """Cartesian product of an [[ablation]] block's `sweep` (and `sweep.env_args`)."""
+    block = dict(block)
+    sweep = block.pop("sweep", {}) or {}
+    if not isinstance(sweep, dict):
+        raise ConfigError(f"{where}: sweep must be a table")
+    _check_keys(block, EVAL_KEYS, where)
+    _check_keys(sweep, EVAL_KEYS, f"{where}.sweep")
+    fixed = _normalise_eval_table(block, where)
+    sweep_env_args = sweep.pop("env_args", {}) or {}
+    if not isinstance(sweep_env_args, dict):
+        raise ConfigError(f"{where}.sweep.env_args must be a table of lists")
+    clash = set(sweep_env_args) & set(fixed.get("env_args", {}))
+    if clash:
+        raise ConfigError(f"{where}: env_args key(s) {sorted(clash)} are both fixed and swept")
+    if "env_id" in sweep:
+        fixed.pop("env_id", None)
+    axes: list[tuple[str, str, list[Any]]] = []
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}.sweep.{key} must be a non-empty list")
+        axes.append(("top", key, values))
+    for key, values in sweep_env_args.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}.sweep.env_args.{key} must be a non-empty list")
+        axes.append(("env_args", key, values))
+    if "env_id" not in fixed and "env_id" not in sweep:
+        raise ConfigError(f"{where}: needs an env_id (fixed or swept)")
+    out = []
+    for combo in itertools.product(*(values for _, _, values in axes)) if axes else [()]:
+        entry = dict(fixed)
+        entry["env_args"] = dict(fixed.get("env_args", {}))
+        for (kind, key, _), value in zip(axes, combo):
+            if kind == "env_args":
+                entry["env_args"][key] = value
+            else:
+                entry[key] = value
+        out.append(entry)
+    return out
+
+
+def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None) -> list[EvalConfig]:
+    """TOML config: [[eval]] entry > top level > env pyproject > built-in.
+    `overrides` carries the few run-control flags that still apply (resume, output_dir)."""
+    p = Path(path)
+    data = load_toml(p)
+    top = {k: v for k, v in data.items() if k not in ("eval", "ablation")}
+    _check_keys(top, SETTING_KEYS, f"{p}: top level")
+    evals = data.get("eval", [])
+    ablations = data.get("ablation", [])
+    if not isinstance(evals, list) or not isinstance(ablations, list):
+        raise ConfigError(f"{p}: use [[eval]] and [[ablation]] (arrays of tables)")
+    entries: list[tuple[str, dict[str, Any]]] = []
+    for i, table in enumerate(evals, 1):
+        where = f"{p}: [[eval]] #{i}"
+        _check_keys(table, EVAL_KEYS, where)
+        entry = _normalise_eval_table(table, where)
+        if not entry.get("env_id"):
+            raise ConfigError(f"{where}: missing required key 'env_id'")
+        entries.append((where, entry))
+    for i, block in enumerate(ablations, 1):
+        where = f"{p}: [[ablation]] #{i}"
+        entries.extend((where, e) for e in expand_ablation(block, where))
+    if not entries:
+        raise ConfigError(f"{p}: no [[eval]] or [[ablation]] section")
+    top.setdefault("save_results", True)
+    cache: dict[str, dict[str, list[Endpoint]]] = {}
+    out = []
+    for where, entry in entries:
+        try:
+            merged = _with_env_defaults([entry, top], entry["env_id"], entry.get("env_dir_path") or top.get("env_dir_path"))
+            if "env_args" in top or "env_args" in entry:
+                merged["env_args"] = {**merged.get("env_args", {}), **top.get("env_args", {}), **entry.get("env_args", {})}
+            merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+            out.append(build_eval_config(merged, cache))
+        except ConfigError as exc:
+            if str(exc).startswith(str(p)):
+                raise
+            raise ConfigError(f"{where}: {exc}") from None
+    return out

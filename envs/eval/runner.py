@@ -1,0 +1,285 @@
+"""Running resolved evals: load the env, check the endpoint, pick or resume the
+run directory, drive `env.generate` with per-group writing and progress,
+record the run in the registry, and stop cleanly on SIGTERM / Ctrl-C /
+`--timeout-minutes` (groups already written are kept, in-flight rollouts are
+cancelled, teardown handlers run, metadata says `stopped`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from sandboxes.errors import ConfigError, UsageError
+
+from ..errors import MissingKeyError
+from .config import EvalConfig
+from .display import EvalProgress, PlainDisplay, RichDisplay
+from .writer import (
+    ResultsWriter,
+    check_compatible,
+    find_resumable,
+    load_existing,
+    missing_inputs,
+    new_run_dir,
+    now_iso,
+)
+
+log = logging.getLogger("envs.eval")
+
+
+@dataclass
+class EvalResult:
+    config: EvalConfig
+    status: str = "pending"  # completed | failed | stopped
+    error: str | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path | None = None
+
+
+class StopRequested(Exception):
+    """The run was asked to stop (signal or timeout)."""
+
+
+def check_endpoint(base_url: str, timeout: float = 3.0) -> None:
+    """Fail fast with a clear message when nothing listens at the model endpoint."""
+    parsed = urlparse(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"model endpoint {base_url!r} is not an http(s) URL")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"model endpoint {base_url} is not reachable ({exc.strerror or exc}); is the server running? "
+            "(check -m / -b or the endpoints registry)"
+        ) from None
+
+
+def _recorder(cfg: EvalConfig, run_dir: Path) -> Any:
+    try:
+        from envs.runs.registry import RunRecorder
+    except ImportError:
+        return None
+    try:
+        return RunRecorder.start(
+            kind="eval", name=cfg.name, env_id=cfg.env_id, model=cfg.model, args=cfg.public_args(), output_dir=str(run_dir)
+        )
+    except Exception as exc:  # the registry is best-effort; never block an eval on it
+        log.warning("run registry unavailable: %s", exc)
+        return None
+
+
+def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_dir: Path | None, started: float, status: str, base_url: str, prior_ms: float) -> dict[str, Any]:
+    n_examples = len({r.get("example_id") for r in rows})
+    meta = env.build_metadata(
+        rows,
+        model=cfg.model,
+        base_url=base_url,
+        num_examples=max(cfg.num_examples, n_examples) if cfg.num_examples >= 0 else n_examples,
+        rollouts_per_example=cfg.rollouts_per_example,
+        sampling_args=cfg.sampling_args,
+        time_ms=prior_ms + (time.time() - started) * 1000,
+        state_columns=cfg.state_columns,
+        path_to_save=str(run_dir) if run_dir else "",
+    )
+    meta["env_id"] = cfg.env_id
+    meta["env_args"] = cfg.env_args
+    if cfg.name:
+        meta["name"] = cfg.name
+    meta["status"] = status
+    meta["completed_rollouts"] = len(rows)
+    meta["shuffle"] = cfg.shuffle
+    meta["shuffle_seed"] = cfg.shuffle_seed
+    meta["updated"] = now_iso()
+    return meta
+
+
+async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int) -> EvalResult:
+    """Run one eval to completion (or until cancelled); never raises except CancelledError."""
+    from ..clients import make_client
+    from ..loader import load_environment
+
+    result = EvalResult(config=cfg)
+    progress = display.evals[idx]
+    env = None
+    writer: ResultsWriter | None = None
+    rec = None
+    rows: list[dict[str, Any]] = []
+    started = time.time()
+    prior_ms = 0.0
+    base_url = cfg.client_config.base_urls()
+    run_dir: Path | None = None
+    status = "failed"
+    error: str | None = None
+    clients: list[Any] = []
+    try:
+        env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
+        if cfg.extra_env_kwargs:
+            env.set_kwargs(**cfg.extra_env_kwargs)
+        if "concurrency" not in cfg.extra_env_kwargs:
+            env.set_concurrency(cfg.max_concurrent if cfg.max_concurrent > 0 else cfg.num_examples * cfg.rollouts_per_example)
+        clients = [make_client(c) for c in cfg.client_config.replicas()]  # resolves API keys (MissingKeyError)
+        for replica in cfg.client_config.replicas():
+            check_endpoint(replica.api_base_url)
+        inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
+        todo = inputs
+        save = cfg.save_results or cfg.resume
+        if cfg.resume:
+            if cfg.resume_path:
+                run_dir = Path(cfg.resume_path)
+            else:
+                run_dir = find_resumable(cfg.output_dir, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples)
+                if run_dir is None:
+                    log.info("%s: no incomplete run to resume; starting a new one", cfg.env_id)
+            if run_dir is not None:
+                rows, old_meta = load_existing(run_dir)
+                check_compatible(old_meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
+                prior_ms = float(old_meta.get("time_ms", 0.0))
+                todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
+                log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
+        if run_dir is None:
+            run_dir = new_run_dir(cfg.output_dir, cfg.env_id, cfg.model)
+        result.run_dir = run_dir
+        progress.total = len(rows) + len(todo)
+        progress.done = progress.resumed = len(rows)
+        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows)
+        progress.errors = sum(1 for r in rows if r.get("error"))
+        progress.output = str(run_dir) if save else ""
+        progress.status = "running"
+        progress.started = time.time()
+        display.update(idx)
+        rec = _recorder(cfg, run_dir)
+        if save:
+            writer = ResultsWriter(run_dir)
+            writer.open()
+            writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms))
+        last_meta = [time.monotonic()]
+
+        async def on_group(group_rows: list[dict[str, Any]]) -> None:
+            if writer is not None:
+                writer.append(group_rows)  # one write + flush + fsync per group, on the loop (no torn groups)
+            rows.extend(group_rows)
+            progress.done += len(group_rows)
+            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows)
+            progress.errors += sum(1 for r in group_rows if r.get("error"))
+            for r in group_rows:
+                if r.get("error"):
+                    log.warning(
+                        "%s: rollout example_id=%s failed after %s attempt(s): %s: %s",
+                        cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"].get("type"), r["error"].get("message"),
+                    )
+            display.update(idx)
+            if rec is not None:
+                rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
+            if writer is not None and time.monotonic() - last_meta[0] > 1.0:
+                last_meta[0] = time.monotonic()
+                writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms))
+
+        if todo:
+            gen = env.generate(
+                todo,
+                clients[0] if len(clients) == 1 else clients,
+                cfg.model,
+                sampling_args=cfg.sampling_args,
+                max_concurrent=cfg.max_concurrent,
+                state_columns=cfg.state_columns,
+                independent_scoring=cfg.independent_scoring,
+                max_retries=cfg.max_retries,
+                on_group=on_group,
+            )
+            if cfg.timeout_minutes:
+                try:
+                    await asyncio.wait_for(gen, timeout=cfg.timeout_minutes * 60)
+                except asyncio.TimeoutError:
+                    raise StopRequested(f"timeout after {cfg.timeout_minutes} minute(s)") from None
+            else:
+                await gen
+        status, error = "completed", None
+    except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
+        status, error = "stopped", "interrupted"
+    except StopRequested as exc:
+        status, error = "stopped", str(exc)
+    except (UsageError, MissingKeyError) as exc:
+        status, error = "failed", str(exc)
+    except Exception as exc:
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        log.debug("eval %s failed", cfg.env_id, exc_info=True)
+    finally:
+        progress.status = status
+        result.status, result.error, result.rows = status, error, rows
+        if env is not None:
+            try:
+                await asyncio.shield(env.teardown())
+            except BaseException as exc:  # noqa: BLE001 - teardown must not mask the outcome
+                log.warning("teardown failed: %s", exc)
+        if env is not None and run_dir is not None:
+            result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms)
+            if error:
+                result.metadata["error"] = error
+        for c in clients:
+            try:
+                await asyncio.shield(c.close())
+            except BaseException:  # noqa: BLE001
+                pass
+        if writer is not None:
+            writer.close()
+            try:
+                writer.write_metadata(result.metadata)
+            except OSError as exc:
+                log.warning("cannot write metadata: %s", exc)
+        if rec is not None:
+            rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
+            rec.finish(status=status, error=error)
+        display.update(idx)
+        if error and status == "failed":
+            log.error("%s: %s", cfg.env_id, error)
+    return result
+
+
+async def run_evals(configs: list[EvalConfig], display: PlainDisplay | RichDisplay) -> list[EvalResult]:
+    """Run every eval concurrently; SIGINT / SIGTERM stop them all gracefully."""
+    for cfg in configs:
+        label = cfg.name or cfg.env_id
+        display.add(EvalProgress(label=label, model=cfg.model))
+    loop = asyncio.get_running_loop()
+    tasks = [asyncio.ensure_future(run_eval(cfg, display, i)) for i, cfg in enumerate(configs)]
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        log.warning("received %s: stopping (keeping the groups already written)", signal.Signals(signum).name)
+        for t in tasks:
+            t.cancel()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    results = []
+    for cfg, out in zip(configs, outcomes):
+        if isinstance(out, EvalResult):
+            results.append(out)
+        elif isinstance(out, asyncio.CancelledError):
+            results.append(EvalResult(config=cfg, status="stopped", error="interrupted"))
+        else:
+            results.append(EvalResult(config=cfg, status="failed", error=f"{type(out).__name__}: {out}"))
+    run_evals.signals = received  # type: ignore[attr-defined]
+    return results

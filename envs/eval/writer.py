@@ -1,0 +1,205 @@
+"""Results on disk: `{output_dir}/evals/{env_id}--{model}/{run_id}/` with
+`results.jsonl` (one rollout per line, appended one completed group at a
+time, flushed and fsynced) and `metadata.json` (rewritten atomically:
+temp file + os.replace). A killed run loses at most the groups in flight.
+
+Resume: `load_existing` reads back the rows (ignoring a torn last line) and
+`missing_inputs` computes exactly the rollouts still to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sandboxes.errors import ConfigError
+
+RESULTS = "results.jsonl"
+METADATA = "metadata.json"
+
+
+def model_slug(model: str) -> str:
+    return model.replace("/", "--")
+
+
+def env_model_dir(output_dir: str | Path | None, env_id: str, model: str) -> Path:
+    base = Path(output_dir) if output_dir else Path("outputs")
+    return base / "evals" / f"{env_id}--{model_slug(model)}"
+
+
+def new_run_dir(output_dir: str | Path | None, env_id: str, model: str) -> Path:
+    return env_model_dir(output_dir, env_id, model) / uuid.uuid4().hex[:8]
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, BaseException):
+        return f"{type(obj).__name__}: {obj}"
+    return str(obj)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_json_default, ensure_ascii=False)
+
+
+class ResultsWriter:
+    """Appends groups of rows to results.jsonl and keeps metadata.json current."""
+
+    def __init__(self, run_dir: str | Path, fsync: bool = True):
+        self.run_dir = Path(run_dir)
+        self.fsync = fsync
+        self._fh: Any = None
+        self.rows_written = 0
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / RESULTS
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.run_dir / METADATA
+
+    def open(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._truncate_torn_tail()
+        self._fh = open(self.results_path, "a", encoding="utf-8")
+
+    def _truncate_torn_tail(self) -> None:
+        """Drop a partial last line left by a killed writer, so appends stay valid JSONL."""
+        path = self.results_path
+        if not path.exists() or path.stat().st_size == 0:
+            return
+        with open(path, "rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) == b"\n":
+                return
+            data = fh.seek(0) or fh.read()
+            cut = data.rfind(b"\n") + 1
+            fh.truncate(cut)
+
+    def append(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Write one group (one write call, then flush + fsync)."""
+        if self._fh is None:
+            self.open()
+        text = "".join(dumps(r) + "\n" for r in rows)
+        if not text:
+            return
+        self._fh.write(text)
+        self._fh.flush()
+        if self.fsync:
+            os.fsync(self._fh.fileno())
+        self.rows_written += text.count("\n")
+
+    def write_metadata(self, metadata: dict[str, Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.metadata_path.with_suffix(f".json.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(metadata, default=_json_default, indent=2, ensure_ascii=False))
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, self.metadata_path)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rows, metadata) of a previous run; a torn last line is ignored."""
+    run_dir = Path(run_dir)
+    res, meta = run_dir / RESULTS, run_dir / METADATA
+    if not res.exists() or not meta.exists():
+        raise ConfigError(f"--resume {run_dir}: not an eval results directory (needs {RESULTS} and {METADATA})")
+    try:
+        metadata = json.loads(meta.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"--resume {run_dir}: {METADATA} is not valid JSON: {exc}") from None
+    rows = []
+    with open(res, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break  # torn tail from a killed writer
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+    return rows, metadata
+
+
+def check_compatible(metadata: dict[str, Any], env_id: str, model: str, rollouts_per_example: int, num_examples: int, where: Path) -> None:
+    """Refuse to resume a run made with different settings (num_examples may only grow)."""
+    problems = []
+    if metadata.get("env_id") != env_id:
+        problems.append(f"env_id {metadata.get('env_id')!r} != {env_id!r}")
+    if metadata.get("model") != model:
+        problems.append(f"model {metadata.get('model')!r} != {model!r}")
+    if int(metadata.get("rollouts_per_example", -1)) != rollouts_per_example:
+        problems.append(f"rollouts_per_example {metadata.get('rollouts_per_example')} != {rollouts_per_example}")
+    saved_n = int(metadata.get("num_examples", 0))
+    if num_examples >= 0 and saved_n > num_examples:
+        problems.append(f"num_examples {saved_n} > {num_examples} (may only grow)")
+    if problems:
+        raise ConfigError(f"--resume {where}: incompatible with this run: " + "; ".join(problems))
+
+
+def find_resumable(output_dir: str | Path | None, env_id: str, model: str, rollouts_per_example: int, num_examples: int) -> Path | None:
+    """The most recent incomplete run dir of env_id/model with matching settings."""
+    base = env_model_dir(output_dir, env_id, model)
+    if not base.is_dir():
+        return None
+    candidates = []
+    for d in base.iterdir():
+        meta = d / METADATA
+        if not (d / RESULTS).exists() or not meta.exists():
+            continue
+        try:
+            md = json.loads(meta.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        if md.get("env_id") != env_id or md.get("model") != model:
+            continue
+        if int(md.get("rollouts_per_example", -1)) != rollouts_per_example:
+            continue
+        saved_n = int(md.get("num_examples", 0))
+        if num_examples >= 0 and saved_n > num_examples:
+            continue
+        target = (num_examples if num_examples >= 0 else saved_n) * rollouts_per_example
+        done = sum(1 for line in open(d / RESULTS, encoding="utf-8") if line.endswith("\n") and line.strip())
+        if md.get("status") == "completed" and done >= target:
+            continue
+        if done >= target and target > 0:
+            continue
+        candidates.append((meta.stat().st_mtime, d))
+    if not candidates:
+        return None
+    return max(candidates)[1]
+
+
+def missing_inputs(inputs: list[dict[str, Any]], rows: list[dict[str, Any]], rollouts_per_example: int) -> list[dict[str, Any]]:
+    """The inputs still to run: per example, rollouts_per_example minus what is saved."""
+    done = Counter(r.get("example_id") for r in rows)
+    need: Counter[Any] = Counter()
+    out = []
+    for inp in inputs:
+        ex = inp["example_id"]
+        need[ex] += 1
+        if need[ex] > done.get(ex, 0):
+            out.append(inp)
+    return out
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
