@@ -1,0 +1,137 @@
+"""How the conformance suite gets a backend: one async context manager per
+backend kind that yields `(backend, base_spec)` and cleans up after itself.
+
+  docker             the real engine (image vf-sandbox/base:bookworm); FAILS when the
+                     engine is missing and VF_REQUIRE_DOCKER=1, skips otherwise
+  local              bubblewrap when usable, plain processes otherwise
+  local-nobwrap      forced plain processes (VF_LOCAL_NO_BWRAP semantics via use_bwrap=False)
+  kubernetes         against tests/fakes/k8s_server.py (a CONTRACT FAKE) through a kubeconfig
+  prime              against tests/fakes/prime_server.py (a CONTRACT FAKE) through the real SDK
+  kubernetes-real    a real cluster: VF_K8S_CONTEXT (required), VF_K8S_NAMESPACE, VF_K8S_IMAGE
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sandboxes import SandboxSpec
+
+DOCKER_IMAGE = os.environ.get("VF_CONFORMANCE_DOCKER_IMAGE", "vf-sandbox/base:bookworm")
+
+
+def _docker_available() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@contextlib.asynccontextmanager
+async def _docker() -> AsyncIterator[tuple[object, SandboxSpec]]:
+    if not _docker_available():
+        msg = "Docker engine not reachable"
+        if os.environ.get("VF_REQUIRE_DOCKER") == "1":
+            pytest.fail(msg + " (VF_REQUIRE_DOCKER=1)")
+        pytest.skip(msg)
+    try:
+        import backends.docker  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"docker backend not importable: {e}")
+    from sandboxes import get_backend
+
+    backend = get_backend("docker")
+    try:
+        yield backend, SandboxSpec(image=DOCKER_IMAGE)
+    finally:
+        await backend.close()
+
+
+@contextlib.asynccontextmanager
+async def _local(use_bwrap: bool = True) -> AsyncIterator[tuple[object, SandboxSpec]]:
+    from backends.local import LocalBackend
+
+    base = tempfile.mkdtemp(prefix="vf-conf-local-")
+    backend = LocalBackend(base_dir=base, use_bwrap=use_bwrap)
+    try:
+        yield backend, SandboxSpec()
+    finally:
+        await backend.delete_many()
+        await backend.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _kubernetes_fake() -> AsyncIterator[tuple[object, SandboxSpec]]:
+    from backends.kubernetes import KubernetesBackend
+    from fakes.k8s_server import FakeKubernetes
+
+    async with FakeKubernetes() as k8s:
+        d = tempfile.mkdtemp(prefix="vf-conf-kube-")
+        kubeconfig = k8s.write_kubeconfig(os.path.join(d, "config"))
+        backend = KubernetesBackend(kubeconfig=str(kubeconfig), poll_interval=0.05)
+        try:
+            yield backend, SandboxSpec(image="python:3.11-slim")
+        finally:
+            await backend.close()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _prime_fake() -> AsyncIterator[tuple[object, SandboxSpec]]:
+    pytest.importorskip("prime_sandboxes", reason="the prime extra is not installed")
+    from backends.prime import PrimeBackend
+    from fakes.prime_server import FakePrime
+
+    home = tempfile.mkdtemp(prefix="vf-conf-prime-home-")
+    old_home = os.environ.get("HOME")
+    os.environ["HOME"] = home  # the SDK caches gateway tokens under ~/.prime
+    try:
+        async with FakePrime() as fake:
+            backend = PrimeBackend(api_key=fake.api_key, base_url=fake.url)
+            try:
+                yield backend, SandboxSpec(image="python:3.11-slim")
+            finally:
+                await backend.close()
+    finally:
+        if old_home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = old_home
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _kubernetes_real() -> AsyncIterator[tuple[object, SandboxSpec]]:
+    context = os.environ.get("VF_K8S_CONTEXT")
+    if not context:
+        pytest.fail("the k8s suite needs VF_K8S_CONTEXT=<kubeconfig context>")
+    from backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(context=context, namespace=os.environ.get("VF_K8S_NAMESPACE", "default"))
+    try:
+        yield backend, SandboxSpec(image=os.environ.get("VF_K8S_IMAGE", "python:3.11-slim"))
+    finally:
+        await backend.close()
+
+
+KINDS = {
+    "docker": _docker,
+    "local": _local,
+    "local-nobwrap": lambda: _local(use_bwrap=False),
+    "kubernetes": _kubernetes_fake,
+    "prime": _prime_fake,
+    "kubernetes-real": _kubernetes_real,
+}
+
+
+def open_backend(kind: str):
+    return KINDS[kind]()

@@ -1,0 +1,276 @@
+"""ONE conformance suite every backend must pass, parametrised over backends:
+docker (real engine), local (bubblewrap and plain), kubernetes and prime
+(against CONTRACT FAKES that speak the real wire protocols; see
+tests/fakes/). `tests/test_k8s_real.py` runs the same tests on a real
+cluster (`VF_K8S_CONTEXT=... pytest -m k8s`).
+
+The tests only use the `Sandbox` / `SandboxBackend` contract and paths made
+inside the sandbox with `mktemp -d`, so they mean the same on every backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import uuid
+
+import pytest
+
+from backend_harness import open_backend
+from sandboxes import ExecResult, InfraError, OutputChunk, PathError, SandboxNotRunning, UsageError, is_infra_error
+
+BACKENDS = [
+    pytest.param("docker", marks=pytest.mark.docker),
+    "local",
+    "local-nobwrap",
+    "kubernetes",
+    "prime",
+]
+LIMIT = 64 * 1024
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend_env(request):
+    async with open_backend(request.param) as env:
+        yield env
+
+
+@pytest.fixture
+async def backend(backend_env):
+    return backend_env[0]
+
+
+@pytest.fixture
+def run_label():
+    return {"vf-conformance": uuid.uuid4().hex[:12]}
+
+
+@pytest.fixture
+def spec(backend_env, run_label):
+    base = backend_env[1]
+    return base.model_copy(update={
+        "labels": {**base.labels, **run_label},
+        "environment_vars": {"SPEC_VAR": "from-spec"},
+        "output_limit_bytes": LIMIT,
+        "timeout_per_command_seconds": 20,
+    })
+
+
+@pytest.fixture
+async def sb(backend, spec):
+    sandbox = await backend.create(spec)
+    try:
+        yield sandbox
+    finally:
+        await sandbox.delete()
+
+
+async def tmpdir(sb) -> str:
+    r = await sb.exec("mktemp -d")
+    assert r.ok, r
+    return r.stdout.strip()
+
+
+# -- exec -----------------------------------------------------------------------
+
+async def test_exec_shell_and_argv(sb):
+    r = await sb.exec("echo out; echo err >&2")
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("out\n", "err\n", 0, False)
+    assert r.ok
+    r = await sb.exec(["printf", "%s|", "a b", "c"])
+    assert r.stdout == "a b|c|" and r.ok
+
+
+async def test_exit_codes(sb):
+    assert (await sb.exec("exit 3")).exit_code == 3
+    r = await sb.exec(["false"])
+    assert r.exit_code == 1 and not r.ok
+    assert (await sb.exec("no-such-command-xyz")).exit_code == 127
+    r = await sb.exec("kill -TERM $$")
+    assert not r.ok and (r.signal == 15 or r.exit_code in (143, -15))
+
+
+async def test_timeout_kills_process_group_and_sandbox_survives(sb):
+    d = await tmpdir(sb)
+    r = await sb.exec(f"sleep 300 & echo $! > {d}/child; echo started; sleep 300", timeout=1.5)
+    assert r.timed_out and not r.ok
+    assert "started" in r.stdout  # partial output is kept
+    child = (await sb.read_file(f"{d}/child")).decode().strip()
+    check = (f"for i in 1 2 3 4 5 6 7 8 9 10; do s=$(cut -d' ' -f3 /proc/{child}/stat 2>/dev/null); "
+             f"if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo dead; exit 0; fi; sleep 0.3; done; echo alive")
+    assert (await sb.exec(check)).stdout.strip() == "dead"
+    assert (await sb.exec("echo still-usable")).stdout == "still-usable\n"
+
+
+async def test_output_cap_keeps_head_and_tail(sb):
+    r = await sb.exec("printf START; head -c 1000000 /dev/zero | tr '\\0' x; printf END")
+    assert r.ok and r.truncated
+    assert r.stdout.startswith("START") and r.stdout.endswith("END")
+    # at most LIMIT bytes of output are kept (plus a short "bytes dropped" marker between head and tail)
+    assert len(r.stdout.encode()) <= LIMIT + 64
+    assert r.stdout_dropped_bytes >= 1000000 + 8 - LIMIT
+    assert r.stdout.count("x") + r.stdout_dropped_bytes == 1000000
+    r = await sb.exec("head -c 100000 /dev/zero | tr '\\0' q", output_limit=1000)
+    assert r.stdout.count("q") <= 1000 and r.stdout.count("q") + r.stdout_dropped_bytes == 100000
+
+
+async def test_binary_output_never_raises(sb):
+    r = await sb.exec("printf '\\377\\376abc\\000def'")
+    assert r.ok and "abc" in r.stdout and "def" in r.stdout and "\ufffd" in r.stdout
+
+
+async def test_env_cwd_stdin(sb):
+    d = await tmpdir(sb)
+    r = await sb.exec('echo "$SPEC_VAR $FOO"; pwd', env={"FOO": "bar"}, cwd=d)
+    assert r.stdout == f"from-spec bar\n{d}\n"
+    r = await sb.exec(["cat"], stdin="hello\nworld")
+    assert r.stdout == "hello\nworld"
+    r = await sb.exec("wc -c", stdin=b"\x00\x01" * 100000)
+    assert r.stdout.strip() == "200000"
+
+
+async def test_exec_stream(sb):
+    items = [i async for i in sb.exec_stream("echo one; sleep 0.2; echo two >&2; echo three")]
+    assert isinstance(items[-1], ExecResult) and items[-1].ok
+    chunks = [i for i in items[:-1] if isinstance(i, OutputChunk)]
+    assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"one\nthree\n"
+    assert b"".join(c.data for c in chunks if c.stream == "stderr") == b"two\n"
+
+
+async def test_concurrent_execs(sb):
+    results = await asyncio.gather(*(sb.exec(f"sleep 0.3; echo {i}") for i in range(8)))
+    assert [r.stdout.strip() for r in results] == [str(i) for i in range(8)]
+
+
+async def test_background_process(sb):
+    p = await sb.start_process("echo ready; cat; echo bye")
+    out, _ = await p.read_output(until="ready", timeout=10)
+    assert "ready" in out
+    assert (await p.poll()).running
+    await p.write_stdin("ping\n")
+    out, _ = await p.read_output(until="ping", timeout=10)
+    assert "ping" in out
+    await p.kill()
+    status = await p.wait(timeout=10)
+    assert not status.running
+    await p.kill()  # idempotent after exit
+
+
+# -- files ------------------------------------------------------------------------
+
+async def test_write_read_file(sb):
+    d = await tmpdir(sb)
+    path = f"{d}/a/b/c.bin"
+    data = bytes(range(256)) * 10
+    await sb.write_file(path, data, mode=0o755)
+    assert await sb.read_file(path) == data
+    assert await sb.read_file(path, max_bytes=10) == data[:10]
+    assert (await sb.exec(f"test -x {path}")).ok
+    await sb.write_file(path, "replaced")
+    assert await sb.read_file(path) == b"replaced"
+    big = os.urandom(3 * 1024 * 1024)
+    await sb.write_file(f"{d}/big", big)
+    assert await sb.read_file(f"{d}/big") == big
+
+
+async def test_read_file_errors_are_path_errors(sb):
+    d = await tmpdir(sb)
+    with pytest.raises(PathError):
+        await sb.read_file(f"{d}/missing")
+    with pytest.raises(PathError):
+        await sb.read_file(d)
+    with pytest.raises(UsageError):
+        await sb.read_file("")
+
+
+async def test_upload_download_tree(sb, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub" / "empty").mkdir(parents=True)
+    (src / "a.txt").write_text("alpha")
+    (src / "sub" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (src / "sub" / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("a.txt")
+    d = await tmpdir(sb)
+    await sb.upload(src, f"{d}/up")
+    assert (await sb.exec(f"{d}/up/sub/run.sh")).stdout == "ran\n"
+    assert (await sb.exec(f"readlink {d}/up/link; cat {d}/up/link; test -d {d}/up/sub/empty")).stdout == "a.txt\nalpha"
+    await sb.upload(src / "a.txt", f"{d}/single.txt")
+    assert await sb.read_file(f"{d}/single.txt") == b"alpha"
+    out = tmp_path / "down"
+    await sb.download(f"{d}/up", out)
+    assert (out / "a.txt").read_text() == "alpha"
+    assert os.readlink(out / "link") == "a.txt"
+    assert stat.S_IMODE((out / "sub" / "run.sh").stat().st_mode) & 0o100
+    assert (out / "sub" / "empty").is_dir()
+    await sb.download(f"{d}/single.txt", tmp_path / "one.txt")
+    assert (tmp_path / "one.txt").read_text() == "alpha"
+
+
+async def test_download_refuses_links_out_of_destination(sb, tmp_path):
+    d = await tmpdir(sb)
+    assert (await sb.exec(f"mkdir {d}/evil && ln -s ../../../../../../etc/passwd {d}/evil/pw")).ok
+    with pytest.raises(PathError):
+        await sb.download(f"{d}/evil", tmp_path / "evil")
+    assert not (tmp_path / "evil" / "pw").exists()
+
+
+# -- lifecycle --------------------------------------------------------------------
+
+async def test_alive_and_delete_idempotent(backend, spec):
+    sandbox = await backend.create(spec)
+    assert await sandbox.alive()
+    await sandbox.delete()
+    await sandbox.delete()
+    await backend.delete(sandbox.id)  # already gone: no error
+    assert not await sandbox.alive()
+    with pytest.raises(InfraError):
+        await sandbox.exec("echo after-delete")
+    with pytest.raises(SandboxNotRunning):
+        await backend.get(sandbox.id)
+
+
+async def test_get_attaches_to_existing_sandbox(backend, spec):
+    async with await backend.create(spec) as first:
+        d = await tmpdir(first)
+        await first.write_file(f"{d}/mark", "here")
+        second = await backend.get(first.id)
+        assert second.id == first.id
+        assert await second.read_file(f"{d}/mark") == b"here"
+        await second.connection.close()  # drop the second handle without deleting the sandbox
+        assert (await first.exec("echo ok")).ok
+
+
+async def test_list_and_bulk_delete_by_label(backend, spec, run_label):
+    made = await asyncio.gather(*(backend.create(spec) for _ in range(2)))
+    try:
+        listed = await backend.list(run_label)
+        assert {i.id for i in listed} == {s.id for s in made}
+        assert all(i.labels.get("vf-conformance") == run_label["vf-conformance"] for i in listed)
+        assert all(i.labels.get("vf-sandbox.managed") == "true" for i in listed)
+        assert await backend.list({"vf-conformance": "no-such-run"}) == []
+        assert await backend.delete_many(labels=run_label) == 2
+        assert await backend.list(run_label) == []
+    finally:
+        for s in made:
+            await s.delete()
+
+
+async def test_delete_many_by_ids(backend, spec, run_label):
+    a, b = await asyncio.gather(backend.create(spec), backend.create(spec))
+    try:
+        assert await backend.delete_many(ids=[a.id]) == 1
+        assert [i.id for i in await backend.list(run_label)] == [b.id]
+    finally:
+        await a.delete()
+        await b.delete()
+
+
+async def test_errors_are_classified(backend, spec):
+    with pytest.raises(SandboxNotRunning) as exc:
+        await backend.get("vf-no-such-sandbox-0000")
+    assert is_infra_error(exc.value)
+    async with await backend.create(spec) as s:
+        with pytest.raises(PathError) as perr:
+            await s.read_file("/definitely/not/here")
+        assert not is_infra_error(perr.value)
