@@ -1,0 +1,238 @@
+"""One debug rollout of one instance, no model involved:
+
+    create sandbox → setup → debug step (none | gold_patch | command | script)
+    → test patch → tests (test_timeout) → parse → grade → delete sandbox
+
+Everything that can go wrong with the *task* becomes a `reason` on the
+`DebugOutcome`; only a failure of the sandbox itself (an `InfraError`)
+propagates, so that the caller can retry the rollout on a fresh sandbox.
+Failures are classified by type (ExecResult.timed_out, InfraError), never by
+reading the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
+
+from .grading import Grade, Reason
+from .taskset import ApplyResult, SandboxTaskSet, StepResult
+
+DebugStep = Literal["none", "gold_patch", "command", "script"]
+SCRIPT_PATH = "/tmp/sandbox_debug_script.sh"
+DEFAULT_OUTPUT_LIMIT = 32 * 1024 * 1024  # bytes of test log kept per stream (head+tail)
+
+
+class DebugOptions(BaseModel):
+    """The knobs of a debug run (the reference SWEDebugEnv signature, minus the taskset)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_setup: bool = True
+    debug_step: DebugStep = "gold_patch"
+    run_tests: bool = True
+    debug_command: str | None = None
+    debug_script: str | None = None
+    debug_script_path: str | None = None
+    debug_timeout: float | None = Field(None, description="Seconds for the command/script; default test_timeout.")
+    test_timeout: float = 900
+    cpu_cores: float | None = None
+    memory_gb: float | None = None
+    disk_size_gb: float | None = None
+    labels: list[str] | dict[str, str] | None = None
+    timeout_seconds: float = 1800.0
+    output_tail_chars: int = 2000
+    setup_timeout: float = 600
+    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+
+    def script_text(self) -> str | None:
+        if self.debug_script is not None:
+            return self.debug_script
+        if self.debug_script_path:
+            return Path(self.debug_script_path).read_text()
+        return None
+
+    def check(self) -> None:
+        """Raise UsageError for combinations that cannot run."""
+        if self.debug_step == "command" and not self.debug_command:
+            raise UsageError("debug_step 'command' needs debug_command")
+        if self.debug_step == "script" and self.debug_script is None and not self.debug_script_path:
+            raise UsageError("debug_step 'script' needs debug_script or debug_script_path")
+        if self.debug_script_path and not Path(self.debug_script_path).is_file():
+            raise UsageError(f"debug script not found: {self.debug_script_path}")
+
+    def label_dict(self) -> dict[str, str]:
+        if isinstance(self.labels, dict):
+            return dict(self.labels)
+        return {str(x): "true" for x in (self.labels or ["sandbox-debug"])}
+
+
+class Timings(BaseModel):
+    """Seconds per phase (0 when the phase did not run)."""
+
+    image_s: float = 0.0
+    create_s: float = 0.0
+    setup_s: float = 0.0
+    debug_s: float = 0.0
+    test_patch_s: float = 0.0
+    tests_s: float = 0.0
+    delete_s: float = 0.0
+    total_s: float = 0.0
+
+    def overhead_s(self) -> float:
+        """Wall time beyond the test run itself (and beyond image builds)."""
+        return max(0.0, self.total_s - self.tests_s - self.image_s)
+
+
+class DebugOutcome(BaseModel):
+    """What one debug rollout found."""
+
+    instance_id: str
+    step: DebugStep
+    valid: bool
+    reason: Reason
+    detail: str = ""
+    image: str = ""
+    images_built: list[str] = Field(default_factory=list)
+    apply_method: str | None = None
+    debug_exit_code: int | None = None
+    test_exit_code: int | None = None
+    timings: Timings = Field(default_factory=Timings)
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    grade: Grade | None = None
+    parsed: dict[str, str] = Field(default_factory=dict, description="Parsed test statuses (id → status).")
+
+
+def _tail(s: str, n: int) -> str:
+    return s[-n:] if n > 0 else ""
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return round(dt, 4)
+
+
+async def run_debug(
+    taskset: SandboxTaskSet,
+    inst: Any,
+    backend: SandboxBackend,
+    opts: DebugOptions,
+    *,
+    step: DebugStep | None = None,
+    prepared: Any = None,
+) -> DebugOutcome:
+    """Run one rollout of `inst` with `opts` (or `step` overriding opts.debug_step).
+
+    Raises InfraError (sandbox trouble: retry on a fresh sandbox) and
+    UsageError (bad options); everything else is in the outcome.
+    """
+    step = step or opts.debug_step
+    start = time.perf_counter()
+    out = DebugOutcome(instance_id=taskset.instance_id(inst), step=step, valid=False, reason="sandbox_error")
+    clock = _Clock()
+    if prepared is None:
+        try:
+            prepared = await taskset.prepare(inst)
+        except UsageError as exc:  # the image cannot be built: the instance is broken, not the sandbox
+            out.reason, out.detail = "setup_failed", f"image: {exc}"
+            out.timings.image_s = clock.lap()
+            out.timings.total_s = round(time.perf_counter() - start, 4)
+            return out
+        out.timings.image_s = clock.lap()
+    if prepared is not None and hasattr(prepared, "tag"):
+        out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
+    spec_kw: dict[str, Any] = {}
+    if hasattr(taskset, "builder"):  # SWETaskSet takes the resource overrides
+        spec_kw = dict(timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores, memory_gb=opts.memory_gb,
+                       disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
+    spec = taskset.sandbox_spec(inst, prepared, **spec_kw)
+    clock.lap()
+    sandbox: Sandbox | None = None
+    try:
+        sandbox = await backend.create(spec)
+        out.timings.create_s = clock.lap()
+        try:
+            await asyncio.wait_for(_body(taskset, inst, sandbox, opts, step, out, clock), opts.timeout_seconds)
+        except asyncio.TimeoutError:
+            out.valid, out.reason = False, "timeout"
+            out.detail = f"rollout exceeded timeout_seconds={opts.timeout_seconds:g}"
+    finally:
+        if sandbox is not None:
+            clock.lap()
+            try:
+                await asyncio.shield(sandbox.delete())
+            except InfraError:
+                pass  # the reaper removes it; the verdict stands
+            out.timings.delete_s = clock.lap()
+        out.timings.total_s = round(time.perf_counter() - start, 4)
+    return out
+
+
+async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOptions, step: DebugStep,
+                out: DebugOutcome, clock: _Clock) -> None:
+    n = opts.output_tail_chars
+    workdir = taskset.workdir(inst)
+    if opts.run_setup:
+        r = await taskset.setup(sb, inst, opts.setup_timeout)
+        out.timings.setup_s = clock.lap()
+        if not r.ok:
+            out.reason = "timeout" if r.timed_out else "setup_failed"
+            out.detail = f"setup {'timed out' if r.timed_out else f'exited {r.exit_code}'}"
+            out.stdout_tail, out.stderr_tail = _tail(r.stdout, n), _tail(r.stderr, n)
+            return
+    if step == "gold_patch":
+        ap: ApplyResult = await taskset.apply_gold_patch(sb, inst)
+        out.timings.debug_s = clock.lap()
+        out.apply_method = ap.method
+        if not ap.applied:
+            out.reason, out.detail = "gold_apply_failed", "no rung of the apply ladder applied the gold patch"
+            out.stdout_tail = _tail(ap.log(), n)
+            return
+    elif step in ("command", "script"):
+        if step == "command":
+            cmd = ["bash", "-c", opts.debug_command or ""]
+        else:
+            await sb.write_file(SCRIPT_PATH, opts.script_text() or "", mode=0o755)
+            cmd = ["bash", SCRIPT_PATH]
+        timeout = opts.debug_timeout or opts.test_timeout
+        r = await sb.exec(cmd, cwd=workdir, timeout=timeout, output_limit=opts.output_limit_bytes)
+        out.timings.debug_s = clock.lap()
+        out.debug_exit_code = r.exit_code
+        out.stdout_tail, out.stderr_tail = _tail(r.stdout, n), _tail(r.stderr, n)
+        if r.timed_out:
+            out.reason, out.detail = "timeout", f"debug {step} exceeded {timeout:g}s"
+            return
+        if not r.ok:
+            out.reason, out.detail = "debug_command_failed", f"debug {step} exited {r.exit_code}"
+            return
+    if not opts.run_tests:
+        out.valid, out.reason = True, "pass"
+        return
+    tr, tp = await taskset.run_tests(sb, inst, opts.test_timeout, opts.output_limit_bytes)
+    out.timings.tests_s = round(tr.seconds, 4)
+    out.timings.test_patch_s = round(max(0.0, clock.lap() - tr.seconds), 4)
+    if not tp.applied:
+        out.reason, out.detail = "setup_failed", "the test patch does not apply"
+        out.stdout_tail = _tail(tp.log(), n)
+        return
+    out.test_exit_code = tr.exit_code
+    out.stdout_tail, out.stderr_tail = _tail(tr.stdout, n), _tail(tr.stderr, n)
+    if tr.timed_out:
+        out.reason, out.detail = "timeout", f"tests exceeded test_timeout={opts.test_timeout:g}s"
+        return
+    parse = taskset.parse_log(inst, tr.stdout)
+    g: Grade = taskset.grade(inst, parse, tr.exit_code)
+    out.grade, out.valid, out.reason, out.detail = g, g.valid, g.reason, g.detail
+    out.parsed = {k: v.value for k, v in parse.statuses.items()}

@@ -1,0 +1,325 @@
+"""Layered, content-addressed images for SWE instances, built offline.
+
+    vf-sandbox/base:bookworm          (images/base/build.sh, debootstrap)
+      └─ vf-swe/env:<key>             venv from a host-side wheelhouse   (images/swe/env.Dockerfile)
+           └─ vf-swe/inst-<id>:<key>  repo at base_commit in /testbed    (images/swe/instance.Dockerfile)
+
+Each key is a hash of everything that goes into the layer (the parent image
+id, the recipe text, the requirements or the source tree bytes, the install
+commands), so a changed input yields a new tag and an unchanged one is a
+cache hit (`docker image inspect`, ~50 ms). Wheels are fetched on the host with
+`pip download` for the image's Python and platform; every `docker build` runs
+with `--network none`. An instance that names a prebuilt `image_name` that
+exists locally uses it as is.
+
+This module drives the docker CLI in subprocesses; it imports no backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from sandboxes.errors import ConfigError, ImageNotFound
+
+from .instances import EnvironmentSpec, SWEInstance
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "images" / "swe"
+BASE_IMAGE = os.environ.get("VF_SWE_BASE_IMAGE", "vf-sandbox/base:bookworm")
+CACHE_DIR = Path(os.environ.get("VF_SWE_CACHE", ROOT / ".cache" / "swe-images"))
+RECIPE_VERSION = "1"
+
+
+class ImageRef(BaseModel):
+    """An image ready for an instance, and how it got there."""
+
+    tag: str
+    layer: str  # "instance" | "prebuilt"
+    built: list[str] = []  # layers built by this call (empty = all cached)
+    seconds: float = 0.0
+
+
+class ImageBuildError(ConfigError):
+    """A layer failed to build (the message carries the build log tail)."""
+
+
+def _sha(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.")[:100] or "x"
+
+
+async def _run(*argv: str, cwd: str | None = None, env: dict[str, str] | None = None, timeout: float = 1800) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return -1, f"timed out after {timeout}s: {' '.join(argv)}"
+    return proc.returncode or 0, out.decode("utf-8", "replace")
+
+
+def find_pip() -> list[str]:
+    """A host pip to download wheels with: $VF_SWE_PIP, this interpreter's, or one on PATH."""
+    if os.environ.get("VF_SWE_PIP"):
+        return os.environ["VF_SWE_PIP"].split()
+    probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True)
+    if probe.returncode == 0:
+        return [sys.executable, "-m", "pip"]
+    for name in ("pip3", "pip"):
+        if shutil.which(name):
+            return [name]
+    raise ImageBuildError("no pip on the host to download wheels with (set VF_SWE_PIP)")
+
+
+class ImageBuilder:
+    """Builds and caches environment and instance layers (one per key, concurrency-safe)."""
+
+    def __init__(
+        self,
+        base_image: str = BASE_IMAGE,
+        cache_dir: Path | str = CACHE_DIR,
+        recipes: Path | str = RECIPES,
+        docker: str = "docker",
+        build_timeout: float = 1800,
+    ):
+        self.base_image = base_image
+        self.cache_dir = Path(cache_dir)
+        self.recipes = Path(recipes)
+        self.docker = docker
+        self.build_timeout = build_timeout
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._image_ids: dict[str, str] = {}
+        self._tree_hashes: dict[tuple[str, float, int], str] = {}
+
+    # ------------------------------------------------------------------ docker helpers
+
+    async def image_id(self, tag: str) -> str | None:
+        """The image's id, or None when it does not exist locally."""
+        if tag in self._image_ids:
+            return self._image_ids[tag]
+        code, out = await _run(self.docker, "image", "inspect", "--format", "{{.Id}}", tag, timeout=60)
+        if code != 0:
+            return None
+        self._image_ids[tag] = out.strip()
+        return self._image_ids[tag]
+
+    async def _build(self, tag: str, dockerfile: Path, context: Path, build_args: dict[str, str], labels: dict[str, str]) -> None:
+        argv = [self.docker, "build", "--network", "none", "-q", "-f", str(dockerfile), "-t", tag]
+        for k, v in build_args.items():
+            argv += ["--build-arg", f"{k}={v}"]
+        for k, v in labels.items():
+            argv += ["--label", f"{k}={v}"]
+        argv.append(str(context))
+        env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the legacy builder works offline with no frontend image
+        code, out = await _run(*argv, env=env, timeout=self.build_timeout)
+        if code != 0:
+            raise ImageBuildError(f"docker build of {tag} failed (exit {code}):\n{out[-3000:]}")
+        self._image_ids.pop(tag, None)
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    # ------------------------------------------------------------------ keys
+
+    def _recipe(self, name: str) -> str:
+        return (self.recipes / name).read_text()
+
+    def environment_key(self, env: EnvironmentSpec, base_id: str) -> str:
+        return _sha(
+            RECIPE_VERSION, base_id, self._recipe("env.Dockerfile"), env.model_dump_json()
+        )[:16]
+
+    def tree_hash(self, path: Path) -> str:
+        """Content hash of an archive file or a directory tree (cached per path, mtime, size)."""
+        st = path.stat()
+        cache_key = (str(path), st.st_mtime, st.st_size)
+        if cache_key in self._tree_hashes:
+            return self._tree_hashes[cache_key]
+        h = hashlib.sha256()
+        if path.is_file():
+            with path.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+        else:
+            for p in sorted(path.rglob("*")):
+                rel = p.relative_to(path)
+                if ".git" in rel.parts:
+                    continue
+                h.update(str(rel).encode() + b"\0")
+                if p.is_symlink():
+                    h.update(b"L" + os.readlink(p).encode())
+                elif p.is_file():
+                    h.update(b"X" if os.access(p, os.X_OK) else b"F")
+                    h.update(p.read_bytes())
+        digest = h.hexdigest()
+        self._tree_hashes[cache_key] = digest
+        return digest
+
+    def instance_key(self, inst: SWEInstance, env_id: str) -> str:
+        assert inst.source is not None
+        src = Path(inst.source.archive or inst.source.dir or "")
+        if not src.exists():
+            raise ImageNotFound(f"{inst.instance_id}: source {src} does not exist (build the dataset first?)")
+        return _sha(
+            RECIPE_VERSION,
+            env_id,
+            self._recipe("instance.Dockerfile"),
+            self._recipe("setup-repo.sh"),
+            self.tree_hash(src),
+            json.dumps([inst.source.strip_components, inst.source.verify_commit, inst.base_commit, inst.install]),
+        )[:16]
+
+    def instance_tag(self, inst: SWEInstance, key: str) -> str:
+        return f"vf-swe/inst-{_safe(inst.instance_id)}:{key}"
+
+    # ------------------------------------------------------------------ wheelhouse
+
+    async def wheelhouse(self, env: EnvironmentSpec) -> Path:
+        """Download (once) the wheels of `env` on the host for the image's Python."""
+        key = _sha(env.python_version, json.dumps(env.packages), json.dumps(env.no_deps_packages))[:16]
+        dest = self.cache_dir / "wheels" / key
+        if (dest / ".complete").exists():
+            return dest
+        async with self._lock("wheels-" + key):
+            if (dest / ".complete").exists():
+                return dest
+            tmp = Path(tempfile.mkdtemp(prefix="wheels-", dir=self._mkdir(self.cache_dir / "wheels")))
+            pip = find_pip()
+            pyver = env.python_version.replace(".", "")
+            target = [
+                "--only-binary=:all:", "--python-version", env.python_version, "--implementation", "cp",
+                "--abi", f"cp{pyver}", "--abi", "abi3", "--abi", "none",
+                "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+                "--platform", "manylinux_2_28_x86_64", "--platform", "linux_x86_64", "--platform", "any",
+            ]
+            for reqs, extra in ((env.packages, []), (env.no_deps_packages, ["--no-deps"])):
+                if not reqs:
+                    continue
+                code, out = await _run(*pip, "download", "-q", "--disable-pip-version-check", "-d", str(tmp), *target, *extra, *reqs, timeout=900)
+                if code != 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise ImageBuildError(f"pip download failed for {reqs}:\n{out[-2000:]}")
+            (tmp / ".complete").write_text(json.dumps(env.model_dump()))
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+            return dest
+
+    @staticmethod
+    def _mkdir(p: Path) -> Path:
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    # ------------------------------------------------------------------ layers
+
+    async def ensure_environment(self, env: EnvironmentSpec) -> tuple[str, bool]:
+        """(tag, built?) of the environment layer."""
+        base_id = await self.image_id(self.base_image)
+        if base_id is None:
+            raise ImageNotFound(f"base image {self.base_image} is missing: run images/base/build.sh")
+        key = self.environment_key(env, base_id)
+        tag = f"vf-swe/env:{key}"
+        if await self.image_id(tag):
+            return tag, False
+        async with self._lock(tag):
+            if await self.image_id(tag):
+                return tag, False
+            wheels = await self.wheelhouse(env)
+            with tempfile.TemporaryDirectory(prefix="vf-swe-env-") as ctx:
+                c = Path(ctx)
+                shutil.copytree(wheels, c / "wheels", ignore=shutil.ignore_patterns(".complete"))
+                (c / "requirements.txt").write_text("\n".join(env.packages) + "\n" if env.packages else "")
+                (c / "requirements-nodeps.txt").write_text("\n".join(env.no_deps_packages) + "\n" if env.no_deps_packages else "")
+                (c / "env-setup.sh").write_text("\n".join(["true", *env.setup]) + "\n")
+                await self._build(tag, self.recipes / "env.Dockerfile", c, {"BASE_IMAGE": self.base_image},
+                                  {"vf-sandbox.swe-layer": "env", "vf-sandbox.swe-key": key})
+            return tag, True
+
+    async def ensure(self, inst: SWEInstance) -> ImageRef:
+        """The image to run `inst` in: its prebuilt image, or the cached/built instance layer."""
+        t0 = time.perf_counter()
+        if inst.image_name and (inst.source is None or await self.image_id(inst.image_name)):
+            if await self.image_id(inst.image_name):
+                return ImageRef(tag=inst.image_name, layer="prebuilt", seconds=time.perf_counter() - t0)
+            code, out = await _run(self.docker, "pull", inst.image_name, timeout=900)
+            if code == 0:
+                return ImageRef(tag=inst.image_name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
+            raise ImageNotFound(f"{inst.instance_id}: image {inst.image_name} is not present and cannot be pulled, "
+                                f"and the instance has no `source` to build it from")
+        assert inst.source is not None
+        env_spec = inst.environment or EnvironmentSpec()
+        built: list[str] = []
+        env_tag, env_built = await self.ensure_environment(env_spec)
+        if env_built:
+            built.append("environment")
+        env_id = await self.image_id(env_tag) or env_tag
+        key = self.instance_key(inst, env_id)
+        tag = self.instance_tag(inst, key)
+        if not await self.image_id(tag):
+            async with self._lock(tag):
+                if not await self.image_id(tag):
+                    await self._build_instance(inst, env_tag, tag, key)
+                    built.append("instance")
+        return ImageRef(tag=tag, layer="instance", built=built, seconds=time.perf_counter() - t0)
+
+    async def _build_instance(self, inst: SWEInstance, env_tag: str, tag: str, key: str) -> None:
+        assert inst.source is not None
+        verify = inst.source.verify_commit and bool(re.fullmatch(r"[0-9a-f]{40}", inst.base_commit))
+        script = (
+            self._recipe("setup-repo.sh")
+            .replace("@BASE_COMMIT@", inst.base_commit)
+            .replace("@VERIFY@", "1" if verify else "0")
+            .replace("@INSTALL@", "\n".join(inst.install) or "true")
+        )
+        with tempfile.TemporaryDirectory(prefix="vf-swe-inst-") as ctx:
+            c = Path(ctx)
+            await asyncio.to_thread(materialize_source, inst, c / "repo")
+            (c / "setup-repo.sh").write_text(script)
+            await self._build(tag, self.recipes / "instance.Dockerfile", c, {"ENV_IMAGE": env_tag},
+                              {"vf-sandbox.swe-layer": "instance", "vf-sandbox.swe-key": key,
+                               "vf-sandbox.swe-instance": _safe(inst.instance_id)})
+
+
+def materialize_source(inst: SWEInstance, dest: Path) -> None:
+    """Write the instance's source tree (archive or directory) to `dest`."""
+    assert inst.source is not None
+    src = inst.source
+    dest.mkdir(parents=True, exist_ok=True)
+    if src.dir:
+        shutil.copytree(src.dir, dest, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
+        return
+    with tarfile.open(src.archive) as tf:
+        members = []
+        for m in tf.getmembers():
+            parts = Path(m.name).parts[src.strip_components:]
+            if not parts:
+                continue
+            m.name = str(Path(*parts))
+            members.append(m)
+        tf.extractall(dest, members=members, filter="data")

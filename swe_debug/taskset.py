@@ -1,0 +1,270 @@
+"""`SandboxTaskSet`: what an environment needs from a task family — the sandbox
+spec per instance, setup, patch application, the test run, log parsing and
+grading — and `SWETaskSet`, its implementation for SWE-bench-style instances.
+
+Every method that touches a sandbox goes through the `Sandbox` contract only;
+a command's failure comes back as a typed result, an `InfraError` propagates.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import shlex
+import time
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+from sandboxes import ExecResult, Sandbox, SandboxSpec
+
+from .grading import Grade, grade
+from .images import ImageBuilder, ImageRef
+from .instances import SWEInstance, patch_file_changes
+from .parsers import ParseResult, get_parser
+
+T = TypeVar("T")
+
+PATCH_PATH = "/tmp/vf_gold.diff"
+TEST_PATCH_PATH = "/tmp/vf_test.diff"
+APPLY_TIMEOUT = 60.0
+
+
+class ApplyResult(BaseModel):
+    """How a patch went in: the first ladder rung that worked, and every attempt's output."""
+
+    applied: bool
+    method: str | None = None
+    attempts: list[dict[str, Any]] = Field(default_factory=list)
+
+    def log(self) -> str:
+        return "\n".join(f"$ {a['cmd']}  (exit {a['exit_code']})\n{a['output']}" for a in self.attempts)
+
+
+class StepResult(BaseModel):
+    """A shell step (setup, debug command/script, test run) as seen by the env."""
+
+    ok: bool
+    exit_code: int | None = None
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, r: ExecResult, seconds: float) -> "StepResult":
+        return cls(ok=r.ok, exit_code=r.exit_code, timed_out=r.timed_out, stdout=r.stdout, stderr=r.stderr, seconds=seconds)
+
+
+class SandboxTaskSet(abc.ABC, Generic[T]):
+    """A family of sandboxed tasks. Override the hooks; the env drives them in order:
+    `prepare` (host side, e.g. images) → `sandbox_spec` → `setup` → a debug step
+    (`apply_gold_patch` or a command) → `run_tests` → `parse_log` → `grade`."""
+
+    name: str = "taskset"
+
+    @abc.abstractmethod
+    def instances(self) -> Sequence[T]:
+        """The instances, in dataset order."""
+
+    @abc.abstractmethod
+    def instance_id(self, inst: T) -> str: ...
+
+    def info(self, inst: T) -> dict[str, Any]:
+        """JSON-able per-instance metadata for result rows."""
+        return {"instance_id": self.instance_id(inst)}
+
+    async def prepare(self, inst: T) -> Any:
+        """Host-side work before a sandbox can be created (build or check its image)."""
+        return None
+
+    @abc.abstractmethod
+    def sandbox_spec(self, inst: T, prepared: Any = None) -> SandboxSpec: ...
+
+    def workdir(self, inst: T) -> str:
+        return "/"
+
+    def run_env(self, inst: T) -> dict[str, str]:
+        return {}
+
+    async def setup(self, sandbox: Sandbox, inst: T, timeout: float) -> StepResult:
+        return StepResult(ok=True)
+
+    @abc.abstractmethod
+    async def apply_gold_patch(self, sandbox: Sandbox, inst: T) -> ApplyResult: ...
+
+    @abc.abstractmethod
+    async def run_tests(self, sandbox: Sandbox, inst: T, timeout: float, output_limit: int) -> tuple[StepResult, ApplyResult]:
+        """Prepare the test files (apply the test patch) and run the tests."""
+
+    @abc.abstractmethod
+    def parse_log(self, inst: T, log: str) -> ParseResult: ...
+
+    @abc.abstractmethod
+    def grade(self, inst: T, parse: ParseResult, exit_code: int | None) -> Grade: ...
+
+    def fail_to_pass(self, inst: T) -> list[str]:
+        return []
+
+
+APPLY_LADDER = (
+    ("git apply", "git apply --verbose {p}"),
+    ("git apply --reject", "git apply --verbose --reject {p}"),
+    ("patch --fuzz", "patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {p}"),
+)
+RESET_TREE = "git checkout -q -- . && git clean -fdq"
+"""Back to the base commit between rungs (a failed --reject leaves a half-patched tree)."""
+
+
+async def apply_patch_ladder(sandbox: Sandbox, patch: str, workdir: str, path: str = PATCH_PATH) -> ApplyResult:
+    """Apply `patch` trying `git apply`, `git apply --reject`, `patch --fuzz=5`, resetting the tree between tries."""
+    res = ApplyResult(applied=False)
+    if not patch.strip():
+        res.attempts.append({"cmd": "(empty patch)", "exit_code": None, "output": "the patch is empty"})
+        return res
+    await sandbox.write_file(path, patch if patch.endswith("\n") else patch + "\n")
+    for i, (method, tmpl) in enumerate(APPLY_LADDER):
+        cmd = tmpl.format(p=shlex.quote(path))
+        if i:
+            cmd = f"{RESET_TREE} && {cmd}"
+        r = await sandbox.exec(["bash", "-c", cmd], cwd=workdir, timeout=APPLY_TIMEOUT)
+        res.attempts.append({"cmd": cmd, "exit_code": r.exit_code, "output": r.output[-2000:]})
+        if r.ok:
+            # `patch` may leave .rej/.orig; git apply --reject exits non-zero on any rejected hunk
+            res.applied, res.method = True, method
+            return res
+    await sandbox.exec(["bash", "-c", RESET_TREE], cwd=workdir, timeout=APPLY_TIMEOUT)
+    return res
+
+
+class SWETaskSet(SandboxTaskSet[SWEInstance]):
+    """SWE-bench-style instances, run in layered per-instance images."""
+
+    name = "swe"
+
+    def __init__(
+        self,
+        instances: Sequence[SWEInstance],
+        *,
+        builder: ImageBuilder | None = None,
+        name: str | None = None,
+        cpu_cores: float = 1,
+        memory_gb: float = 4,
+        disk_size_gb: float = 10,
+    ):
+        self._instances = list(instances)
+        self.builder = builder or ImageBuilder()
+        if name:
+            self.name = name
+        self.cpu_cores, self.memory_gb, self.disk_size_gb = cpu_cores, memory_gb, disk_size_gb
+
+    @classmethod
+    def from_dataset(cls, dataset: Any, **kw: Any) -> tuple["SWETaskSet", list]:
+        """(taskset, row errors) from anything `load_instances` accepts."""
+        from .instances import load_instances
+
+        report = load_instances(dataset)
+        return cls(report.instances, name=kw.pop("name", None) or _dataset_name(dataset), **kw), report.errors
+
+    def instances(self) -> list[SWEInstance]:
+        return self._instances
+
+    def instance_id(self, inst: SWEInstance) -> str:
+        return inst.instance_id
+
+    def info(self, inst: SWEInstance) -> dict[str, Any]:
+        return {"instance_id": inst.instance_id, "repo": inst.repo}
+
+    def fail_to_pass(self, inst: SWEInstance) -> list[str]:
+        return inst.FAIL_TO_PASS
+
+    async def prepare(self, inst: SWEInstance) -> ImageRef:
+        return await self.builder.ensure(inst)
+
+    def sandbox_spec(self, inst: SWEInstance, prepared: ImageRef | None = None, *, timeout_seconds: float = 1800,
+                     cpu_cores: float | None = None, memory_gb: float | None = None,
+                     disk_size_gb: float | None = None, labels: dict[str, str] | None = None) -> SandboxSpec:
+        image = prepared.tag if prepared else (inst.image_name or "")
+        return SandboxSpec(
+            image=image,
+            name="swe-debug",
+            cpu_cores=cpu_cores or self.cpu_cores,
+            memory_gb=memory_gb or self.memory_gb,
+            disk_size_gb=disk_size_gb or self.disk_size_gb,
+            timeout_minutes=math.ceil(timeout_seconds / 60) + 10,
+            timeout_per_command_seconds=APPLY_TIMEOUT,
+            environment_vars=self.run_env(inst),
+            labels={"vf-swe-debug": "1", **(labels or {})},
+            workdir=inst.workdir,
+            network=False,
+            pids_limit=4096,
+        )
+
+    def workdir(self, inst: SWEInstance) -> str:
+        return inst.workdir
+
+    def run_env(self, inst: SWEInstance) -> dict[str, str]:
+        return inst.run_env()
+
+    async def setup(self, sandbox: Sandbox, inst: SWEInstance, timeout: float) -> StepResult:
+        """Check the tree is the clean base snapshot, then run the instance's setup commands."""
+        script = "\n".join(
+            [
+                "set -euo pipefail",
+                "git config --global --add safe.directory '*' 2>/dev/null || true",
+                'test -z "$(git status --porcelain)" || { echo "working tree is not clean:" >&2; git status --porcelain >&2; exit 3; }',
+                *inst.setup_commands,
+            ]
+        )
+        t0 = time.perf_counter()
+        r = await sandbox.exec(["bash", "-c", script], cwd=inst.workdir, timeout=timeout)
+        return StepResult.of(r, time.perf_counter() - t0)
+
+    async def apply_gold_patch(self, sandbox: Sandbox, inst: SWEInstance) -> ApplyResult:
+        return await apply_patch_ladder(sandbox, inst.patch, inst.workdir)
+
+    async def apply_test_patch(self, sandbox: Sandbox, inst: SWEInstance) -> ApplyResult:
+        """Reset every file the test patch touches — modified ones to the base, files it
+        adds removed (SWE-bench forgets those: #538/#631) — then `git apply` it."""
+        res = ApplyResult(applied=True, method="none")
+        if not inst.test_patch.strip():
+            return res
+        cmds = []
+        for path, kind in patch_file_changes(inst.test_patch):
+            q = shlex.quote(path)
+            cmds.append(f"rm -rf -- {q}" if kind == "added" else f"git checkout -q HEAD -- {q}")
+        await sandbox.write_file(TEST_PATCH_PATH, inst.test_patch if inst.test_patch.endswith("\n") else inst.test_patch + "\n")
+        cmd = " && ".join([*cmds, f"git apply --verbose {TEST_PATCH_PATH}"])
+        r = await sandbox.exec(["bash", "-c", cmd], cwd=inst.workdir, timeout=APPLY_TIMEOUT)
+        res.attempts.append({"cmd": cmd, "exit_code": r.exit_code, "output": r.output[-2000:]})
+        res.applied, res.method = r.ok, ("git apply" if r.ok else None)
+        return res
+
+    def test_command(self, inst: SWEInstance) -> str:
+        return " ".join([inst.test_cmd, *map(shlex.quote, inst.directives())])
+
+    async def run_tests(self, sandbox: Sandbox, inst: SWEInstance, timeout: float, output_limit: int) -> tuple[StepResult, ApplyResult]:
+        tp = await self.apply_test_patch(sandbox, inst)
+        if not tp.applied:
+            return StepResult(ok=False), tp
+        t0 = time.perf_counter()
+        r = await sandbox.exec(
+            ["bash", "-c", f"{self.test_command(inst)} 2>&1"], cwd=inst.workdir, timeout=timeout, output_limit=output_limit
+        )
+        return StepResult.of(r, time.perf_counter() - t0), tp
+
+    def parse_log(self, inst: SWEInstance, log: str) -> ParseResult:
+        return get_parser(inst.log_parser)(log)
+
+    def grade(self, inst: SWEInstance, parse: ParseResult, exit_code: int | None) -> Grade:
+        return grade(parse, exit_code, inst.FAIL_TO_PASS, inst.PASS_TO_PASS)
+
+
+def _dataset_name(dataset: Any) -> str:
+    from pathlib import Path
+
+    if isinstance(dataset, (str, Path)):
+        p = Path(dataset)
+        return p.stem if p.suffix else p.name
+    return type(dataset).__name__
