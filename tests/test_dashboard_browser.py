@@ -85,6 +85,7 @@ def world(tmp_path_factory):
                             "timings": {"create": 0.8, "setup": 2.5, "apply": 0.1, "tests": 4.2},
                             "stdout_tail": "===== 12 passed in 3.1s ====="}) + "\n")
         f.write(json.dumps({"instance_id": "attrs__attrs-2", "reason": "gold_apply_failed", "valid": False,
+                            "detail": "gold patch does not apply", "step": "apply",
                             "timings": {"create": 0.9, "setup": 2.1, "apply": 0.2},
                             "stderr_tail": "error: patch failed: src/attr/_make.py:12"}) + "\n")
     rec.progress(completed=2, total=2, errors=1)
@@ -216,6 +217,7 @@ def test_swe_debug_view(world, page):
     assert "toolz__toolz-1" in t and "gold_apply_failed" in t and "4.20" in t
     page.locator('details[data-iid="attrs__attrs-2"] summary').click()
     assert "patch failed" in page.locator('details[data-iid="attrs__attrs-2"] pre').inner_text()
+    assert "gold patch does not apply" in page.locator('tr[data-instance-id="attrs__attrs-2"]').inner_text()
     page.screenshot(path=str(ARTIFACTS / "dashboard-swe-debug.png"), full_page=True)
 
 

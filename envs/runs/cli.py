@@ -217,6 +217,8 @@ def stop_cmd(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for a graceful stop."),
     force: bool = typer.Option(False, "--force", help="SIGKILL the run if it has not stopped in time."),
+    reap: bool = typer.Option(False, "--reap", help="After a forced kill, remove sandboxes whose owner died "
+                              "(`vf-sandbox sandboxes reap` on the run's backend)."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Stop a run gracefully: SIGTERM (the run saves finished groups, tears down
@@ -229,6 +231,15 @@ def stop_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1)
     typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
+    if rec.vanished:  # killed, not a graceful exit: its sandboxes may be left behind
+        if reap:
+            from sandboxes.lifecycle import reap_sync
+
+            backend = rec.args.get("backend") if isinstance(rec.args.get("backend"), str) else None
+            doomed = reap_sync(backend)
+            typer.echo(f"reaped {len(doomed)} orphaned sandbox(es)")
+        else:
+            typer.echo("the process was killed: remove sandboxes it left with `vf-sandbox sandboxes reap`")
     if rec.status != "stopped":
         raise typer.Exit(1)
 

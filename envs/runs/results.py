@@ -329,6 +329,11 @@ def swe_instances(rows: list[dict]) -> list[dict]:
             "timings": {k: _dur(v) for k, v in (r.get("timings") or {}).items()}
             if isinstance(r.get("timings"), dict) else {},
             "error": error_text(r.get("error")),
+            "detail": _tail(r.get("detail"), 2000) or None,
+            "step": r.get("step"),
+            "test_exit_code": r.get("test_exit_code"),
+            "fail_to_pass": r.get("fail_to_pass") if isinstance(r.get("fail_to_pass"), dict) else None,
+            "pass_to_pass": r.get("pass_to_pass") if isinstance(r.get("pass_to_pass"), dict) else None,
             "stdout_tail": _tail(r.get("stdout_tail") or r.get("test_output_tail")),
             "stderr_tail": _tail(r.get("stderr_tail")),
         })

@@ -264,13 +264,18 @@ async function renderInstances(el, id, s, my) {
       <div class="card"><b>${s.valid || 0}</b><span>valid</span></div>
       ${reasons.map(([k, n]) => `<div class="card"><b>${n}</b><span>${esc(k)}</span></div>`).join("")}</div>
     <h3>Instances</h3>
-    <table id="instances"><thead><tr><th>instance</th><th>reason</th><th>valid</th>${phases.map(p => `<th class="num">${esc(p)} (s)</th>`).join("")}</tr></thead>
+    <table id="instances"><thead><tr><th>instance</th><th>reason</th><th>valid</th><th>detail</th>${phases.map(p => `<th class="num">${esc(p)} (s)</th>`).join("")}</tr></thead>
     <tbody>${d.instances.map(i => `
       <tr data-instance-id="${esc(i.instance_id)}"><td class="mono">${esc(i.instance_id)}</td><td>${esc(i.reason ?? "–")}</td>
         <td>${i.valid === true ? "✔" : i.valid === false ? "✘" : "–"}</td>
+        <td class="spread">${esc((i.detail || "").slice(0, 160))}</td>
         ${phases.map(p => `<td class="num">${fmt(i.timings[p], 2)}</td>`).join("")}</tr>
-      <tr><td colspan="${3 + phases.length}"><details data-iid="${esc(i.instance_id)}" ${open.has(String(i.instance_id)) ? "open" : ""}><summary>test log tail</summary>
+      <tr><td colspan="${4 + phases.length}"><details data-iid="${esc(i.instance_id)}" ${open.has(String(i.instance_id)) ? "open" : ""}><summary>test log tail</summary>
         ${i.error ? `<div class="error-box">${esc(i.error)}</div>` : ""}
+        ${i.detail ? `<div class="mono">${esc(i.detail)}</div>` : ""}
+        ${[["FAIL_TO_PASS", i.fail_to_pass], ["PASS_TO_PASS", i.pass_to_pass]].filter(([, g]) => g).map(([n, g]) =>
+          `<div class="spread">${n}: ${g.passed ?? 0} passed${(g.failing || []).length ? `, failing: ${esc(g.failing.join(", "))}` : ""}${(g.missing || []).length ? `, missing: ${esc(g.missing.join(", "))}` : ""}</div>`).join("")}
+        ${i.step || i.test_exit_code !== null && i.test_exit_code !== undefined ? `<div class="spread">step ${esc(i.step ?? "–")} · test exit ${esc(i.test_exit_code ?? "–")}</div>` : ""}
         <pre class="log">${esc(i.stdout_tail || "")}${i.stderr_tail ? "\n--- stderr ---\n" + esc(i.stderr_tail) : ""}</pre></details></td></tr>`).join("")}
     </tbody></table>
     <h3>Phase timings (seconds)</h3>
