@@ -162,6 +162,8 @@ class FakeKubernetes:
         self.network_policies: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.fail_next_exec: int = 0  # test hook: refuse this many exec handshakes with 500
+        self.create_times: list[float] = []  # monotonic time of each pod create request
+        self.delete_bodies: list[dict[str, Any]] = []  # DeleteOptions received
         self._dir = Path(tempfile.mkdtemp(prefix="vf-fake-k8s-"))
         self._runner: web.AppRunner | None = None
         self._rv = itertools.count(1)
@@ -261,6 +263,7 @@ class FakeKubernetes:
 
     # pods ---------------------------------------------------------------------
     async def _create_pod(self, request: web.Request) -> web.Response:
+        self.create_times.append(time.monotonic())
         body = await request.json()
         if body.get("kind") != "Pod" or not (body.get("metadata") or {}).get("name"):
             return _error(422, "Invalid", "Pod is invalid: metadata.name: Required value")
@@ -327,13 +330,20 @@ class FakeKubernetes:
         pod.manifest["metadata"]["deletionTimestamp"] = _now()
         return pod.manifest
 
+    async def _record_delete(self, request: web.Request) -> None:
+        if request.can_read_body:
+            with contextlib.suppress(ValueError):
+                self.delete_bodies.append(await request.json())
+
     async def _delete_pod(self, request: web.Request) -> web.Response:
+        await self._record_delete(request)
         pod = self._pod_or_404(request)
         if isinstance(pod, web.Response):
             return pod
         return web.json_response(await self._remove(pod))
 
     async def _delete_pods(self, request: web.Request) -> web.Response:
+        await self._record_delete(request)
         sel = request.query.get("labelSelector")
         gone = [await self._remove(p) for p in list(self.pods.values()) if match_selector(p.labels, sel)]
         return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": gone})
@@ -461,3 +471,16 @@ class FakeKubernetes:
         pod.procs.discard(proc)
         pod.sockets.discard(ws)
         return ws
+
+
+async def _serve(kubeconfig: str) -> None:
+    async with FakeKubernetes() as k8s:
+        k8s.write_kubeconfig(kubeconfig)
+        print(f"fake Kubernetes API at {k8s.url}; kubeconfig written to {kubeconfig} (context 'fake')", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":  # python tests/fakes/k8s_server.py /tmp/kubeconfig  (Ctrl-C to stop)
+    import sys
+
+    asyncio.run(_serve(sys.argv[1] if len(sys.argv) > 1 else "kubeconfig-fake"))
