@@ -279,7 +279,7 @@ class OpenEnvEnv(MultiTurnEnv):
         return out
 
     # ------------------------------------------------------------------ stop / cleanup
-    @stop
+    @stop(priority=10)
     async def openenv_done(self, state: State) -> bool:
         return bool(state.get("openenv_done"))
 

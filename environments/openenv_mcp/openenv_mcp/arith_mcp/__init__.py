@@ -1,0 +1,1 @@
+"""Arithmetic with tools: an MCP-contract OpenEnv environment."""

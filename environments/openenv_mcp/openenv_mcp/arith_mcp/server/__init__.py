@@ -1,0 +1,1 @@
+"""arith_mcp server components."""
