@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 
 class TestStatus(str, Enum):
+    __test__ = False  # not a pytest test class
     PASSED = "PASSED"
     FAILED = "FAILED"
     SKIPPED = "SKIPPED"
@@ -62,7 +63,7 @@ def strip_ansi(text: str) -> str:
 # ---------------------------------------------------------------------------- pytest
 
 _STATUS_WORDS = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
-_PY_VERBOSE = re.compile(rf"^(?P<id>\S.*?::.+?) (?P<st>{_STATUS_WORDS})(?:\s+\[\s*\d+%\])?\s*$")
+_PY_VERBOSE = re.compile(rf"^(?P<id>\S.*?::.+?) (?P<st>{_STATUS_WORDS})(?: \(.*\))?(?:\s+\[\s*\d+%\])?\s*$")
 _PY_VERBOSE_XDIST = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] (?P<st>{_STATUS_WORDS}) (?P<id>\S.*?::.+?)\s*$")
 _PY_SUMMARY = re.compile(rf"^(?P<st>{_STATUS_WORDS}) (?P<rest>.+?)\s*$")
 _PY_FINAL = re.compile(r"^=+ (?P<body>.*?\b(?:passed|failed|error|errors|skipped|xfailed|xpassed|deselected|no tests ran)\b.*?) =+$")
@@ -133,7 +134,7 @@ def parse_pytest(log: str) -> ParseResult:
                     test_id = _summary_id(rest)
                 if "::" not in test_id:
                     # "ERROR tests/test_x.py - ImportError": the module did not collect
-                    if st is TestStatus.ERROR:
+                    if st is TestStatus.ERROR and test_id not in res.collection_errors:
                         res.collection_errors.append(test_id)
                     continue
                 _set(res, test_id, st)
@@ -190,7 +191,8 @@ def parse_unittest(log: str) -> ParseResult:
             if mh.group("name") in ("setUpClass", "tearDownClass", "setUpModule", "tearDownModule"):
                 res.statuses[mh.group("where")] = TestStatus.ERROR
             elif mh.group("where").startswith("unittest.loader"):
-                res.collection_errors.append(mh.group("name"))
+                if mh.group("name") not in res.collection_errors:
+                    res.collection_errors.append(mh.group("name"))
             else:
                 _set(res, tid, TestStatus(mh.group("st").replace("FAIL", "FAILED")))
             pending = None
@@ -199,7 +201,8 @@ def parse_unittest(log: str) -> ParseResult:
         if m:
             name, where = m.group("name"), m.group("where")
             if where.startswith("unittest.loader"):  # _FailedTest: an import error
-                res.collection_errors.append(name)
+                if name not in res.collection_errors:
+                    res.collection_errors.append(name)
                 pending = None
                 continue
             pending = _ut_id(name, where)
