@@ -80,13 +80,31 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def _sync_conn(url: str, timeout: float) -> http.client.HTTPConnection:
+    if url.startswith("unix://"):
+        return _UnixHTTPConnection(url[len("unix://"):], timeout)
+    hostport = re.sub(r"^(tcp|http)://", "", url).rstrip("/")
+    return http.client.HTTPConnection(hostport, timeout=timeout)
+
+
+def ping_sync(url: str | None = None, timeout: float = 5.0) -> str | None:
+    """None when the daemon at `url` answers /_ping, else why not (blocking; for tests and CLIs)."""
+    url = resolve_url(url)
+    conn = _sync_conn(url, timeout)
+    try:
+        conn.request("GET", "/_ping")
+        resp = conn.getresponse()
+        body = resp.read()
+        return None if resp.status == 200 else f"Docker daemon at {url} answered {resp.status}: {body[:200]!r}"
+    except OSError as exc:
+        return f"Docker daemon at {url} does not answer: {exc}"
+    finally:
+        conn.close()
+
+
 def remove_container_sync(url: str, container_id: str, timeout: float = 15.0) -> None:
     """Force-remove a container with one blocking HTTP call (signal handlers, atexit)."""
-    if url.startswith("unix://"):
-        conn: http.client.HTTPConnection = _UnixHTTPConnection(url[len("unix://"):], timeout)
-    else:
-        hostport = re.sub(r"^(tcp|http)://", "", url).rstrip("/")
-        conn = http.client.HTTPConnection(hostport, timeout=timeout)
+    conn = _sync_conn(url, timeout)
     try:
         conn.request("DELETE", f"/containers/{container_id}?force=1&v=1")
         conn.getresponse().read()
@@ -257,18 +275,22 @@ class DockerBackend:
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> AgentSandbox:
         key = _key_digest(idempotency_key) if idempotency_key else uuid.uuid4().hex[:16]
         name = container_name(spec.name, key)
-        image = await self.resolve_image(spec.image)
-        sandbox, _ = await retry_infra(lambda: self._create_once(spec, image, name), self.retry)
+        sandbox, _ = await retry_infra(lambda: self._create_attempt(spec, name), self.retry)
         return sandbox
+
+    async def _create_attempt(self, spec: SandboxSpec, name: str) -> AgentSandbox:
+        """One try; retried as a whole on InfraError (same name: a 409 adopts the earlier container)."""
+        image = await self.resolve_image(spec.image)
+        return await self._create_once(spec, image, name)
 
     async def _create_once(self, spec: SandboxSpec, image: str, name: str) -> AgentSandbox:
         docker = await self._client()
         config = await self.container_config(spec, image)
+        started = False
         try:
             async with self._api("create container"):
                 container = await docker.containers.create(config, name=name)
             cid = container.id
-            started = False
         except aiodocker.DockerError as exc:
             if exc.status == 404:
                 self._images.pop(spec.image, None)
@@ -329,8 +351,9 @@ class DockerBackend:
         from .fallback import run_exec
 
         try:
-            code, _, _ = await run_exec(container, ["/bin/sh", "-c", PYTHON_PROBE], timeout=30)
+            code, _, _, _ = await run_exec(container, ["/bin/sh", "-c", PYTHON_PROBE], timeout=30)
         except Exception:
+            log.exception("python probe")
             return True  # cannot tell: report the agent failure itself
         return code == 0
 

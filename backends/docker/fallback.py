@@ -211,15 +211,16 @@ class ExecSandbox(Sandbox):
         if not members:
             raise PathError(f"{remote}: empty archive")
         top = members[0]
+        top_name, top_is_dir = top.name, top.isdir()
         # the archive is rooted at basename(remote): re-root it at "."
         out = tempfile.SpooledTemporaryFile(max_size=8 << 20)
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as re_tar:
             for m in members:
-                rel = posixpath.relpath(m.name, top.name) if top.isdir() else posixpath.basename(m.name)
+                rel = posixpath.relpath(m.name, top_name) if top_is_dir else posixpath.basename(m.name)
                 fobj = tar.extractfile(m) if m.isfile() else None
                 m.name = rel
                 re_tar.addfile(m, fobj)
-        await asyncio.to_thread(extract_tar, out, "dir" if top.isdir() else "file", Path(local))
+        await asyncio.to_thread(extract_tar, out, "dir" if top_is_dir else "file", Path(local))
 
     async def alive(self) -> bool:
         return not self._deleted and await self._backend._running(self.id)

@@ -157,7 +157,11 @@ class AgentConnection:
                     line = bytes(buf[:i])
                     del buf[: i + 1]
                     scanned = 0
-                    self._dispatch(json.loads(line))
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        raise AgentError(f"agent sent garbage: {line[:300]!r}") from None
+                    self._dispatch(msg)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # broken channel or garbage on it
@@ -165,7 +169,7 @@ class AgentConnection:
         if self._closing:
             return
         what = f"agent channel {self.channel.describe()} "
-        what += f"broke: {error!r}" if error else "closed (agent or sandbox died)"
+        what += f"broke: {error}" if error else "closed (agent or sandbox died)"
         self._fail(AgentError(what + self._log()))
 
     def _dispatch(self, msg: dict[str, Any]) -> None:

@@ -1,0 +1,94 @@
+"""Shared test fixtures.
+
+Docker: a test marked `@pytest.mark.docker` (or using `docker_backend`,
+`python_image`, `docker_sandbox`) runs against the real engine. When no engine
+answers it is skipped, except with VF_REQUIRE_DOCKER=1 (CI), where it FAILS
+with the reason. Call `require_docker()` yourself for the same behaviour.
+
+    async def test_x(docker_backend, docker_spec):
+        async with await docker_backend.create(docker_spec) as sb:
+            ...
+
+Every sandbox a test leaves behind is removed at teardown (the fixtures delete
+what this process still tracks), and containers carry the label
+`vf-sandbox.test=1` so a stray one is easy to find.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import pytest
+
+DEFAULT_TEST_IMAGE = "vf-sandbox/python:3.11"
+TEST_LABELS = {"vf-sandbox.test": "1"}
+
+
+def docker_required() -> bool:
+    return os.environ.get("VF_REQUIRE_DOCKER") == "1"
+
+
+@lru_cache(maxsize=1)
+def docker_unavailable_reason() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        from backends.docker import ping_sync
+    except ImportError as exc:  # pragma: no cover - broken checkout
+        return f"backends.docker cannot be imported: {exc}"
+    return ping_sync()
+
+
+def require_docker() -> None:
+    """Skip the calling test without Docker; FAIL instead when VF_REQUIRE_DOCKER=1."""
+    reason = docker_unavailable_reason()
+    if reason is None:
+        return
+    if docker_required():
+        pytest.fail(f"Docker is required (VF_REQUIRE_DOCKER=1) but {reason}", pytrace=False)
+    pytest.skip(f"no Docker engine: {reason}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("docker") is not None:
+        require_docker()
+
+
+@pytest.fixture(scope="session")
+def python_image() -> str:
+    """The default Python sandbox image, built from images/ if missing (cached afterwards)."""
+    require_docker()
+    from backends.docker.images import ensure_image
+
+    return ensure_image(DEFAULT_TEST_IMAGE)
+
+
+@pytest.fixture
+def docker_spec(python_image):
+    """A small spec for tests: default image, 1 GiB, 10 min lifetime, test label."""
+    from sandboxes import SandboxSpec
+
+    return SandboxSpec(image=python_image, memory_gb=1, timeout_minutes=10, labels=dict(TEST_LABELS))
+
+
+@pytest.fixture
+async def docker_backend(python_image):
+    """A DockerBackend; sandboxes still tracked at teardown are removed."""
+    from backends.docker import DockerBackend
+    from sandboxes import lifecycle
+
+    backend = DockerBackend()
+    before = set(lifecycle.live())
+    yield backend
+    leftovers = [i for i in lifecycle.live() if i not in before]
+    if leftovers:
+        await backend.delete_many(ids=leftovers)
+    await backend.close()
+
+
+@pytest.fixture
+async def docker_sandbox(docker_backend, docker_spec):
+    """One running sandbox of `docker_spec`, deleted after the test."""
+    sb = await docker_backend.create(docker_spec)
+    yield sb
+    await sb.delete()
