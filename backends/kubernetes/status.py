@@ -80,7 +80,7 @@ def classify(pod: dict[str, Any]) -> tuple[State, Exception | None]:
         return "failed", PodTerminated(f"pod {name} is {phase}: {reason} {msg}".strip())
     if phase == "Running":
         statuses = status.get("containerStatuses") or []
-        if statuses and all((cs.get("state") or {}).get("running") for cs in statuses):
+        if statuses and all("running" in (cs.get("state") or {}) for cs in statuses):
             return "ready", None
         return "pending", None
     for cond in status.get("conditions") or []:

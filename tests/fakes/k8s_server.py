@@ -398,9 +398,16 @@ class FakeKubernetes:
                "HOSTNAME": pod.name}
         env.update({e["name"]: e.get("value", "") for e in pod.container.get("env") or []})
         workdir = pod.container.get("workingDir") or "/"
+        # A deny-all NetworkPolicy selecting the pod is "enforced" by a fresh network namespace (bwrap only).
+        isolated = any(
+            all(pod.labels.get(k) == v for k, v in ((np.get("spec") or {}).get("podSelector") or {}).get("matchLabels", {}).items())
+            and not (np.get("spec") or {}).get("egress")
+            for np in self.network_policies.values()
+        )
+        iso = pod.isolation.model_copy(update={"network": not isolated})
         try:
             proc = await asyncio.create_subprocess_exec(
-                *pod.isolation.argv(argv, cwd=workdir), cwd=pod.isolation.host_cwd(workdir), env=env,
+                *iso.argv(argv, cwd=workdir), cwd=iso.host_cwd(workdir), env=env,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
