@@ -1,8 +1,8 @@
 """How the conformance suite gets a backend: one async context manager per
 backend kind that yields `(backend, base_spec)` and cleans up after itself.
 
-  docker             the real engine (image vf-sandbox/base:bookworm); FAILS when the
-                     engine is missing and VF_REQUIRE_DOCKER=1, skips otherwise
+  docker             the real engine (conftest's test image, $VF_CONFORMANCE_DOCKER_IMAGE to
+                     override); FAILS when the engine is missing and VF_REQUIRE_DOCKER=1
   local              bubblewrap when usable, plain processes otherwise
   local-nobwrap      forced plain processes (VF_LOCAL_NO_BWRAP semantics via use_bwrap=False)
   kubernetes         against tests/fakes/k8s_server.py (a CONTRACT FAKE) through a kubeconfig
@@ -12,10 +12,10 @@ backend kind that yields `(backend, base_spec)` and cleans up after itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 
@@ -23,34 +23,19 @@ import pytest
 
 from sandboxes import SandboxSpec
 
-DOCKER_IMAGE = os.environ.get("VF_CONFORMANCE_DOCKER_IMAGE", "vf-sandbox/base:bookworm")
-
-
-def _docker_available() -> bool:
-    if not shutil.which("docker"):
-        return False
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
 
 @contextlib.asynccontextmanager
 async def _docker() -> AsyncIterator[tuple[object, SandboxSpec]]:
-    if not _docker_available():
-        msg = "Docker engine not reachable"
-        if os.environ.get("VF_REQUIRE_DOCKER") == "1":
-            pytest.fail(msg + " (VF_REQUIRE_DOCKER=1)")
-        pytest.skip(msg)
-    try:
-        import backends.docker  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"docker backend not importable: {e}")
-    from sandboxes import get_backend
+    from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker
 
-    backend = get_backend("docker")
+    require_docker()  # skips, or FAILS with VF_REQUIRE_DOCKER=1, when no engine answers
+    from backends.docker import DockerBackend
+    from backends.docker.images import ensure_image
+
+    image = await asyncio.to_thread(ensure_image, os.environ.get("VF_CONFORMANCE_DOCKER_IMAGE", DEFAULT_TEST_IMAGE))
+    backend = DockerBackend()
     try:
-        yield backend, SandboxSpec(image=DOCKER_IMAGE)
+        yield backend, SandboxSpec(image=image, memory_gb=1, timeout_minutes=10, labels=dict(TEST_LABELS))
     finally:
         await backend.close()
 
