@@ -515,6 +515,7 @@ class RunRecorder:
         root = logging.getLogger()
         h = logging.FileHandler(self.log_path, encoding="utf-8")
         h.setLevel(logging.INFO)
+        h.addFilter(_quiet_libraries)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(name)s] %(message)s",
                                          "%Y-%m-%d %H:%M:%S"))
         if not root.handlers:
@@ -545,6 +546,15 @@ class RunRecorder:
         for obj, level in getattr(self, "_restore", []):
             obj.setLevel(level)
         self._restore = []
+
+
+# Libraries that log every request at INFO: only their warnings reach a run's log.
+_CHATTY = ("httpx", "httpcore", "openai", "anthropic", "urllib3", "aiohttp", "asyncio", "hpack",
+           "websockets", "docker", "kubernetes", "filelock", "datasets", "fsspec")
+
+
+def _quiet_libraries(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not record.name.startswith(_CHATTY)
 
 
 def _has_results(out: str) -> bool:

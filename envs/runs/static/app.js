@@ -136,8 +136,8 @@ async function viewRun(id, tab) {
         <div>model</div><div>${esc(r.model || "–")}</div><div>progress</div><div>${progress(r)} (${r.errors} errors)</div>
         <div>started</div><div>${when(r.started_at)}</div><div>duration</div><div>${dur(r.duration)}${r.attempts > 1 ? ` (resumed ${r.attempts - 1}×)` : ""}</div>
         <div>output</div><div class="mono">${esc(r.output_dir)}</div>
-        <div>config</div><div class="mono">${esc(JSON.stringify(r.args))}</div>
       </div>
+      <details id="config"><summary>config</summary><pre class="log">${esc(JSON.stringify(r.args, null, 2))}</pre></details>
       ${r.error ? `<div class="error-box" id="error-box">${esc(r.error)}</div>` : ""}`;
     const b = document.getElementById("stop-btn");
     if (b) b.addEventListener("click", async () => {
