@@ -241,3 +241,48 @@ def test_dashboard_shows_real_eval_runs(env, fast_server):
     finally:
         dash.terminate()
         dash.wait(10)
+
+
+@pytest.mark.browser
+def test_start_a_run_from_the_dashboard(env, fast_server):
+    from test_dashboard_browser import ARTIFACTS, CHROMIUM, FLAGS, _free_port, _need_browser
+
+    _need_browser()
+    tmp, e = env
+    eps = tmp / "endpoints.toml"
+    eps.write_text(f'[[endpoint]]\nendpoint_id = "local-toy"\nmodel = "toy"\nurl = "{fast_server.base_url}"\n'
+                   'key = "FAKE_KEY"\n')
+    port = _free_port()
+    dash = subprocess.Popen([VF, "dashboard", "--port", str(port), "--endpoints-path", str(eps)], env=e, cwd=tmp,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from playwright.sync_api import sync_playwright
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for _ in range(100):
+                try:
+                    page.goto(f"http://127.0.0.1:{port}/")
+                    break
+                except Exception:
+                    time.sleep(0.1)
+            page.locator("#launch-slot summary").click()
+            page.fill('#launch input[name="env"]', "math-single")
+            page.select_option('#launch select[name="endpoint"]', "local-toy")
+            page.fill('#launch input[name="n"]', "3")
+            page.fill('#launch input[name="r"]', "2")
+            page.fill('#launch input[name="env_args"]', '{"seed": 7}')
+            page.fill('#launch input[name="name"]', "from-the-page")
+            page.click('#launch button[type="submit"]')
+            page.wait_for_url("**/#/run/*", timeout=30_000)
+            page.wait_for_function(
+                "() => { const b = document.querySelector('#run-head .badge'); return b && b.dataset.status === 'completed'; }",
+                timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "e2e-launched-run.png"), full_page=True)
+            browser.close()
+        [r] = registry.list_runs()
+        assert (r.name, r.status, r.model, r.completed) == ("from-the-page", "completed", "toy", 6)
+        assert r.args.get("env_args") == {"seed": 7}
+    finally:
+        dash.terminate()
+        dash.wait(10)
