@@ -312,3 +312,16 @@ async def test_idle_stream_survives_with_keepalives(k8s):
         await asyncio.sleep(0.6)  # several ping/pong rounds on the idle websocket
         assert (await sb.exec("echo alive")).stdout == "alive\n"
     await be.close()
+
+
+async def test_lifecycle_cleanup_deletes_tracked_pods_synchronously(backend, k8s):
+    from sandboxes import lifecycle
+
+    sb = await backend.create(SandboxSpec())
+    assert sb.id in lifecycle.live()
+    # the remover is blocking (signal handler / atexit); run it off the loop that serves the fake
+    assert await asyncio.to_thread(lifecycle.cleanup_all) >= 1
+    assert k8s.pods == {} and sb.id not in lifecycle.live()
+    other = await backend.create(SandboxSpec())
+    await other.delete()
+    assert other.id not in lifecycle.live()

@@ -102,3 +102,15 @@ async def test_bad_ids_are_not_paths(backend):
     for bad in ("", "..", "a/b"):
         with pytest.raises(SandboxNotRunning):
             await backend.get(bad)
+
+
+async def test_lifecycle_cleanup_removes_tracked_sandboxes(backend):
+    from sandboxes import lifecycle
+
+    sb = await backend.create(SandboxSpec())
+    assert sb.id in lifecycle.live()
+    assert lifecycle.cleanup_all() >= 1
+    assert not (backend.base / sb.id).exists()
+    other = await backend.create(SandboxSpec())
+    await other.delete()
+    assert other.id not in lifecycle.live()

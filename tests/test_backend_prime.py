@@ -177,3 +177,15 @@ async def test_labels_round_trip_and_bulk_delete_by_label(backend, fake):
     assert info.id == a.id and info.labels["odd"] == "a=b" and info.backend == "prime"
     assert await backend.delete_many(labels={"exp": "e1"}) == 1
     assert [i.labels["exp"] for i in await backend.list()] == ["e2"]
+
+
+async def test_lifecycle_cleanup_deletes_tracked_sandboxes_synchronously(backend, fake):
+    from sandboxes import lifecycle
+
+    sb = await backend.create(SandboxSpec())
+    assert sb.id in lifecycle.live()
+    assert await asyncio.to_thread(lifecycle.cleanup_all) >= 1  # blocking remover, off the fake's loop
+    assert fake.sandboxes == {}
+    other = await backend.create(SandboxSpec())
+    await other.delete()
+    assert other.id not in lifecycle.live()

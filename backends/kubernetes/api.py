@@ -187,6 +187,25 @@ class KubeApi:
         )
         return [((i.get("metadata") or {}).get("name", "")) for i in (data or {}).get("items") or []]
 
+    def delete_pod_sync(self, name: str, timeout: float = 10.0) -> None:
+        """Blocking grace-0 delete for signal handlers / atexit (no event loop); 404 is fine."""
+        import urllib.error
+        import urllib.request
+
+        url = self.conn.host + self._ns_path("/api/v1", f"pods/{quote(name)}") + "?gracePeriodSeconds=0"
+        body = json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}).encode()
+        req = urllib.request.Request(url, data=body, method="DELETE",
+                                     headers={"Content-Type": "application/json", **self.conn.headers()})
+        ctx = self.conn.ssl
+        if ctx is False:
+            ctx = ssl._create_unverified_context()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=ctx or None):
+                pass
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+
     # network policies -----------------------------------------------------
     async def ensure_network_policy(self, manifest: dict[str, Any]) -> None:
         path = self._ns_path("/apis/networking.k8s.io/v1", "networkpolicies")

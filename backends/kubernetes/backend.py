@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -35,6 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from sandboxes import labels as lc
+from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import agent_source
@@ -240,6 +242,7 @@ class KubernetesBackend:
             with contextlib.suppress(Exception):
                 await self.api.delete_pod(name)
             raise
+        lifecycle.track(name, functools.partial(self.api.delete_pod_sync, name), backend=self.name)
         return KubeSandbox(conn, id=name, name=name, spec=spec, backend_name=self.name, backend=self)
 
     async def _wait_running(self, name: str) -> dict[str, Any]:
@@ -316,15 +319,21 @@ class KubernetesBackend:
     async def delete(self, sandbox_id: str) -> None:
         api = await self.connect()
         await api.delete_pod(sandbox_id)
+        lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
         api = await self.connect()
         if labels is not None and not ids:
-            return len(await api.delete_pods(mf.selector(labels)))
+            gone = await api.delete_pods(mf.selector(labels))
+            for name in gone:
+                lifecycle.untrack(name)
+            return len(gone)
         targets = set(ids or [])
         if labels is not None:
             targets &= {i.id for i in await self.list(labels)}
         results = await asyncio.gather(*(api.delete_pod(t) for t in targets))
+        for t in targets:
+            lifecycle.untrack(t)
         return sum(1 for r in results if r)
 
     async def reap(self, *, max_age_seconds: float | None = None) -> list[str]:
@@ -335,7 +344,7 @@ class KubernetesBackend:
             if lc.expired(i.labels, now) or not lc.owner_alive(i.labels)
             or (max_age_seconds is not None and i.created_at is not None and now - i.created_at > max_age_seconds)
         ]
-        await asyncio.gather(*(self.api.delete_pod(d) for d in doomed))
+        await asyncio.gather(*(self.delete(d) for d in doomed))
         return doomed
 
     async def close(self) -> None:

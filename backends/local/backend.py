@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from sandboxes import labels as lc
+from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox, agent_argv
 from sandboxes.agent.channels import ProcessChannel
 from sandboxes.errors import SandboxCreateError, SandboxNotRunning
@@ -168,10 +170,19 @@ class LocalBackend:
         if idempotency_key:
             self._keys[idempotency_key] = sid
         try:
-            return await asyncio.shield(self._connect(meta))
+            sb = await asyncio.shield(self._connect(meta))
         except BaseException:
             await self.delete(sid)
             raise
+        lifecycle.track(sid, functools.partial(self._remove_sync, sid), backend=self.name)
+        return sb
+
+    def _remove_sync(self, sandbox_id: str) -> None:
+        """Blocking removal for signal handlers / atexit."""
+        meta = self._read_meta(sandbox_id)
+        for pid in meta.agent_pids if meta else []:
+            _kill_group(pid)
+        _rmtree(self._dir(sandbox_id))
 
     async def get(self, sandbox_id: str) -> LocalSandbox:
         meta = self._read_meta(sandbox_id)
@@ -203,6 +214,7 @@ class LocalBackend:
                 _kill_group(pid)
         if d.exists():
             await asyncio.to_thread(_rmtree, d)
+        lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
         targets = {i.id for i in await self.list(labels)} if labels or not ids else set()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import labels as lc
+from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.errors import AgentError, ConfigError, Error, InfraError, SandboxCreateError, SandboxNotRunning
@@ -262,7 +264,22 @@ class PrimeBackend:
             if isinstance(e, InfraError) and not isinstance(e, SandboxCreateError):
                 raise SandboxCreateError(f"prime sandbox {sid} never became ready: {e}") from e
             raise
+        lifecycle.track(sid, functools.partial(self._delete_sync, sid), backend=self.name)
         return PrimeSandbox(conn, id=sid, name=created.name, spec=spec, backend_name=self.name, backend=self)
+
+    def _delete_sync(self, sandbox_id: str) -> None:
+        """Blocking delete for signal handlers / atexit, with the SDK's sync client."""
+        from prime_sandboxes import APIClient, SandboxClient
+
+        api = APIClient(api_key=self._api_key)
+        if self.config.base_url:
+            api.base_url = self.config.base_url.rstrip("/").removesuffix("/api/v1")
+        client = SandboxClient(api)
+        try:
+            client.delete(sandbox_id)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
 
     async def _start_agent(self, sid: str, spec: SandboxSpec) -> AgentConnection:
         proc = await self._sdk(
@@ -313,14 +330,16 @@ class PrimeBackend:
         try:
             await self.client.delete(sandbox_id)
         except Exception as e:
-            if is_not_found(e):
-                return
-            raise map_error(e, f"delete {sandbox_id}") from e
+            if not is_not_found(e):
+                raise map_error(e, f"delete {sandbox_id}") from e
+        lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
         if ids is None:  # by label (all of ours when labels is None): one server-side call
             resp = await self._sdk("bulk delete", self.client.bulk_delete(
                 labels=_labels_out({lc.MANAGED: "true", **(labels or {})})))
+            for sid in resp.succeeded:
+                lifecycle.untrack(sid)
             return len(resp.succeeded)
         targets = list(ids)
         if labels:
@@ -330,6 +349,8 @@ class PrimeBackend:
         for i in range(0, len(targets), 100):  # the API takes at most 100 ids per call
             resp = await self._sdk("bulk delete", self.client.bulk_delete(sandbox_ids=targets[i : i + 100]))
             total += len(resp.succeeded)
+            for sid in resp.succeeded:
+                lifecycle.untrack(sid)
         return total
 
     async def reap(self, *, max_age_seconds: float | None = None) -> list[str]:
