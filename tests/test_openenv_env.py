@@ -1,0 +1,235 @@
+"""OpenEnvEnv end to end on real Docker, against real OpenEnv servers: the
+project `openenv init` generates (gym) and an MCP project on openenv-core's
+MCPEnvironment — in process and through `vf-sandbox eval` with the local
+model server. Also: a server that never starts (ServerStartError with its
+log tail), a contract mismatch, and the sandbox deleted in every case.
+
+The first run builds the images (wheel download ~20 s when the wheelhouse is
+empty, dependency image ~1 min); later runs find them (content-hashed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+
+from envs.clients.openai_clients import OpenAIChatCompletionsClient
+from envs.openenv.build import ensure_built
+from envs.openenv.contract import ContractMismatch
+from envs.openenv.env import OpenEnvEnv
+from envs.openenv.manifest import read_manifest, write_manifest
+from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fixed
+from sandboxes.errors import ServerStartError, is_infra_error
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[1]
+ECHO = ROOT / "environments/openenv_echo/openenv_echo/echo_env"
+ARITH = ROOT / "environments/openenv_mcp/openenv_mcp/arith_mcp"
+VF = str(Path(sys.executable).with_name("vf-sandbox"))
+LABEL = "vf-openenv-test"
+
+
+@pytest.fixture(scope="session")
+def built():
+    """Both real projects built (no-op when their images exist)."""
+    from conftest import require_docker
+
+    require_docker()
+    return {"echo": ensure_built(ECHO), "mcp": ensure_built(ARITH)}
+
+
+@pytest.fixture
+def run_label():
+    """A label unique to the test; asserts at the end that no container carries it."""
+    value = uuid.uuid4().hex[:12]
+    yield value
+    assert _wait_no_containers(value), f"sandboxes left behind: {_containers(value)}"
+
+
+def _containers(value: str) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={LABEL}={value}"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def _wait_no_containers(value: str, timeout: float = 10.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not _containers(value):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _client(srv: ModelServer) -> OpenAIChatCompletionsClient:
+    return OpenAIChatCompletionsClient(AsyncOpenAI(base_url=srv.base_url, api_key="x"))
+
+
+def echo_render(observation, context, reward=None):
+    if context == "reset":
+        return [{"role": "user", "content": "Say something: " + observation.get("echoed_message", "")}]
+    return f"Echo: {observation.get('echoed_message')} (reward {reward})"
+
+
+def mcp_policy(req):
+    """Solve the arith task with the tools: multiply, add, submit (wrong by `off`)."""
+    text = " ".join(m.get("content") or "" for m in req.messages if m["role"] == "user")
+    a, b, c = map(int, re.search(r"Compute (\d+) \* (\d+) \+ (\d+)", text).groups())
+    results = [m.get("content") for m in req.messages if m["role"] == "tool"]
+    off = int(req.model == "wrong")
+    if not results:
+        return Reply(tool_calls=[ToolCallSpec("multiply", {"a": a, "b": b})])
+    if len(results) == 1:
+        return Reply(tool_calls=[ToolCallSpec("add", {"a": int(results[0]), "b": c})])
+    if len(results) == 2:
+        return Reply(tool_calls=[ToolCallSpec("submit", {"answer": int(results[1]) + off})])
+    return Reply(content="done")
+
+
+async def _rollout(env: OpenEnvEnv, srv: ModelServer, model: str = "scripted"):
+    rows = env._eval_rows_all()
+    inp = env._to_input(rows[0])
+    try:
+        return await env.rollout(inp, _client(srv), model)
+    finally:
+        await env.teardown()
+
+
+# ------------------------------------------------------------------ gym
+
+
+async def test_gym_template_rollout(built, run_label):
+    replies = iter(['```json\n{"message": "hello world"}\n```', "plain text", "x" * 5])
+    async with ModelServer(lambda req: Reply(content=next(replies))) as srv:
+        env = OpenEnvEnv(ECHO, prompt_renderer=echo_render, max_turns=3, labels={LABEL: run_label})
+        assert env.manifest.contract == "gym"
+        state = await _rollout(env, srv)
+    assert state.get("error") is None, state.get("error")
+    rewards = [step["reward"] for step in state["trajectory"]]
+    # Turn 1: the fenced JSON → message "hello world"; turn 2: raw text (single string field).
+    assert rewards[:2] == [pytest.approx(1.1), pytest.approx(1.0)]
+    assert state["stop_condition"] == "max_turns_reached"
+    assert "Echo: hello world (reward 1.1)" in json.dumps(state["completion"])
+    assert state["prompt"][0]["content"].startswith("Say something: Echo Env environment ready!")
+    assert "openenv_sandbox" not in state  # cleanup ran
+
+
+async def test_gym_default_rubric_is_sum_of_step_rewards(built, run_label):
+    async with ModelServer(fixed('{"message": "abc"}')) as srv:
+        env = OpenEnvEnv(ECHO, prompt_renderer=echo_render, max_turns=4, labels={LABEL: run_label})
+        out = await env.evaluate(_client(srv), "scripted", num_examples=1, rollouts_per_example=1)
+        await env.teardown()
+    [row] = out["outputs"]
+    assert row["error"] is None
+    assert row["reward"] == pytest.approx(0.9)  # 3 steps × 0.3 (the 4th turn ends the rollout)
+    assert row["metrics"]["sum_step_rewards"] == pytest.approx(0.9)
+
+
+# ------------------------------------------------------------------ mcp
+
+
+async def test_mcp_rollout_tools_and_done(built, run_label):
+    async with ModelServer(mcp_policy) as srv:
+        env = OpenEnvEnv(ARITH, prompt_renderer=lambda obs, context: obs["task"], labels={LABEL: run_label})
+        assert env.manifest.contract == "mcp"
+        out = await env.evaluate(_client(srv), "scripted", num_examples=2, rollouts_per_example=1)
+        out_wrong = await env.evaluate(_client(srv), "wrong", num_examples=1, rollouts_per_example=1)
+        await env.teardown()
+        tool_names = sorted(t["name"] for t in srv.requests[0].tools)
+    assert tool_names == ["add", "multiply", "submit"]
+    for row in out["outputs"]:
+        assert row["error"] is None
+        assert row["reward"] == 1.0 and row["stop_condition"] == "openenv_done"
+        tools_msgs = [m for m in row["completion"] if m["role"] == "tool"]
+        assert tools_msgs[-1]["content"] == "correct"
+    assert out_wrong["outputs"][0]["reward"] == 0.0
+    assert out_wrong["outputs"][0]["stop_condition"] == "openenv_done"
+
+
+async def test_mcp_reply_without_tool_calls_stops(built, run_label):
+    async with ModelServer(fixed("I would rather not.")) as srv:
+        env = OpenEnvEnv(ARITH, prompt_renderer=lambda obs, context: obs["task"], labels={LABEL: run_label})
+        state = await _rollout(env, srv)
+    assert state.get("error") is None
+    assert state["stop_condition"] == "no_tools_called"
+    assert len(state["trajectory"]) == 1
+
+
+# ------------------------------------------------------------------ failures
+
+
+async def test_server_that_never_starts_is_infra_error_with_log_tail(built, run_label, tmp_path):
+    broken = tmp_path / "broken_env"
+    shutil.copytree(ECHO, broken, ignore=shutil.ignore_patterns(".build.json", "__pycache__"))
+    app = broken / "server" / "app.py"
+    app.write_text(app.read_text() + "\nraise RuntimeError('boom at import: vf-marker-7731')\n")
+    async with ModelServer(fixed("{}")) as srv:
+        env = OpenEnvEnv(broken, prompt_renderer=echo_render, startup_timeout=90, labels={LABEL: run_label})
+        t0 = time.monotonic()
+        state = await _rollout(env, srv)
+    err = state.get("error")
+    assert isinstance(err, ServerStartError) and is_infra_error(err)
+    assert "vf-marker-7731" in str(err)  # the server's own traceback, from its log tail
+    assert time.monotonic() - t0 < 60  # the dead process is noticed, not waited out
+    assert srv.count == 0  # the model was never asked
+
+
+async def test_contract_mismatch_names_both_sides(built, run_label, tmp_path):
+    proj = tmp_path / "echo_copy"
+    shutil.copytree(ECHO, proj, ignore=shutil.ignore_patterns("__pycache__"))
+    ensure_built(proj)
+    m = read_manifest(proj)
+    write_manifest(proj, m.model_copy(update={"contract": "mcp"}))
+    async with ModelServer(fixed("{}")) as srv:
+        env = OpenEnvEnv(proj, prompt_renderer=echo_render, auto_build=False, labels={LABEL: run_label})
+        state = await _rollout(env, srv)
+    err = state.get("error")
+    assert isinstance(err, ContractMismatch) and not is_infra_error(err)
+    assert "'mcp'" in str(err) and "'gym'" in str(err)
+
+
+# ------------------------------------------------------------------ vf-sandbox eval
+
+
+def _eval(tmp_path: Path, srv_url: str, env_id: str, *extra: str, label: str) -> dict:
+    out = tmp_path / "out"
+    env = dict(os.environ, VF_RUNS_DB=str(tmp_path / "runs.db"), FAKE_KEY="x")
+    p = subprocess.run(
+        [VF, "eval", env_id, "-m", "scripted", "-b", srv_url, "-k", "FAKE_KEY", "-d", "-s", "-o", str(out),
+         "-n", "2", "-r", "1", "-a", json.dumps({"labels": {LABEL: label}}), *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    [results] = list(out.rglob("results.jsonl"))
+    return {"rows": [json.loads(line) for line in results.read_text().splitlines() if line.strip()],
+            "stdout": p.stdout}
+
+
+def test_vf_sandbox_eval_openenv_echo(built, run_label, tmp_path):
+    with ModelServer(fixed('{"message": "hi"}')).run_in_thread() as srv:
+        res = _eval(tmp_path, srv.base_url, "openenv-echo", label=run_label)
+    rows = res["rows"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.get("error") is None, row.get("error")
+        assert row["reward"] == pytest.approx(0.4)  # max_turns=3: two steps × 0.2
+
+
+def test_vf_sandbox_eval_openenv_mcp(built, run_label, tmp_path):
+    with ModelServer(mcp_policy).run_in_thread() as srv:
+        res = _eval(tmp_path, srv.base_url, "openenv-mcp", label=run_label)
+    rows = res["rows"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.get("error") is None, row.get("error")
+        assert row["reward"] == 1.0
