@@ -8,6 +8,7 @@ have started is never passed through it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -24,6 +25,8 @@ from tenacity import (
 from .errors import is_infra_error
 
 T = TypeVar("T")
+# tenacity >= 9 names the first wait `multiplier` (`initial` is deprecated); older ones only know `initial`
+_FIRST_WAIT = "multiplier" if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters else "initial"
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +44,7 @@ class RetryPolicy(BaseModel):
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential_jitter(
-                initial=self.initial_delay, max=self.max_delay, exp_base=self.exp_base, jitter=self.jitter
+                max=self.max_delay, exp_base=self.exp_base, jitter=self.jitter, **{_FIRST_WAIT: self.initial_delay}
             ),
             retry=retry_if_exception(is_infra_error),
             reraise=True,
