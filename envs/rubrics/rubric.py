@@ -127,27 +127,25 @@ class Rubric:
         t0 = time.time()
         live = [s for s in states if s.get("error") is None]
         names = self.get_reward_func_names()
-        per_func: dict[str, list[float]] = {n: [0.0] * len(states) for n in names}
+        per_func: list[list[float]] = [[0.0] * len(states) for _ in names]
         index = {id(s): i for i, s in enumerate(states)}
-        for func, name in zip(self.funcs, names):
+        for j, (func, name) in enumerate(zip(self.funcs, names)):
             if self._is_group(func):
                 if not live:
                     continue
-                args = self._group_args(live)
-                values = await self._call(func, args, name)
+                values = await self._call(func, self._group_args(live), name)
                 if values is None:
                     continue
                 for s, v in zip(live, list(values)):
-                    per_func[name][index[id(s)]] = _num(v)
+                    per_func[j][index[id(s)]] = _num(v)
             else:
                 for s in live:
-                    v = await self._call(func, self._args(s), name)
-                    per_func[name][index[id(s)]] = _num(v)
+                    per_func[j][index[id(s)]] = _num(await self._call(func, self._args(s), name))
         t1 = time.time()
         for i, s in enumerate(states):
-            reward = sum(w * per_func[n][i] for n, w in zip(names, self.weights)) if s.get("error") is None else 0.0
+            reward = sum(w * per_func[j][i] for j, w in enumerate(self.weights)) if s.get("error") is None else 0.0
             metrics = dict(s.get("metrics") or {})
-            metrics.update({n: per_func[n][i] for n in names})
+            metrics.update({n: per_func[j][i] for j, n in enumerate(names)})
             s["reward"] = float(reward)
             s["metrics"] = metrics
             timing = s.get("timing")

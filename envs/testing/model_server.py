@@ -26,7 +26,7 @@ whatever API was called:
                    to system / assistant.tool_calls / role "tool" messages;
                    a completions prompt becomes one user message)
     req.tools      list of {"name", "description", "parameters"} (both APIs)
-    req.body       the raw JSON body;  req.headers  the request headers
+    req.body       the raw JSON body;  req.headers  the request headers (case-insensitive)
     req.call_index 0-based count of requests the server has seen so far
     req.last_user_text()  /  req.tool_results()  helpers
 
@@ -86,6 +86,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 __all__ = [
     "ModelServer",
@@ -142,7 +143,7 @@ class PolicyRequest:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     body: dict[str, Any]
-    headers: dict[str, str]
+    headers: CIMultiDict[str]  # case-insensitive
     call_index: int
 
     def last_user_text(self) -> str:
@@ -557,7 +558,7 @@ class ModelServer:
             messages=messages,
             tools=_tools_of(body, api),
             body=body,
-            headers=dict(request.headers),
+            headers=CIMultiDict(request.headers),
             call_index=next(self._counter),
         )
         self.count += 1

@@ -1,0 +1,143 @@
+"""Model clients over real sockets with the real SDKs (local model server)."""
+
+import json
+
+import pytest
+
+import envs as vf
+from envs.clients import make_client
+from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fail, fail_first, fixed, tool_then_answer
+
+TOOLS = [vf.Tool(name="add", description="Add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})]
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch):
+    monkeypatch.setenv("VF_TEST_KEY", "secret-key")
+
+
+async def test_chat_client_response_tools_usage_and_headers():
+    async with ModelServer(tool_then_answer("add", {"a": 1})) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", extra_headers={"X-Team": "t1"})
+        client = make_client(cfg)
+        assert type(client).__name__ == "OpenAIChatCompletionsClient"
+        resp = await client.get_response([{"role": "user", "content": "hi"}], "m", {"temperature": 0.1, "top_k": 5}, TOOLS, extra_headers={"X-Session-ID": "7"})
+        assert resp.message.finish_reason == "tool_calls"
+        assert resp.message.tool_calls[0].name == "add" and json.loads(resp.message.tool_calls[0].arguments) == {"a": 1}
+        assert resp.usage.prompt_tokens > 0
+        req = srv.requests[0]
+        assert req.headers["Authorization"] == "Bearer secret-key"
+        assert req.headers["X-Team"] == "t1" and req.headers["X-Session-ID"] == "7"
+        assert req.body["temperature"] == 0.1 and req.body["top_k"] == 5  # unknown args go through extra_body
+        assert req.tools[0]["name"] == "add"
+        await client.close()
+
+
+async def test_completions_client():
+    async with ModelServer(fixed("done")) as srv:
+        client = make_client(vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", client_type="openai_completions"))
+        resp = await client.get_response("2+2=", "m", {"max_tokens": 5})
+        assert resp.message.content == "done" and srv.requests[0].api == "completions"
+        await client.close()
+
+
+async def test_anthropic_client_system_and_tool_roundtrip():
+    async with ModelServer(tool_then_answer("add", {"a": 2}, answer="four")) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", client_type="anthropic_messages")
+        client = make_client(cfg)
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "add"}]
+        r1 = await client.get_response(msgs, "claude", {}, TOOLS)
+        assert r1.message.finish_reason == "tool_calls"
+        call = r1.message.tool_calls[0]
+        assert srv.requests[0].api == "anthropic" and srv.requests[0].messages[0]["content"] == "be brief"
+        assert srv.requests[0].body["max_tokens"] > 0
+        msgs += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": "add", "arguments": call.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "3"},
+        ]
+        r2 = await client.get_response(msgs, "claude", {}, TOOLS)
+        assert r2.message.content == "four" and r2.message.finish_reason == "stop"
+        assert srv.requests[1].tool_results() == ["3"]
+        await client.close()
+
+
+@pytest.mark.parametrize("client_type", ["openai_chat_completions", "anthropic_messages"])
+async def test_auth_error_fails_fast_without_retries(client_type):
+    async with ModelServer(fail(401)) as srv:
+        client = make_client(vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", client_type=client_type, max_retries=5))
+        with pytest.raises(vf.ModelAuthError):
+            await client.get_response([{"role": "user", "content": "hi"}], "m", {})
+        assert srv.count == 1
+        await client.close()
+
+
+async def test_transient_errors_are_retried():
+    async with ModelServer(fail_first(2, 500, then=fixed("ok"))) as srv:
+        client = make_client(vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", max_retries=3))
+        resp = await client.get_response([{"role": "user", "content": "hi"}], "m", {})
+        assert resp.message.content == "ok" and srv.count == 3
+        await client.close()
+    async with ModelServer(fail(429)) as srv:
+        client = make_client(vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", max_retries=1))
+        with pytest.raises(vf.ModelError) as ei:
+            await client.get_response([{"role": "user", "content": "hi"}], "m", {})
+        assert not isinstance(ei.value, vf.ModelAuthError) and srv.count == 2
+        await client.close()
+
+
+async def test_endpoint_down_is_model_error():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = make_client(vf.ClientConfig(api_base_url=f"http://127.0.0.1:{port}/v1", api_key_var="VF_TEST_KEY", max_retries=0))
+    with pytest.raises(vf.ModelError, match="unreachable"):
+        await client.get_response([{"role": "user", "content": "hi"}], "m", {})
+    await client.close()
+
+
+def test_missing_key_names_the_variable(monkeypatch):
+    monkeypatch.delenv("VF_NOT_SET_KEY", raising=False)
+    with pytest.raises(vf.MissingKeyError, match="VF_NOT_SET_KEY"):
+        make_client(vf.ClientConfig(api_base_url="http://127.0.0.1:1/v1", api_key_var="VF_NOT_SET_KEY"))
+
+
+async def test_empty_response_is_invalid():
+    async with ModelServer(lambda req: Reply(content="")) as srv:
+        client = make_client(vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY"))
+        with pytest.raises(vf.EmptyModelResponseError):
+            await client.get_response([{"role": "user", "content": "hi"}], "m", {})
+        await client.close()
+
+
+async def test_replicas_round_robin_per_group_and_header_from_state():
+    async with ModelServer(fixed("a")) as s1, ModelServer(fixed("b")) as s2:
+        cfg = vf.ClientConfig(
+            api_key_var="VF_TEST_KEY",
+            endpoint_configs=[
+                vf.EndpointClientConfig(api_base_url=s1.base_url, api_key_var="VF_TEST_KEY"),
+                vf.EndpointClientConfig(api_base_url=s2.base_url, api_key_var="VF_TEST_KEY"),
+            ],
+            extra_headers_from_state={"X-Session-ID": "example_id"},
+        )
+        env = vf.SingleTurnEnv(dataset=[{"question": f"q{i}", "answer": ""} for i in range(4)])
+        out = await env.evaluate(cfg, "m", num_examples=4, rollouts_per_example=2)
+        assert s1.count == 4 and s2.count == 4  # groups alternate between replicas
+        by_example = {}
+        for o in out["outputs"]:
+            by_example.setdefault(o["example_id"], set()).add(o["completion"][0]["content"])
+        assert all(len(v) == 1 for v in by_example.values())  # a group stays on one replica
+        assert {r.headers["X-Session-ID"] for r in s1.requests} | {r.headers["X-Session-ID"] for r in s2.requests} == {"0", "1", "2", "3"}
+        assert "," in out["metadata"]["base_url"]
+
+
+async def test_raw_sdk_clients_are_wrapped():
+    from openai import AsyncOpenAI
+
+    async with ModelServer(lambda req: Reply(tool_calls=[ToolCallSpec("x", {})], content=None)) as srv:
+        client = make_client(AsyncOpenAI(base_url=srv.base_url, api_key="k"))
+        resp = await client.get_response("plain string prompt", "m", {})
+        assert resp.message.tool_calls[0].name == "x"
+        assert srv.requests[0].messages == [{"role": "user", "content": "plain string prompt"}]
+        await client.close()
