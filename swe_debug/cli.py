@@ -180,14 +180,20 @@ def _print_table(console, rows, summary, elapsed: float, out_dir: Path) -> None:
     from rich.table import Table
 
     t = Table(title=f"vf-swe-debug: {summary['valid']}/{summary['total']} valid in {elapsed:.1f}s", show_lines=False)
-    for col in ("instance", "valid", "reason", "tests s", "total s", "detail"):
-        t.add_column(col, overflow="fold" if col == "detail" else "ellipsis")
+    t.add_column("instance", overflow="fold")
+    t.add_column("valid", no_wrap=True)
+    t.add_column("reason", no_wrap=True)
+    t.add_column("tests s", justify="right", no_wrap=True)
+    t.add_column("total s", justify="right", no_wrap=True)
+    t.add_column("detail", overflow="fold", ratio=1)
     for r in rows:
         tm = r.get("timings") or {}
         t.add_row(r["instance_id"], "[green]yes[/]" if r.get("valid") else "[red]no[/]", r["reason"],
                   f"{tm.get('tests_s', 0):.1f}", f"{tm.get('total_s', 0):.1f}", (r.get("detail") or "")[:160])
+    import sys
+
     Console = type(console)
-    Console(stderr=False).print(t)
+    Console(stderr=False, width=None if sys.stdout.isatty() else 160).print(t)
     console.print(f"results: {out_dir / 'results.jsonl'}  reasons: {summary['reasons']}")
 
 

@@ -1,0 +1,281 @@
+"""SWE debugging end to end on real Docker with the example taskset built from
+PyPI sdists (idna, python-dateutil, more-itertools and the broken variants):
+valid, invalid and broken instances, timeouts, retries on infra errors,
+flakiness, the CLI's exit code and JUnit report, resume after SIGKILL.
+
+The dataset and images are built once per session into the shared cache
+(`.cache/swe-examples/`, `vf-swe/*` images), so a warm run only runs tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conftest import require_docker
+
+pytestmark = pytest.mark.docker
+
+IDNA, DATEUTIL, MORE = "kjd__idna-3.4", "dateutil__dateutil-2.8.2", "more-itertools__more-itertools-10.2.0"
+PASSES_BEFORE, BAD_GOLD = "kjd__idna-3.4-passes-before", "kjd__idna-3.4-bad-gold"
+ROOT = Path(__file__).resolve().parent.parent
+VF_SWE_DEBUG = [sys.executable, "-m", "swe_debug.cli"]
+
+
+@pytest.fixture(scope="session")
+def examples() -> Path:
+    """The example dataset, its sdists fetched and its images built (cached across runs)."""
+    require_docker()
+    import asyncio
+
+    from swe_debug.examples.builder import build_dataset, build_images
+
+    path = build_dataset()
+    asyncio.run(build_images(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def instances(examples):
+    from swe_debug.instances import load_instances
+
+    rep = load_instances(examples)
+    assert not rep.errors
+    return {i.instance_id: i for i in rep.instances}
+
+
+def _taskset(instances, ids):
+    from swe_debug.taskset import SWETaskSet
+
+    return SWETaskSet([instances[i] for i in ids])
+
+
+async def _run(instances, ids, opts=None, backend=None, taskset=None, **cfg):
+    from sandboxes import get_backend
+    from swe_debug.debug import DebugOptions
+    from swe_debug.runner import BatchRunner, RunConfig
+
+    backend = backend or get_backend("docker")
+    ts = taskset or _taskset(instances, ids)
+    try:
+        rows = await BatchRunner(ts, backend, opts or DebugOptions(), RunConfig(retry_initial_delay=0.1, **cfg)).run(ts.instances())
+    finally:
+        await backend.close()
+    return {r["instance_id"]: r for r in rows}
+
+
+async def test_gold_run_with_fails_before_check(instances, tmp_path):
+    rows = await _run(instances, [IDNA, DATEUTIL, MORE, PASSES_BEFORE, BAD_GOLD],
+                      check_fails_before=True, concurrency=2, output_dir=str(tmp_path))
+    for iid in (IDNA, DATEUTIL, MORE):
+        r = rows[iid]
+        assert r["valid"] and r["reason"] == "pass", (iid, r["reason"], r["detail"], r["stdout_tail"][-800:])
+        assert r["test_exit_code"] == (1 if iid == DATEUTIL else 0) and r["apply_method"] == "git apply"
+        assert r["fails_before"]["ok"] and r["fails_before"]["test_exit_code"] != 0
+        assert r["fail_to_pass"]["passed"] == len(instances[iid].FAIL_TO_PASS) > 0
+        assert r["pass_to_pass"]["passed"] == len(instances[iid].PASS_TO_PASS)
+        t = r["timings"]
+        assert t["tests_s"] > 0 and t["create_s"] > 0 and t["total_s"] >= t["tests_s"]
+    assert rows[DATEUTIL]["pass_to_pass"]["passed"] > 1000  # the whole suite collected (needs pytest-cov)
+    # the tests pass without the patch: a gold run alone would call it valid
+    pb = rows[PASSES_BEFORE]
+    assert not pb["valid"] and pb["reason"] == "test_failed"
+    assert pb["fails_before"]["passing_before"] == instances[PASSES_BEFORE].FAIL_TO_PASS
+    bg = rows[BAD_GOLD]
+    assert not bg["valid"] and bg["reason"] == "gold_apply_failed" and bg["test_exit_code"] is None
+    assert "patch --batch --fuzz=5" in bg["stdout_tail"]  # every rung was tried
+    # one row per instance, on disk, plus a summary
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["instance_id"] for x in lines) == sorted(rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["valid"] == 3 and summary["reasons"] == {"pass": 3, "test_failed": 1, "gold_apply_failed": 1}
+
+
+async def test_passes_before_instance_is_valid_without_the_check(instances):
+    rows = await _run(instances, [PASSES_BEFORE])
+    assert rows[PASSES_BEFORE]["valid"]  # which is exactly why --check-fails-before exists
+
+
+async def test_noop_and_command_steps(instances):
+    from swe_debug.debug import DebugOptions
+
+    rows = await _run(instances, [IDNA], DebugOptions(debug_step="none"))
+    r = rows[IDNA]
+    assert r["reason"] == "test_failed" and r["test_exit_code"] == 1
+    assert r["fail_to_pass"]["failing"] == instances[IDNA].FAIL_TO_PASS
+
+    rows = await _run(instances, [IDNA], DebugOptions(debug_step="command", debug_command="echo to-stderr >&2; exit 3"))
+    r = rows[IDNA]
+    assert r["reason"] == "debug_command_failed" and r["debug_exit_code"] == 3 and "to-stderr" in r["stderr_tail"]
+    assert r["test_exit_code"] is None  # tests are skipped after a failed debug step
+
+    # a command can be the fix: apply the upstream change by hand, then the tests pass
+    fix = ("python3 - <<'EOF'\nimport re, pathlib\np = pathlib.Path('idna/core.py')\ns = p.read_text()\n"
+           "s = s.replace(\"        s = s.decode('ascii')\", \"        try:\\n            s = s.decode('ascii')\\n"
+           "        except UnicodeDecodeError:\\n            raise IDNAError('bytes')\", 1)\np.write_text(s)\nEOF")
+    rows = await _run(instances, [IDNA], DebugOptions(debug_step="command", debug_command=fix))
+    assert rows[IDNA]["reason"] == "pass", rows[IDNA]["detail"]
+
+
+async def test_hanging_debug_script_times_out_and_leaves_nothing(instances):
+    from sandboxes import get_backend
+    from swe_debug.debug import DebugOptions
+    from swe_debug.examples.builder import HANG_SCRIPT
+
+    label = f"t-{uuid.uuid4().hex[:8]}"
+    t0 = time.perf_counter()
+    rows = await _run(instances, [IDNA], DebugOptions(debug_step="script", debug_script_path=str(HANG_SCRIPT),
+                                                      debug_timeout=3, labels={"swe-test": label}))
+    r = rows[IDNA]
+    assert r["reason"] == "timeout" and not r["valid"] and "exceeded 3s" in r["detail"]
+    assert "hangs" in r["stdout_tail"]
+    assert time.perf_counter() - t0 < 20
+    be = get_backend("docker")
+    try:
+        assert await be.list({"swe-test": label}) == []
+    finally:
+        await be.close()
+
+
+async def test_whole_rollout_timeout(instances):
+    from swe_debug.debug import DebugOptions
+
+    rows = await _run(instances, [IDNA], DebugOptions(debug_step="command", debug_command="sleep 60", timeout_seconds=2))
+    assert rows[IDNA]["reason"] == "timeout" and "timeout_seconds" in rows[IDNA]["detail"]
+
+
+class FlakyCreate:
+    """The real Docker backend, except that the first `fail` creates raise an InfraError."""
+
+    def __init__(self, fail: int):
+        from sandboxes import get_backend
+
+        self.inner, self.fail, self.calls = get_backend("docker"), fail, 0
+        self.name = "flaky-docker"
+
+    async def create(self, spec, **kw):
+        from sandboxes import SandboxCreateError
+
+        self.calls += 1
+        if self.calls <= self.fail:
+            raise SandboxCreateError("injected: the daemon refused the container")
+        return await self.inner.create(spec, **kw)
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
+
+
+async def test_sandbox_error_is_retried_then_reported(instances):
+    rows = await _run(instances, [IDNA], backend=FlakyCreate(fail=1), max_retries=2)
+    assert rows[IDNA]["reason"] == "pass" and rows[IDNA]["attempts"] == 2
+    rows = await _run(instances, [IDNA], backend=FlakyCreate(fail=10), max_retries=1)
+    r = rows[IDNA]
+    assert r["reason"] == "sandbox_error" and r["error_type"] == "SandboxCreateError" and r["attempts"] == 2
+
+
+async def test_repeat_reports_flaky(instances):
+    from swe_debug.taskset import SWETaskSet
+
+    class EverySecondRunFails(SWETaskSet):
+        """Real runs; the second test run's log is graded as if a P2P test had not run."""
+
+        runs = 0
+
+        def grade(self, inst, parse, exit_code):
+            type(self).runs += 1
+            if self.runs == 2:
+                parse = parse.model_copy(update={"statuses": {}})
+            return super().grade(inst, parse, exit_code)
+
+    ts = EverySecondRunFails([instances[IDNA]])
+    rows = await _run(instances, [IDNA], taskset=ts, repeat=3)
+    r = rows[IDNA]
+    assert r["reason"] == "flaky" and not r["valid"] and "2/3" in r["detail"]
+    assert [x["valid"] for x in r["repeats"]] == [True, False, True]
+
+
+async def test_prebuilt_image_and_missing_image(instances, tmp_path):
+    from swe_debug.images import ImageBuilder
+    from swe_debug.instances import SWEInstance
+
+    tag = (await ImageBuilder().ensure(instances[IDNA])).tag
+    data = instances[IDNA].model_dump(exclude={"source", "environment"})
+    pre = SWEInstance.model_validate({**data, "instance_id": "prebuilt", "image_name": tag})
+    gone = SWEInstance.model_validate({**data, "instance_id": "gone", "image_name": "vf-swe/does-not-exist:1"})
+    from swe_debug.taskset import SWETaskSet
+
+    ts = SWETaskSet([pre, gone])
+    rows = await _run(instances, [], taskset=ts)
+    assert rows["prebuilt"]["reason"] == "pass" and rows["prebuilt"]["image"] == tag
+    assert rows["gone"]["reason"] == "setup_failed" and "cannot be pulled" in rows["gone"]["detail"]
+
+
+def test_cli_exit_code_and_junit(examples, tmp_path):
+    out, junit = tmp_path / "out", tmp_path / "junit.xml"
+    env = {**os.environ, "VF_RUNS_DB": str(tmp_path / "runs.db")}
+    ok = subprocess.run([*VF_SWE_DEBUG, str(examples), "--instance-ids", IDNA, "-o", str(out), "-q"],
+                        capture_output=True, text=True, cwd=ROOT, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", f"{IDNA},{BAD_GOLD}", "-o", str(out),
+                          "--junit-xml", str(junit), "-q"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "gold_apply_failed" in bad.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases[IDNA].find("failure") is None
+    fail = cases[BAD_GOLD].find("failure")
+    assert fail.get("message").startswith("gold_apply_failed") and "Hunk #1 FAILED" in fail.text
+    unknown = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", "nope", "-o", str(out), "-q"],
+                             capture_output=True, text=True, cwd=ROOT, env=env)
+    assert unknown.returncode == 2 and "nope" in unknown.stderr
+
+
+def test_resume_after_sigkill(examples, tmp_path):
+    out = tmp_path / "out"
+    results = out / "results.jsonl"
+    run_id = uuid.uuid4().hex[:12]
+    env = {**os.environ, "VF_SANDBOX_RUN_ID": run_id, "VF_RUNS_DB": str(tmp_path / "runs.db")}
+    ids = f"{IDNA},{BAD_GOLD},{DATEUTIL},{MORE}"
+    proc = subprocess.Popen([*VF_SWE_DEBUG, str(examples), "-i", ids, "-c", "1", "-o", str(out), "-q"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if results.exists() and len(results.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        # the killed run's sandboxes: ours by run id (the backend's lifetime cap would get them too)
+        leftover = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.run-id={run_id}"],
+                                  capture_output=True, text=True).stdout.split()
+        if leftover:
+            subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+    before = [json.loads(x) for x in results.read_text().splitlines()]  # every line is whole JSON
+    assert 2 <= len(before) < 4, "the run finished before it could be killed"
+    done = {r["instance_id"]: r["finished_at"] for r in before}
+
+    res = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", ids, "-c", "2", "-o", str(out), "--resume", "-q"],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr  # the bad-gold instance is invalid
+    after = [json.loads(x) for x in results.read_text().splitlines()]
+    assert sorted(r["instance_id"] for r in after) == sorted(ids.split(","))  # nothing ran twice
+    for r in after:
+        if r["instance_id"] in done:
+            assert r["finished_at"] == done[r["instance_id"]]
+    reasons = {r["instance_id"]: r["reason"] for r in after}
+    assert reasons == {IDNA: "pass", BAD_GOLD: "gold_apply_failed", DATEUTIL: "pass", MORE: "pass"}
