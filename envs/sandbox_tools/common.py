@@ -1,0 +1,64 @@
+"""Shared pieces of the host-side drivers: the process starter signature,
+bounded head+tail text, and the guard that turns a silent sandbox into an
+`AgentError`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from sandboxes.errors import AgentError
+from sandboxes.interface import BackgroundProcess
+
+ProcessStarter = Callable[[Sequence[str], "dict[str, str] | None"], Awaitable[BackgroundProcess]]
+"""`start(argv, env) -> BackgroundProcess`: `sandbox.start_process` or `LocalProcess.start`."""
+
+DEFAULT_OUTPUT_LIMIT = 16384
+"""Bytes of output a tool call shows the model (half head, half tail)."""
+
+GUARD_SECONDS = 30.0
+"""Extra seconds granted to the backend beyond a wait it was asked to bound itself."""
+
+
+def cap_text(text: str, limit: int) -> tuple[str, int]:
+    """Keep `limit//2` bytes of head and of tail (UTF-8); returns (text, bytes cut)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text, 0
+    half = limit // 2
+    cut = len(data) - 2 * half
+    head = data[:half].decode("utf-8", "ignore")
+    tail = data[-half:].decode("utf-8", "ignore")
+    return f"{head}\n[... {cut} bytes cut ...]\n{tail}", cut
+
+
+async def guarded(awaitable: Awaitable, seconds: float, what: str):
+    """Await with a host-side deadline; past it the sandbox is declared unresponsive (InfraError)."""
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except asyncio.TimeoutError:
+        raise AgentError(f"the sandbox did not answer {what} within {seconds:.0f}s") from None
+
+
+async def start_local(argv: Sequence[str], env: dict[str, str] | None = None) -> BackgroundProcess:
+    """A `ProcessStarter` running the program as a host subprocess (tests, benchmarks)."""
+    from .local_process import LocalProcess
+
+    return await LocalProcess.start(argv, env=env)
+
+
+async def kill_process(proc: BackgroundProcess) -> None:
+    """SIGKILL the process group and reap it; never raises (the sandbox may be gone already)."""
+    import signal
+
+    try:
+        await guarded(proc.kill(signal.SIGKILL, group=True), 10, "kill")
+        await guarded(proc.wait(5), 10, "wait")
+    except Exception:
+        pass
+    close = getattr(proc, "close", None)  # host processes: release the pipes too
+    if close is not None:
+        try:
+            await close()
+        except Exception:
+            pass

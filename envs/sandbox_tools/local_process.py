@@ -1,0 +1,157 @@
+"""`LocalProcess`: a `BackgroundProcess` over a plain host subprocess.
+
+It gives the in-sandbox programs (bash driver, Python worker) the same
+contract they get inside a sandbox — stdin pipe, `read_output(until=,
+timeout=)`, group kill — so their drivers can be tested and benchmarked on
+the host without any backend. Output buffers are bounded like the agent's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal as _signal
+from collections.abc import Sequence
+
+from sandboxes.interface import BackgroundProcess
+from sandboxes.results import ProcessStatus
+
+DEFAULT_BUFFER_LIMIT = 1024 * 1024
+
+
+class _Buffer:
+    """Unread output of one stream, bounded: when full the oldest bytes go (counted)."""
+
+    def __init__(self, limit: int) -> None:
+        self.data = bytearray()
+        self.limit = limit
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        extra = len(self.data) - self.limit
+        if extra > 0:
+            del self.data[:extra]
+            self.dropped += extra
+
+
+class LocalProcess(BackgroundProcess):
+    """A host subprocess in its own process group, with bounded stdout/stderr buffers."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, buffer_limit: int) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+        self._out = _Buffer(buffer_limit)
+        self._err = _Buffer(buffer_limit)
+        self._changed = asyncio.Condition()
+        self._eof = 0
+        self._tasks = [
+            asyncio.ensure_future(self._pump(proc.stdout, self._out)),
+            asyncio.ensure_future(self._pump(proc.stderr, self._err)),
+        ]
+
+    @classmethod
+    async def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+    ) -> "LocalProcess":
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+        return cls(proc, buffer_limit)
+
+    async def _pump(self, stream: asyncio.StreamReader | None, buf: _Buffer) -> None:
+        assert stream is not None
+        while True:
+            chunk = await stream.read(65536)
+            async with self._changed:
+                if chunk:
+                    buf.add(chunk)
+                else:
+                    self._eof += 1
+                self._changed.notify_all()
+            if not chunk:
+                return
+
+    def _status(self) -> ProcessStatus:
+        rc = self._proc.returncode
+        if rc is None:
+            return ProcessStatus(pid=self.pid, running=True)
+        if rc < 0:
+            return ProcessStatus(pid=self.pid, running=False, signal=-rc)
+        return ProcessStatus(pid=self.pid, running=False, exit_code=rc)
+
+    async def poll(self) -> ProcessStatus:
+        return self._status()
+
+    async def read_output(self, until: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        marker = until.encode() if until else None
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        async with self._changed:
+            while marker is not None:
+                if marker in self._out.data or self._eof >= 2:
+                    break
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            cut = len(self._out.data)
+            if marker is not None:
+                i = self._out.data.find(marker)
+                if i >= 0:
+                    cut = i + len(marker)
+            out = bytes(self._out.data[:cut])
+            del self._out.data[:cut]
+            err = bytes(self._err.data)
+            self._err.data.clear()
+        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        stdin = self._proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(data)
+            await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the process exited; poll() tells
+
+    async def kill(self, signal: int = 9, group: bool = True) -> None:
+        if self._proc.returncode is not None:
+            return
+        try:
+            if group:
+                os.killpg(self.pid, signal)
+            else:
+                os.kill(self.pid, signal)
+        except ProcessLookupError:
+            pass
+
+    async def wait(self, timeout: float | None = None) -> ProcessStatus:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._proc.wait()), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return self._status()
+
+    async def close(self) -> None:
+        """Kill the group and reap (host-only helper)."""
+        await self.kill(_signal.SIGKILL, group=True)
+        await self.wait(5)
+        for t in self._tasks:
+            t.cancel()
