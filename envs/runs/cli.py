@@ -217,8 +217,8 @@ def stop_cmd(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for a graceful stop."),
     force: bool = typer.Option(False, "--force", help="SIGKILL the run if it has not stopped in time."),
-    reap: bool = typer.Option(False, "--reap", help="After a forced kill, remove sandboxes whose owner died "
-                              "(`vf-sandbox sandboxes reap` on the run's backend)."),
+    keep_sandboxes: bool = typer.Option(False, "--keep-sandboxes",
+                                        help="When the process died without cleaning up, leave its sandboxes."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Stop a run gracefully: SIGTERM (the run saves finished groups, tears down
@@ -231,15 +231,14 @@ def stop_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1)
     typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
-    if rec.vanished:  # killed, not a graceful exit: its sandboxes may be left behind
-        if reap:
-            from sandboxes.lifecycle import reap_sync
-
-            backend = rec.args.get("backend") if isinstance(rec.args.get("backend"), str) else None
-            doomed = reap_sync(backend)
-            typer.echo(f"reaped {len(doomed)} orphaned sandbox(es)")
+    if rec.vanished and not keep_sandboxes:  # it died without its own teardown
+        try:
+            n = remove_orphaned_sandboxes(rec)
+        except Exception as exc:  # noqa: BLE001 - report, the stop itself succeeded
+            typer.echo(f"could not check for sandboxes it left ({exc}); try `vf-sandbox sandboxes reap`", err=True)
         else:
-            typer.echo("the process was killed: remove sandboxes it left with `vf-sandbox sandboxes reap`")
+            if n:
+                typer.echo(f"removed {n} sandbox(es) the run left behind")
     if rec.status != "stopped":
         raise typer.Exit(1)
 
@@ -282,6 +281,45 @@ def stop_run(run_id: str, *, timeout: float = 60.0, force: bool = False) -> "Run
             time.sleep(0.1)
     raise StopError(f"run {rec.id} (pid {rec.pid}) did not stop within {timeout:.0f}s; "
                     "retry with --force to SIGKILL it")
+
+
+def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> int:
+    """Delete the sandboxes this run created whose owner process is gone (found
+    by the run-id label every sandbox carries). Live owners' sandboxes are kept."""
+    import asyncio
+
+    import socket
+
+    from sandboxes.labels import MANAGED, OWNER_HOST, OWNER_PID, OWNER_START, RUN_ID
+    from sandboxes.registry import get_backend
+
+    from .registry import pid_alive
+
+    def orphaned(labels: dict[str, str]) -> bool:
+        # like sandboxes.labels.owner_alive, but a zombie owner counts as dead
+        if labels.get(OWNER_HOST) != socket.gethostname():
+            return False
+        try:
+            return not pid_alive(int(labels.get(OWNER_PID, "")), labels.get(OWNER_START, ""))
+        except ValueError:
+            return True
+
+    if not rec.sandbox_run_id:
+        return 0
+    name = backend or (rec.args.get("backend") if isinstance(rec.args.get("backend"), str) else None)
+
+    async def go() -> int:
+        be = get_backend(name)
+        try:
+            infos = await be.list({MANAGED: "true", RUN_ID: rec.sandbox_run_id})
+            ids = [i.id for i in infos if orphaned(i.labels)]
+            if ids:
+                await be.delete_many(ids=ids)
+            return len(ids)
+        finally:
+            await be.close()
+
+    return asyncio.run(go())
 
 
 @app.command("dashboard")
