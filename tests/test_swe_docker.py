@@ -279,3 +279,27 @@ def test_resume_after_sigkill(examples, tmp_path):
             assert r["finished_at"] == done[r["instance_id"]]
     reasons = {r["instance_id"]: r["reason"] for r in after}
     assert reasons == {IDNA: "pass", BAD_GOLD: "gold_apply_failed", DATEUTIL: "pass", MORE: "pass"}
+
+
+async def test_swe_debug_env_rewards_valid_and_retries_infra_errors(examples):
+    from swe_debug.env import load_environment
+
+    env = load_environment(dataset=str(examples), instance_ids=[IDNA, PASSES_BEFORE, BAD_GOLD], check_fails_before=True)
+    try:
+        out = await env.generate(env.get_eval_inputs(), client=None, model="none")
+    finally:
+        await env.teardown()
+    rows = {r["info"]["instance_id"]: r for r in out["outputs"]}
+    assert {k: r["reward"] for k, r in rows.items()} == {IDNA: 1.0, PASSES_BEFORE: 0.0, BAD_GOLD: 0.0}
+    assert rows[BAD_GOLD]["info"]["swe_debug"]["reason"] == "gold_apply_failed"
+    assert rows[IDNA]["metrics"]["tests_s"] > 0 and rows[IDNA]["completion"] == []  # no model turn
+
+    env = load_environment(dataset=str(examples), instance_ids=IDNA)
+    env._backend = FlakyCreate(fail=1)  # the first sandbox creation fails with an InfraError
+    env.retry_policy = env.retry_policy.model_copy(update={"initial_delay": 0.1})
+    try:
+        out = await env.generate(env.get_eval_inputs(), client=None, model="none", max_retries=2)
+    finally:
+        await env.teardown()
+    (row,) = out["outputs"]
+    assert row["reward"] == 1.0 and row["attempts"] == 2 and row["error"] is None
