@@ -162,8 +162,9 @@ async def test_create_failures_carry_the_pod_reason_and_leave_no_pod(backend, k8
     with pytest.raises(PodUnschedulable, match="Insufficient nvidia.com/gpu"):
         await be.create(SandboxSpec(image="unschedulable", gpu_count=1))
     await be.close()
-    with pytest.raises(PodTerminated):
+    with pytest.raises(SandboxCreateError, match="container terminated") as e:
         await backend.create(SandboxSpec(image="crashloop"))
+    assert isinstance(e.value.__cause__, PodTerminated)
     assert k8s.pods == {}
 
 
@@ -306,10 +307,15 @@ async def test_config_and_connectivity_errors(tmp_path, k8s):
     await be.close()
 
 
-async def test_idle_stream_survives_with_keepalives(k8s):
+async def test_idle_stream_gets_keepalive_frames(k8s):
     be = get_backend("kubernetes", kubeconfig=k8s.kubeconfig, poll_interval=0.05, keepalive=0.1)
     async with await be.create(SandboxSpec()) as sb:
-        await asyncio.sleep(0.6)  # several ping/pong rounds on the idle websocket
+        await asyncio.sleep(0.65)  # idle: only keepalives cross the stream
+        assert k8s.empty_stdin_frames >= 4
+        before = k8s.empty_stdin_frames
+        for _ in range(10):  # busy: no keepalive needed
+            await sb.exec(["sleep", "0.02"])
+        assert k8s.empty_stdin_frames - before <= 2
         assert (await sb.exec("echo alive")).stdout == "alive\n"
     await be.close()
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import ssl
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -228,7 +229,7 @@ class KubeApi:
         try:
             ws = await self.session.ws_connect(
                 url, params=params, protocols=EXEC_PROTOCOLS, headers=self.conn.headers(),
-                heartbeat=self.cfg.keepalive, max_msg_size=0, autoping=True,
+                max_msg_size=0, autoping=True,
                 timeout=aiohttp.ClientWSTimeout(ws_close=5.0) if hasattr(aiohttp, "ClientWSTimeout") else 5.0,
             )
         except aiohttp.WSServerHandshakeError as e:
@@ -239,7 +240,7 @@ class KubeApi:
             raise AgentError(f"pod {pod}: exec handshake failed ({e.status} {e.message})") from e
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
             raise BackendUnavailable(f"kubernetes API server {self.conn.host} unreachable for exec: {e!r}") from e
-        return ExecChannel(ws, pod)
+        return ExecChannel(ws, pod, keepalive=self.cfg.keepalive)
 
 
 class ExecChannel:
@@ -249,9 +250,12 @@ class ExecChannel:
 
     STDERR_KEEP = 64 * 1024
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, pod: str) -> None:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, pod: str, keepalive: float | None = 30.0) -> None:
         self.ws = ws
         self.pod = pod
+        self.keepalive = keepalive
+        self.keepalives_sent = 0
+        self._last_send = time.monotonic()
         self.protocol = ws.protocol or "v4.channel.k8s.io"
         self.status: dict[str, Any] | None = None
         self.stderr = bytearray()
@@ -260,6 +264,26 @@ class ExecChannel:
         self._closed = False
         self._eof = False
         self._pump = asyncio.create_task(self._read_loop())
+        self._pinger = asyncio.create_task(self._keepalive()) if keepalive else None
+
+    async def _keepalive(self) -> None:
+        """An empty stdin frame after `keepalive` idle seconds: a no-op for the process that
+        keeps load balancers and proxies from closing an idle stream. (Websocket pings are
+        answered by the server automatically but a missing pong would not tell us more than
+        a failed send does, so we do not close on them.)"""
+        assert self.keepalive
+        while not self.closed:
+            await asyncio.sleep(max(0.0, self._last_send + self.keepalive - time.monotonic()))
+            if self.closed:
+                return
+            if time.monotonic() - self._last_send >= self.keepalive:
+                try:
+                    async with self._send_lock:
+                        await self.ws.send_bytes(bytes([STDIN]))
+                    self.keepalives_sent += 1
+                    self._last_send = time.monotonic()
+                except Exception:  # the read loop notices the broken stream
+                    return
 
     async def _read_loop(self) -> None:
         try:
@@ -301,6 +325,7 @@ class ExecChannel:
                 view = memoryview(data)
                 for i in range(0, len(view), _STDIN_CHUNK):
                     await self.ws.send_bytes(b"\x00" + bytes(view[i : i + _STDIN_CHUNK]))
+                self._last_send = time.monotonic()
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as e:
             raise AgentError(f"exec stream to pod {self.pod} dropped while sending: {e!r}") from e
 
@@ -322,6 +347,8 @@ class ExecChannel:
                 await self.ws.send_bytes(bytes([CLOSE, STDIN]))
         except Exception:  # best effort
             pass
+        if self._pinger is not None:
+            self._pinger.cancel()
         await self.ws.close()
         self._pump.cancel()
         try:

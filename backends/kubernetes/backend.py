@@ -40,7 +40,7 @@ from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import agent_source
-from sandboxes.errors import AgentError, InfraError, SandboxCreateError
+from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError
 from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
 from sandboxes.spec import SandboxSpec
 
@@ -238,9 +238,12 @@ class KubernetesBackend:
         try:
             await self._wait_running(name)
             conn = await self._start_agent(name)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(Exception):
                 await self.api.delete_pod(name)
+            if isinstance(e, InfraError) and not isinstance(e, (SandboxCreateError, BackendUnavailable)):
+                # e.g. PodOOMKilled or an agent that never said hello: creation failed (cause kept)
+                raise SandboxCreateError(f"pod {name} failed while starting: {e}") from e
             raise
         lifecycle.track(name, functools.partial(self.api.delete_pod_sync, name), backend=self.name)
         return KubeSandbox(conn, id=name, name=name, spec=spec, backend_name=self.name, backend=self)

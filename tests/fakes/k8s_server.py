@@ -162,6 +162,7 @@ class FakeKubernetes:
         self.network_policies: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.fail_next_exec: int = 0  # test hook: refuse this many exec handshakes with 500
+        self.empty_stdin_frames = 0  # keepalive frames seen on exec streams
         self.create_times: list[float] = []  # monotonic time of each pod create request
         self.delete_bodies: list[dict[str, Any]] = []  # DeleteOptions received
         self._dir = Path(tempfile.mkdtemp(prefix="vf-fake-k8s-"))
@@ -438,7 +439,9 @@ class FakeKubernetes:
                 if msg.type != WSMsgType.BINARY or not msg.data:
                     continue
                 ch, payload = msg.data[0], msg.data[1:]
-                if ch == 0 and payload and proc.stdin and not proc.stdin.is_closing():
+                if ch == 0 and not payload:
+                    self.empty_stdin_frames += 1
+                elif ch == 0 and payload and proc.stdin and not proc.stdin.is_closing():
                     try:
                         proc.stdin.write(payload)
                         await proc.stdin.drain()
