@@ -62,7 +62,8 @@ async def _kubernetes_fake() -> AsyncIterator[tuple[object, SandboxSpec]]:
     async with FakeKubernetes() as k8s:
         d = tempfile.mkdtemp(prefix="vf-conf-kube-")
         kubeconfig = k8s.write_kubeconfig(os.path.join(d, "config"))
-        backend = KubernetesBackend(kubeconfig=str(kubeconfig), poll_interval=0.05)
+        backend = KubernetesBackend(kubeconfig=str(kubeconfig), context="fake", namespace=k8s.namespace,
+                                    runtime_class_name=None, poll_interval=0.05)
         try:
             yield backend, SandboxSpec(image="python:3.11-slim")
         finally:

@@ -139,6 +139,13 @@ def test_classify_pod_status(pod, state, err, text):
 # -- against the fake API server --------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_cluster_env(monkeypatch):
+    """The fake's kubeconfig must win over a developer's VF_K8S_* settings."""
+    for var in ("VF_K8S_CONTEXT", "VF_K8S_NAMESPACE", "VF_K8S_RUNTIME_CLASS", "KUBECONFIG"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture
 async def k8s(tmp_path):
     async with FakeKubernetes() as fake:

@@ -218,6 +218,12 @@ class KubeApi:
         except ApiError as e:
             if e.status != 409:  # created concurrently: fine
                 raise
+        except ConfigError as e:
+            raise ConfigError(
+                f"cannot create the deny-all NetworkPolicy {name!r} that keeps network-off sandboxes offline ({e}); "
+                "have an admin create it (backends.kubernetes.manifest.deny_all_network_policy), "
+                "or pass create_network_policy=False if your cluster isolates pods otherwise"
+            ) from e
 
     # exec -------------------------------------------------------------------
     async def exec_channel(self, pod: str, argv: Sequence[str], *, container: str | None = None) -> "ExecChannel":

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
 class KubernetesConfig(BaseModel):
     """Where and how sandbox pods are created. Pass as keyword arguments to
-    `get_backend("kubernetes", ...)` or `KubernetesBackend(...)`."""
+    `get_backend("kubernetes", ...)` or `KubernetesBackend(...)`; CLIs that only
+    name the backend get the defaults, with context, namespace and runtime class
+    read from $VF_K8S_CONTEXT, $VF_K8S_NAMESPACE and $VF_K8S_RUNTIME_CLASS."""
 
     model_config = ConfigDict(extra="forbid")
 
-    context: str | None = Field(None, description="kubeconfig context; None = current context ($VF_K8S_CONTEXT is read by the tests only).")
+    context: str | None = Field(default_factory=lambda: _env("VF_K8S_CONTEXT"), description="kubeconfig context; default $VF_K8S_CONTEXT, else the current context.")
     kubeconfig: str | None = Field(None, description="kubeconfig path; None = $KUBECONFIG or ~/.kube/config.")
     in_cluster: bool | None = Field(None, description="Use the pod's service account; None = auto (in-cluster when $KUBERNETES_SERVICE_HOST is set and no kubeconfig given).")
-    namespace: str = Field("default", description="Namespace of sandbox pods (must exist).")
+    namespace: str = Field(default_factory=lambda: _env("VF_K8S_NAMESPACE") or "default", description="Namespace of sandbox pods (must exist); default $VF_K8S_NAMESPACE or 'default'.")
     container_name: str = Field("sandbox", description="Name of the one container of each pod.")
     image_pull_policy: str = Field("IfNotPresent", description="imagePullPolicy of the container.")
-    runtime_class_name: str | None = Field(None, description="runtimeClassName, e.g. 'gvisor' or 'kata'.")
+    runtime_class_name: str | None = Field(default_factory=lambda: _env("VF_K8S_RUNTIME_CLASS"), description="runtimeClassName, e.g. 'gvisor' or 'kata'; default $VF_K8S_RUNTIME_CLASS.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of every pod.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations (Kubernetes JSON form).")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Names of image pull secrets.")

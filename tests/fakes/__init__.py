@@ -1,0 +1,1 @@
+"""Contract fakes of remote sandbox services (Kubernetes API server, Prime API) for tests and benchmarks."""
