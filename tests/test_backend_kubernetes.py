@@ -338,3 +338,14 @@ async def test_lifecycle_cleanup_deletes_tracked_pods_synchronously(backend, k8s
     other = await backend.create(SandboxSpec())
     await other.delete()
     assert other.id not in lifecycle.live()
+
+
+async def test_delete_many_without_filters_removes_only_our_pods(backend, k8s):
+    await backend.create(SandboxSpec())
+    await backend.create(SandboxSpec(labels={"x": "y"}))
+    foreign = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "not-ours", "labels": {"app": "web"}},
+               "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
+    await backend.api.create_pod(foreign)
+    assert await backend.delete_many() == 2
+    assert set(k8s.pods) == {"not-ours"}
+    assert await backend.delete_many(ids=["not-ours"]) == 0 and "not-ours" in k8s.pods

@@ -325,15 +325,15 @@ class KubernetesBackend:
         lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
+        """By label (every vf-sandbox pod when both are None): one deletecollection call;
+        by ids (optionally filtered by labels): one grace-0 delete per pod of ours."""
         api = await self.connect()
-        if labels is not None and not ids:
-            gone = await api.delete_pods(mf.selector(labels))
+        if ids is None:
+            gone = await api.delete_pods(mf.selector(labels or {}))
             for name in gone:
                 lifecycle.untrack(name)
             return len(gone)
-        targets = set(ids or [])
-        if labels is not None:
-            targets &= {i.id for i in await self.list(labels)}
+        targets = set(ids) & {i.id for i in await self.list(labels or {})}  # never a pod that is not ours
         results = await asyncio.gather(*(api.delete_pod(t) for t in targets))
         for t in targets:
             lifecycle.untrack(t)
