@@ -42,7 +42,7 @@ def pid_alive(pid: int) -> bool:
 
 def test_agent_source_is_python37_stdlib_only():
     tree = ast.parse(agent_source(), feature_version=(3, 7))
-    allowed = {"base64", "json", "os", "selectors", "signal", "subprocess", "sys", "threading", "time", "tarfile", "stat"}
+    allowed = {"base64", "json", "os", "queue", "select", "selectors", "signal", "subprocess", "sys", "threading", "time", "tarfile", "stat"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             assert {a.name.split(".")[0] for a in node.names} <= allowed
@@ -114,11 +114,10 @@ async def test_binary_output_never_crashes(sb):
 
 
 async def test_concurrent_requests_do_not_block(sb):
-    slow = asyncio.create_task(sb.exec("sleep 1.5; echo slow"))
+    slow = asyncio.create_task(sb.exec("sleep 4; echo slow"))
     await asyncio.sleep(0.1)
-    t0 = time.monotonic()
     fast = await asyncio.gather(*(sb.exec(f"echo {i}") for i in range(20)))
-    assert time.monotonic() - t0 < 1.0
+    assert not slow.done(), "the fast commands waited for the slow one"
     assert [f.stdout for f in fast] == [f"{i}\n" for i in range(20)]
     assert (await slow).stdout == "slow\n"
 

@@ -222,22 +222,25 @@ class AgentConnection:
     async def call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
         """Send one request and return its result event (errors raised as typed exceptions)."""
         rid, waiter = self._register(msg, streaming=False)
+        timer = None
+        if timeout is not None:  # a timer, not wait_for: no extra task on the hot path
+            timer = asyncio.get_running_loop().call_later(timeout, self._expire, waiter.future, msg.get("op"), timeout)
         try:
             await self._send(msg)
-            if timeout is None:
-                reply = await waiter.future
-            else:
-                try:
-                    reply = await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
-                except asyncio.TimeoutError:
-                    raise AgentError(
-                        f"agent did not answer {msg.get('op')} within {timeout:.0f}s on {self.channel.describe()}{self._log()}"
-                    ) from None
+            reply = await waiter.future
         except BaseException:
             if self._waiters.pop(rid, None) is not None and cancel_on_abort:
                 await asyncio.shield(self.notify({"op": "cancel", "id": rid}))
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         return _raise_error(reply)
+
+    def _expire(self, future: asyncio.Future, op: str, timeout: float) -> None:
+        if not future.done():
+            future.set_exception(AgentError(
+                f"agent did not answer {op} within {timeout:.0f}s on {self.channel.describe()}{self._log()}"))
 
     async def stream(self, msg: dict[str, Any], inbound: AsyncIterator[bytes] | None = None) -> AsyncIterator[dict]:
         """Send a request and yield its chunk events, then its result event.

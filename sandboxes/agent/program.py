@@ -14,6 +14,8 @@ On stdin EOF the agent kills every process group it started and exits.
 import base64
 import json
 import os
+import queue
+import select
 import selectors
 import signal
 import subprocess
@@ -34,6 +36,10 @@ _requests_lock = threading.Lock()
 _procs = {}  # pid -> Background
 _procs_lock = threading.Lock()
 _groups = set()  # pgids of running execs (killed on exit)
+_jobs = queue.SimpleQueue()  # work for idle worker threads
+_idle = [0]  # idle workers waiting on _jobs
+_idle_lock = threading.Lock()
+_oom_seen = [None]  # memory cgroup's oom_kill counter as last read
 
 
 def log(msg):
@@ -208,8 +214,10 @@ def command_argv(req):
 
 
 def command_env(req):
+    if not req.get("env"):
+        return None  # inherit
     env = dict(os.environ)
-    env.update(req.get("env") or {})
+    env.update(req["env"])
     return env
 
 
@@ -243,6 +251,37 @@ def spawn(req, stdin_pipe):
         env=command_env(req),
         start_new_session=True,
     )
+
+
+def wait_exit(proc, left):
+    """proc.wait(left) without Popen's 1 ms first sleep: a pidfd where the kernel has them."""
+    if proc.poll() is not None:
+        return proc.returncode
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            pidfd = None
+    if pidfd is not None:
+        try:
+            p = select.poll()
+            p.register(pidfd, select.POLLIN)
+            p.poll(None if left is None else left * 1000.0)
+        finally:
+            os.close(pidfd)
+        if proc.poll() is not None:
+            return proc.returncode
+        if left is not None:
+            raise subprocess.TimeoutExpired(proc.args, left)
+    end = None if left is None else time.monotonic() + left
+    delay = 0.0001
+    while proc.poll() is None:
+        if end is not None and time.monotonic() >= end:
+            raise subprocess.TimeoutExpired(proc.args, left)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    return proc.returncode
 
 
 def failed_start(exc, started):
@@ -281,7 +320,6 @@ def op_exec(req, ctx):
     limit = int(req.get("limit") or (1 << 20))
     streaming = bool(req.get("stream"))
     stdin_data = unb64(req.get("stdin"))
-    oom_before = oom_kills()
     try:
         proc = spawn(req, stdin_pipe=bool(stdin_data))
     except (OSError, ValueError) as exc:
@@ -301,12 +339,31 @@ def op_exec(req, ctx):
         threading.Thread(target=feed, daemon=True).start()
     bufs = {proc.stdout.fileno(): ("stdout", HeadTail(limit)), proc.stderr.fileno(): ("stderr", HeadTail(limit))}
     fds = list(bufs)
-    sel = selectors.DefaultSelector()
+    poller = select.poll()
     for fd in fds:
-        sel.register(fd, selectors.EVENT_READ)
+        poller.register(fd, select.POLLIN)
     timed_out = False
     exited_at = None
+    last_poll = started
     open_fds = set(fds)
+
+    def read_ready(wait):
+        events = poller.poll(None if wait is None else wait * 1000.0)
+        for fd, _ in events:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except OSError:
+                data = b""
+            if not data:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+                continue
+            name, buf = bufs[fd]
+            buf.add(data)
+            if streaming and not ctx.chunk(name, data, deadline) and ctx.cancelled:
+                return False
+        return bool(events)
+
     try:
         while open_fds:
             now = time.monotonic()
@@ -314,53 +371,34 @@ def op_exec(req, ctx):
                 timed_out = not ctx.cancelled
                 kill_group(proc.pid)
                 break
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
             if exited_at is not None and now - exited_at > DRAIN_GRACE:
                 break  # main process gone; leftovers keep the pipes open
             wait = 0.05 if exited_at is None else DRAIN_GRACE / 2
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - now))
-            for key, _ in sel.select(wait):
-                try:
-                    data = os.read(key.fd, READ_SIZE)
-                except OSError:
-                    data = b""
-                if not data:
-                    sel.unregister(key.fd)
-                    open_fds.discard(key.fd)
-                    continue
-                name, buf = bufs[key.fd]
-                buf.add(data)
-                if streaming and not ctx.chunk(name, data, deadline):
-                    if ctx.cancelled:
-                        kill_group(proc.pid)
-                        break
+            got = read_ready(wait)
+            if exited_at is None and (not got or now - last_poll > 0.05):
+                last_poll = now
+                if proc.poll() is not None:
+                    exited_at = time.monotonic()
+            if ctx.cancelled:
+                kill_group(proc.pid)
+                break
         if timed_out or ctx.cancelled:
             # the group is dead; take what is still buffered in the pipes, briefly
             end = time.monotonic() + 0.5
             while open_fds and time.monotonic() < end:
-                for key, _ in sel.select(0.05):
-                    try:
-                        data = os.read(key.fd, READ_SIZE)
-                    except OSError:
-                        data = b""
-                    if not data:
-                        sel.unregister(key.fd)
-                        open_fds.discard(key.fd)
-                    else:
-                        bufs[key.fd][1].add(data)
+                read_ready(0.05)
         try:
             left = None
             if deadline is not None and not timed_out:
                 left = max(0.0, deadline - time.monotonic())
-            code = proc.wait(left)
+            code = wait_exit(proc, left)
         except subprocess.TimeoutExpired:  # closed its pipes but kept running
             timed_out = True
             kill_group(proc.pid)
             code = proc.wait()
     finally:
-        sel.close()
         _groups.discard(proc.pid)
         leftover = [fd for fd in fds if fd in open_fds]
         for fd in fds:
@@ -380,9 +418,10 @@ def op_exec(req, ctx):
     duration = time.monotonic() - started
     sig = -code if code < 0 else None
     oom = False
-    if sig == signal.SIGKILL and not timed_out and oom_before is not None:
+    if sig == signal.SIGKILL and not timed_out:
         after = oom_kills()
-        oom = after is not None and after > oom_before
+        oom = after is not None and _oom_seen[0] is not None and after > _oom_seen[0]
+        _oom_seen[0] = after
     result = {"exit_code": None if sig else code, "signal": sig, "timed_out": timed_out,
               "oom_killed": oom, "duration": duration}
     result.update(bufs[fds[0]][1].fields("stdout"))
@@ -687,6 +726,24 @@ def run_request(req, ctx):
         log("cannot send reply: %r" % exc)
 
 
+def _worker(req, ctx):
+    while True:
+        run_request(req, ctx)
+        with _idle_lock:
+            _idle[0] += 1
+        req, ctx = _jobs.get()
+
+
+def dispatch(req, ctx):
+    """Hand a request to an idle worker thread, or start one: requests never wait for each other."""
+    with _idle_lock:
+        if _idle[0] > 0:
+            _idle[0] -= 1
+            _jobs.put((req, ctx))
+            return
+    threading.Thread(target=_worker, args=(req, ctx), daemon=True).start()
+
+
 def shutdown():
     for pgid in list(_groups):
         kill_group(pgid)
@@ -696,6 +753,7 @@ def shutdown():
 
 
 def main():
+    _oom_seen[0] = oom_kills()
     send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
           "python": "%d.%d.%d" % sys.version_info[:3]})
     stdin = sys.stdin.buffer
@@ -725,7 +783,7 @@ def main():
         ctx = Request(rid)
         with _requests_lock:
             _requests[rid] = ctx
-        threading.Thread(target=run_request, args=(req, ctx), daemon=True).start()
+        dispatch(req, ctx)
     shutdown()
 
 
