@@ -134,7 +134,7 @@ async function viewRun(id, tab) {
       <div class="kv">
         <div>kind</div><div>${esc(r.kind)}</div><div>env</div><div>${esc(r.env_id)}</div>
         <div>model</div><div>${esc(r.model || "–")}</div><div>progress</div><div>${progress(r)} (${r.errors} errors)</div>
-        <div>started</div><div>${when(r.started_at)}</div><div>duration</div><div>${dur(r.duration)}${r.attempts > 1 ? ` (resumed ${r.attempts - 1}×)` : ""}</div>
+        <div>started</div><div>${when(r.started_at)}${r.status === "running" ? ` <span class="muted">(last update ${dur(Date.now() / 1000 - r.updated_at)} ago)</span>` : ""}</div><div>duration</div><div>${dur(r.duration)}${r.attempts > 1 ? ` (resumed ${r.attempts - 1}×)` : ""}</div>
         <div>output</div><div class="mono">${esc(r.output_dir)}</div>
       </div>
       <details id="config"><summary>config</summary><pre class="log">${esc(JSON.stringify(r.args, null, 2))}</pre></details>
