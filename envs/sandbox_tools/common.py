@@ -5,6 +5,7 @@ bounded head+tail text, and the guard that turns a silent sandbox into an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
 from sandboxes.errors import AgentError
@@ -62,3 +63,20 @@ async def kill_process(proc: BackgroundProcess) -> None:
             await close()
         except Exception:
             pass
+
+
+async def send_and_read(proc: BackgroundProcess, data: str, until: str, timeout: float, what: str) -> str:
+    """Write `data` to the process's stdin and read its stdout up to `until`, pipelined:
+    both requests are in flight at once (the agent serves requests concurrently), so a
+    call costs one round trip instead of two."""
+    writer = asyncio.ensure_future(proc.write_stdin(data))
+    await asyncio.sleep(0)  # let the write go out first
+    try:
+        out, _ = await guarded(proc.read_output(until=until, timeout=timeout), timeout + GUARD_SECONDS, what)
+    except BaseException:
+        writer.cancel()
+        with contextlib.suppress(BaseException):
+            await writer
+        raise
+    await guarded(writer, GUARD_SECONDS, what)
+    return out

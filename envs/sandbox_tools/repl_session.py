@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
-from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, guarded, kill_process
+from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, guarded, kill_process, send_and_read
 
 FRAME_END = "\x1e"
 
@@ -151,8 +151,7 @@ class ReplSession:
             until = f"{FRAME_END}{rid}\n"
             t0 = time.monotonic()
             line = json.dumps({"id": rid, "code": code, "max_output": self.output_limit}) + "\n"
-            await guarded(proc.write_stdin(line), GUARD_SECONDS, "a cell")
-            out, _ = await guarded(proc.read_output(until=until, timeout=timeout), timeout + GUARD_SECONDS, "a cell")
+            out = await send_and_read(proc, line, until, timeout, "a cell")
             resp = self._find(out, rid)
             timed_out = restarted = False
             note = None

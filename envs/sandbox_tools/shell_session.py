@@ -5,14 +5,15 @@ How it works (no prompt scraping, no pty, no pexpect):
 * bash runs as a background process reading commands from its stdin pipe,
   with stderr merged into stdout (`exec 2>&1`) so output interleaves as on a
   terminal.
-* Each command is sent as ONE line: its text, ANSI-C quoted (`$'...'`), is
-  written by the `printf` builtin to a private file (`/tmp/.vf-cmd-<session>`) and `source`d with stdin
-  from /dev/null, then the `printf` builtin writes an end frame
-  `\\x1e<exit status>|<session>.<seq>\\x1e\\n`. The host reads with
-  `read_output(until="|<session>.<seq>\\x1e\\n")`, waited inside the sandbox.
-  Sourcing (not `eval` in a function) keeps `cd`, exports, functions and
-  even `declare` global; quoting means a command can never swallow the
-  frame that follows it, whatever quotes or heredocs it leaves open.
+* Each command is sent as ONE line: `builtin source /dev/stdin <<< $'...'`
+  (its text ANSI-C quoted), then the `printf` builtin writes an end frame
+  `\x1e<exit status>|<session>.<seq>\x1e\n`. The host reads with
+  `read_output(until="|<session>.<seq>\x1e\n")`, waited inside the sandbox.
+  `source` reads the whole here-string before running it (so commands that
+  read stdin see EOF, never the protocol) and runs it in the shell's own
+  context: `cd`, exports, functions and even `declare` stay global. Quoting
+  means a command can never swallow the frame that follows it, whatever
+  quotes or heredocs it leaves open. No file is written and nothing forks.
 * Timeout: SIGINT to the shell's process group. A `trap` makes bash abandon
   the rest of the command (`return` from the sourced file) and print the
   frame, so the shell and its state survive. If no frame arrives within the
@@ -34,7 +35,7 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError
 from sandboxes.interface import BackgroundProcess
 
-from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, guarded, kill_process
+from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, guarded, kill_process, send_and_read
 
 _QUOTE = {ord("\\"): "\\\\", ord("'"): "\\'", ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r", 0: ""}
 _QUOTE.update({c: f"\\x{c:02x}" for c in list(range(1, 32)) + [127] if c not in _QUOTE})
@@ -92,7 +93,6 @@ class ShellSession:
         self._proc: BackgroundProcess | None = None
         self._session = os.urandom(4).hex()
         self._seq = 0
-        self._cmdfile = f"/tmp/.vf-cmd-{self._session}"
         self._lock = asyncio.Lock()
         self.restarts = 0
 
@@ -105,8 +105,7 @@ class ShellSession:
 
     def _line(self, command: str, seq: int) -> str:
         return (
-            f"builtin printf '%s' {ansi_c_quote(command)} >\"$__vf_cmd\"; "
-            f"builtin source \"$__vf_cmd\" </dev/null; "
+            f"builtin source /dev/stdin <<< {ansi_c_quote(command)}; "
             f"builtin printf '\\036%d{self._frame(seq)[:-2]}\\036\\n' \"$?\"\n"
         )
 
@@ -118,7 +117,6 @@ class ShellSession:
         init = (
             "exec 2>&1; "
             "trap 'builtin break 1000000 2>/dev/null; builtin return 130 2>/dev/null' INT; "
-            f"__vf_cmd={self._cmdfile}; "
             f"{cd}unset HISTFILE; "
         )
         self._seq += 1
@@ -171,8 +169,7 @@ class ShellSession:
             seq = self._seq
             frame = self._frame(seq)
             t0 = time.monotonic()
-            await guarded(proc.write_stdin(self._line(command, seq)), GUARD_SECONDS, "a command")
-            out, _ = await guarded(proc.read_output(until=frame, timeout=timeout), timeout + GUARD_SECONDS, "a command")
+            out = await send_and_read(proc, self._line(command, seq), frame, timeout, "a command")
             res = ShellResult()
             if frame in out:
                 text, res.exit_code = self._split(out, frame)
@@ -214,6 +211,6 @@ class ShellSession:
                     await self.start()
             res.duration = time.monotonic() - t0
             # error messages name the sourced file; show them as bash's own
-            text = text.replace(f"{self._cmdfile}: ", "bash: ")
+            text = text.replace("/dev/stdin: line ", "bash: line ")
             res.output, res.dropped_bytes = cap_text(text, self.output_limit)
             return res
