@@ -18,6 +18,7 @@ This module drives the docker CLI in subprocesses; it imports no backend.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -52,6 +53,7 @@ class ImageRef(BaseModel):
     tag: str
     layer: str  # "instance" | "prebuilt"
     built: list[str] = []  # layers built by this call (empty = all cached)
+    env_tag: str | None = None  # the environment layer under it
     seconds: float = 0.0
 
 
@@ -84,16 +86,17 @@ async def _run(*argv: str, cwd: str | None = None, env: dict[str, str] | None = 
     return proc.returncode or 0, out.decode("utf-8", "replace")
 
 
+@functools.lru_cache(maxsize=1)
 def find_pip() -> list[str]:
     """A host pip to download wheels with: $VF_SWE_PIP, this interpreter's, or one on PATH."""
     if os.environ.get("VF_SWE_PIP"):
         return os.environ["VF_SWE_PIP"].split()
-    probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True)
-    if probe.returncode == 0:
-        return [sys.executable, "-m", "pip"]
-    for name in ("pip3", "pip"):
-        if shutil.which(name):
-            return [name]
+    candidates = [[sys.executable, "-m", "pip"]]  # a uv-made venv has none: then the system's
+    candidates += [[p, "-m", "pip"] for p in (shutil.which("python3"), shutil.which("python")) if p]
+    candidates += [[p] for p in (shutil.which("pip3"), shutil.which("pip")) if p]
+    for argv in candidates:
+        if subprocess.run([*argv, "--version"], capture_output=True).returncode == 0:
+            return argv
     raise ImageBuildError("no pip on the host to download wheels with (set VF_SWE_PIP)")
 
 
@@ -107,7 +110,11 @@ class ImageBuilder:
         recipes: Path | str = RECIPES,
         docker: str = "docker",
         build_timeout: float = 1800,
+        salt: str = "",
+        no_cache: bool = False,
     ):
+        self.no_cache = no_cache  # docker build --no-cache: a truly cold build
+        self.salt = salt  # mixed into every key: a separate set of tags (benchmarks' cold builds)
         self.base_image = base_image
         self.cache_dir = Path(cache_dir)
         self.recipes = Path(recipes)
@@ -131,6 +138,8 @@ class ImageBuilder:
 
     async def _build(self, tag: str, dockerfile: Path, context: Path, build_args: dict[str, str], labels: dict[str, str]) -> None:
         argv = [self.docker, "build", "--network", "none", "-q", "-f", str(dockerfile), "-t", tag]
+        if self.no_cache:
+            argv.append("--no-cache")
         for k, v in build_args.items():
             argv += ["--build-arg", f"{k}={v}"]
         for k, v in labels.items():
@@ -151,9 +160,7 @@ class ImageBuilder:
         return (self.recipes / name).read_text()
 
     def environment_key(self, env: EnvironmentSpec, base_id: str) -> str:
-        return _sha(
-            RECIPE_VERSION, base_id, self._recipe("env.Dockerfile"), env.model_dump_json()
-        )[:16]
+        return _sha(RECIPE_VERSION, self.salt, base_id, self._recipe("env.Dockerfile"), env.model_dump_json())[:16]
 
     def tree_hash(self, path: Path) -> str:
         """Content hash of an archive file or a directory tree (cached per path, mtime, size)."""
@@ -188,6 +195,7 @@ class ImageBuilder:
             raise ImageNotFound(f"{inst.instance_id}: source {src} does not exist (build the dataset first?)")
         return _sha(
             RECIPE_VERSION,
+            self.salt,
             env_id,
             self._recipe("instance.Dockerfile"),
             self._recipe("setup-repo.sh"),
@@ -286,7 +294,7 @@ class ImageBuilder:
                 if not await self.image_id(tag):
                     await self._build_instance(inst, env_tag, tag, key)
                     built.append("instance")
-        return ImageRef(tag=tag, layer="instance", built=built, seconds=time.perf_counter() - t0)
+        return ImageRef(tag=tag, layer="instance", built=built, env_tag=env_tag, seconds=time.perf_counter() - t0)
 
     async def _build_instance(self, inst: SWEInstance, env_tag: str, tag: str, key: str) -> None:
         assert inst.source is not None
