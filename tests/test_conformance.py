@@ -274,3 +274,20 @@ async def test_errors_are_classified(backend, spec):
         with pytest.raises(PathError) as perr:
             await s.read_file("/definitely/not/here")
         assert not is_infra_error(perr.value)
+
+
+# -- the layers above run unchanged -----------------------------------------------------
+
+async def test_sandbox_env_runs_unchanged(backend, backend_env, run_label):
+    """SandboxEnv (persistent shell, per-rollout sandbox, cleanup) on this backend, as a user would."""
+    from envs.sandbox_env import SandboxEnv
+
+    env = SandboxEnv(backend=backend, docker_image=backend_env[1].image, labels=dict(run_label))
+    state = await env.setup_state({"prompt": [], "info": {}})
+    try:
+        sid = state["sandbox_id"]
+        await env.bash("cd /tmp && export X=41", sandbox_id=sid)
+        assert (await env.bash("echo $((X + 1)); pwd", sandbox_id=sid)) == "42\n/tmp"
+    finally:
+        await env.destroy_sandbox(state)
+    assert await backend.list(run_label) == []
