@@ -77,6 +77,10 @@ class SandboxRollout:
 class SandboxEnv(StatefulToolEnv):
     """One sandbox per rollout and a `bash(command)` tool running in it."""
 
+    sandbox_metric_names: tuple[str, ...] = (
+        "sandbox_ready_wait_time", "sandbox_command_count", "sandbox_command_execution_time",
+    )
+
     def __init__(
         self,
         sandbox_name: str = "sandbox-env",
@@ -303,7 +307,7 @@ class SandboxEnv(StatefulToolEnv):
             else:
                 log.warning("post_rollout failed: %s: %s", type(exc).__name__, exc)
         finally:
-            for name in ("sandbox_ready_wait_time", "sandbox_command_count", "sandbox_command_execution_time"):
+            for name in self.sandbox_metric_names:
                 self.record_metric(state, name, float(state.get(name) or 0.0))
             self.record_metric(state, "sandbox_oom", float(bool(state.get("sandbox_oom"))))
             self.record_metric(state, "sandbox_timeout", float(bool(state.get("sandbox_timeout"))))
