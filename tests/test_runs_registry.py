@@ -162,3 +162,26 @@ def test_sigkill_during_writes_never_corrupts_the_registry(env, tmp_path):
     for _, rid in procs:
         r = registry.get_run(rid)
         assert r.status == "failed" and r.vanished and r.completed > 10
+
+
+async def test_concurrent_runs_in_one_process_get_their_own_log_lines(env, tmp_path):
+    """Like an eval TOML with two [[eval]]s: one task per run, one log per run."""
+    import asyncio
+    import logging
+
+    lg = logging.getLogger("multi-eval")
+    lg.info("before any run")  # outside every run's context
+
+    async def one(name):
+        rec = registry.RunRecorder.start(kind="eval", env_id=name, output_dir=tmp_path / name)
+        for i in range(3):
+            lg.info("%s step %d", name, i)
+            await asyncio.to_thread(lg.info, "%s in a thread %d", name, i)
+            await asyncio.sleep(0.01)
+        rec.finish("completed")
+        return rec
+
+    a, b = await asyncio.gather(asyncio.create_task(one("alpha")), asyncio.create_task(one("beta")))
+    ta, tb = Path(a.log_path).read_text(), Path(b.log_path).read_text()
+    assert "alpha step 2" in ta and "alpha in a thread 2" in ta and "beta" not in ta.replace("env=beta", "")
+    assert "beta step 2" in tb and "beta in a thread 2" in tb and "alpha step" not in tb

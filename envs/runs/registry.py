@@ -40,6 +40,7 @@ import time
 import traceback
 import uuid
 from contextlib import closing
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +49,13 @@ from pydantic import BaseModel, Field
 from sandboxes.labels import process_start_time, run_id as sandbox_run_id
 
 log = logging.getLogger(__name__)
+
+# The run whose code is executing: set by RunRecorder.start in the caller's
+# context, so it follows asyncio tasks and to_thread calls spawned from there.
+# Several runs in one process (an eval TOML with many [[eval]]s, each in its own
+# task) thereby get only their own log lines; lines logged outside any run's
+# context go to every run's log.
+_CURRENT_RUN: ContextVar[str | None] = ContextVar("vf_current_run", default=None)
 
 RunKind = Literal["eval", "swe-debug"]
 RunStatus = Literal["running", "completed", "failed", "stopped"]
@@ -446,6 +454,7 @@ class RunRecorder:
             self.log_path,
             f"run {rid} {verb}: kind={kind} env={env_id} model={model} pid={pid} output_dir={out}",
         )
+        _CURRENT_RUN.set(self.id)
         if capture_logging:
             self._attach_logging()
         return self
@@ -492,6 +501,8 @@ class RunRecorder:
                 (status, error, now, now, self.id),
             )
         self._detach_logging()
+        if _CURRENT_RUN.get() == self.id:
+            _CURRENT_RUN.set(None)
         _append_log(self.log_path, f"run {self.id} {status}" + (f": {error}" if error else ""))
         self._conn.close()
 
@@ -516,6 +527,8 @@ class RunRecorder:
         h = logging.FileHandler(self.log_path, encoding="utf-8")
         h.setLevel(logging.INFO)
         h.addFilter(_quiet_libraries)
+        rid = self.id
+        h.addFilter(lambda record: _CURRENT_RUN.get() in (None, rid))
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(name)s] %(message)s",
                                          "%Y-%m-%d %H:%M:%S"))
         if not root.handlers:
