@@ -20,6 +20,7 @@ from .errors import (
     is_infra_error,
 )
 from .interface import BackgroundProcess, Command, Sandbox, SandboxBackend
+from .pool import SandboxPool
 from .registry import backend_names, get_backend, register_backend
 from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo
 from .retry import RetryPolicy, retry_infra
