@@ -496,10 +496,16 @@ class RunRecorder:
             self._finished = True
             self._flush_locked()
             now = time.time()
-            self._conn.execute(
-                "UPDATE runs SET status=?, error=?, ended_at=?, updated_at=?, vanished=0 WHERE id=?",
-                (status, error, now, now, self.id),
-            )
+            for attempt in range(3):  # busy_timeout already waited 30 s per attempt
+                try:
+                    self._conn.execute(
+                        "UPDATE runs SET status=?, error=?, ended_at=?, updated_at=?, vanished=0 WHERE id=?",
+                        (status, error, now, now, self.id),
+                    )
+                    break
+                except sqlite3.Error as exc:  # never mask the run's own outcome
+                    log.warning("run registry: cannot record the end of run %s (%s)", self.id, exc)
+                    time.sleep(0.5 * (attempt + 1))
         self._detach_logging()
         if _CURRENT_RUN.get() == self.id:
             _CURRENT_RUN.set(None)
