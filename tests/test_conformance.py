@@ -37,13 +37,15 @@ async def backend_env(request):
 
 
 @pytest.fixture
-async def backend(backend_env):
-    return backend_env[0]
+def run_label():
+    return {"vf-conformance": uuid.uuid4().hex[:12]}
 
 
 @pytest.fixture
-def run_label():
-    return {"vf-conformance": uuid.uuid4().hex[:12]}
+async def backend(backend_env, run_label):
+    """The backend; whatever a test left behind with its run label is removed afterwards."""
+    yield backend_env[0]
+    await backend_env[0].delete_many(labels=run_label)
 
 
 @pytest.fixture
