@@ -197,7 +197,7 @@ function renderMetrics(el, s) {
       <tr><td>pass^k (all k)</td>${ks.map(k => `<td class="num">${fmt(s.pass_all_k[k])}</td>`).join("")}</tr></tbody></table>` : `<p class="muted">–</p>`}
     <h3>Errors by type</h3>
     ${errs.length ? `<table id="errors-by-type"><tbody>${errs.map(([t, n]) => `<tr><td class="mono">${esc(t)}</td><td class="num">${n}</td></tr>`).join("")}</tbody></table>` : `<p class="muted">none</p>`}
-    ${Object.keys(s.errors_by_kind || {}).length ? `<p class="muted">by kind: ${Object.entries(s.errors_by_kind).map(([k, n]) => `${esc(k)} ${n}`).join(" · ")}</p>` : ""}
+    ${Object.keys(s.errors_by_kind || {}).some(k => k !== "unknown") ? `<p class="muted">by kind: ${Object.entries(s.errors_by_kind).map(([k, n]) => `${esc(k)} ${n}`).join(" · ")}</p>` : ""}
     ${Object.keys(s.avg_token_usage || {}).length ? `<h3>Avg token usage per rollout</h3><p class="mono">${Object.entries(s.avg_token_usage).map(([k, v]) => `${esc(k)} ${fmt(v, 1)}`).join(" · ")}</p>` : ""}
     <h3>Timing (seconds)</h3>
     ${timing.length ? `<table id="timing"><thead><tr><th>phase</th><th class="num">mean</th><th class="num">p50</th><th class="num">p90</th><th class="num">p99</th><th class="num">max</th></tr></thead><tbody>
