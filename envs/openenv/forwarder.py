@@ -107,6 +107,11 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    async def exchange(self, data: bytes, marker: str, timeout: float) -> str:
+        """Send one request and read its frame."""
+        await self.send(data)
+        return await self.read_frame(marker, timeout)
+
 
 class ProcessChannel(Channel):
     """The relay as a sandbox `BackgroundProcess`: stdin in, marker reads out."""
@@ -122,6 +127,17 @@ class ProcessChannel(Channel):
     async def send(self, data: bytes) -> None:
         for i in range(0, len(data), STDIN_PIECE):
             await self.proc.write_stdin(data[i : i + STDIN_PIECE])
+
+    async def exchange(self, data: bytes, marker: str, timeout: float) -> str:
+        """Write and wait-for-marker pipelined: the agent serves requests concurrently,
+        so a step costs one agent round trip, not two."""
+        reader = asyncio.ensure_future(self.read_frame(marker, timeout))
+        try:
+            await self.send(data)
+        except BaseException:
+            reader.cancel()
+            raise
+        return await reader
 
     async def read_frame(self, marker: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -250,8 +266,7 @@ class Forwarder:
         msg["id"] = rid
         marker = f"\n@@vfr-end-{rid}@@\n"
         line = (jsonlib.dumps(msg, separators=(",", ":")) + "\n").encode()
-        await self.channel.send(line)
-        frame = await self.channel.read_frame(marker, timeout + 5.0)
+        frame = await self.channel.exchange(line, marker, timeout + 5.0)
         body = frame[: -len(marker)]
         body = body[body.rfind("\n") + 1 :] if "\n" in body else body
         try:

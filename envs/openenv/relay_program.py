@@ -64,6 +64,8 @@ class Http:
         if self.conn is not None:
             self.conn.close()
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        self.conn.connect()
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def request(self, method, path, headers, body, timeout):
         idle = time.monotonic() - self.last_used
@@ -96,6 +98,7 @@ class WebSocket:
 
     def __init__(self, port, path, timeout):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         key = base64.b64encode(os.urandom(16)).decode()
         req = (
             "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
@@ -180,10 +183,12 @@ class WebSocket:
                 return b"".join(parts).decode("utf-8", "replace")
 
     def close(self):
+        """Close handshake: send a close frame, wait briefly for the server's, then close."""
         try:
             self._send_frame(0x8, struct.pack("!H", 1000))
-        except OSError:
-            pass
+            self.recv_text(1.0)
+        except (OSError, ValueError):
+            pass  # ConnectionError on the server's close frame is the normal end
         self.sock.close()
 
 
