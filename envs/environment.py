@@ -57,6 +57,28 @@ class _InfraRetry(Exception):
     """Raised internally to make tenacity retry a rollout whose state holds an InfraError."""
 
 
+async def gather_or_cancel(coros: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Like asyncio.gather, but the first exception cancels the other tasks (then propagates)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if pending:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
 def _rows_of(dataset: Any) -> list[dict[str, Any]]:
     if dataset is None:
         return []
@@ -484,10 +506,8 @@ class Environment(ABC):
                 await self._finish_states([st])
                 return st
 
-            return list(await asyncio.gather(*(one(i) for i in group_inputs)))
-        states = list(
-            await asyncio.gather(*(self.run_rollout(sem, i, client, model, sampling_args, max_retries) for i in group_inputs))
-        )
+            return await gather_or_cancel(one(i) for i in group_inputs)
+        states = await gather_or_cancel(self.run_rollout(sem, i, client, model, sampling_args, max_retries) for i in group_inputs)
         await self._finish_states(states)
         return states
 
@@ -569,14 +589,8 @@ class Environment(ABC):
                 if hasattr(res, "__await__"):
                     await res
 
-        tasks = [asyncio.ensure_future(do_group(i, g)) for i, g in enumerate(groups.values())]
         try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+            await gather_or_cancel(do_group(i, g) for i, g in enumerate(groups.values()))
         finally:
             if writer is not None:
                 writer.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 env_app = typer.Typer(help="Manage environment packages.", add_completion=False, no_args_is_help=True)
@@ -17,12 +18,26 @@ app.add_typer(env_app, name="env")
 _AUTO = "__auto__"
 
 
+class _EvalCommand(TyperCommand):
+    """Lets `--resume/-R` take an optional value: a bare `--resume` (last, or
+    followed by another option) means "the latest incomplete matching run"."""
+
+    def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
+        fixed = []
+        for i, arg in enumerate(args):
+            if arg in ("--resume", "-R") and (i + 1 == len(args) or args[i + 1].startswith("-")):
+                fixed.append(f"--resume={_AUTO}")
+            else:
+                fixed.append(arg)
+        return super().parse_args(ctx, fixed)
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 
-@app.command("eval")
+@app.command("eval", cls=_EvalCommand)
 def eval_command(
     env_id_or_path: list[str] = typer.Argument(..., help="Environment ID(s) or path to a TOML config"),
     env_args: Optional[str] = typer.Option(None, "--env-args", "-a", help="JSON object passed to load_environment() [default: {}]"),
@@ -53,7 +68,7 @@ def eval_command(
     abbreviated_summary: bool = typer.Option(False, "--abbreviated-summary", "-A", help="Summary without sample rollouts"),
     output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Base output directory [default: ./outputs]"),
     save_results: bool = typer.Option(False, "--save-results", "-s", help="Save results to disk"),
-    resume: Optional[str] = typer.Option(None, "--resume", "-R", flag_value=_AUTO, help="Resume a run (PATH, or the latest incomplete matching run when omitted)"),
+    resume: Optional[str] = typer.Option(None, "--resume", "-R", help="Resume a run (PATH, or the latest incomplete matching run when omitted)"),
     state_columns: Optional[str] = typer.Option(None, "--state-columns", "-C", help="Extra state columns to save (comma-separated)"),
     save_to_hf_hub: bool = typer.Option(False, "--save-to-hf-hub", "-H", help="Push results to the Hugging Face Hub"),
     hf_hub_dataset_name: Optional[str] = typer.Option(None, "--hf-hub-dataset-name", "-D", help="Dataset name on the HF Hub"),

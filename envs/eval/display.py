@@ -74,6 +74,8 @@ class PlainDisplay:
 
     def update(self, idx: int) -> None:
         p = self.evals[idx]
+        if p.status == "pending":
+            return
         now = time.monotonic()
         if p.done < p.total and now - self._last.get(idx, 0) < self.interval:
             return
