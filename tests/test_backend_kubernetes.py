@@ -349,3 +349,16 @@ async def test_delete_many_without_filters_removes_only_our_pods(backend, k8s):
     assert await backend.delete_many() == 2
     assert set(k8s.pods) == {"not-ours"}
     assert await backend.delete_many(ids=["not-ours"]) == 0 and "not-ours" in k8s.pods
+
+
+async def test_older_servers_speaking_only_v4(tmp_path):
+    async with FakeKubernetes(protocols=("v4.channel.k8s.io",)) as old:
+        be = get_backend("kubernetes", kubeconfig=str(old.write_kubeconfig(tmp_path / "kc")), poll_interval=0.05)
+        async with await be.create(SandboxSpec()) as sb:
+            assert sb.connection.channel.ch.protocol == "v4.channel.k8s.io"
+            r = await sb.exec("head -c 300000 /dev/zero | tr '\\0' a", output_limit=1 << 20)
+            assert len(r.stdout) == 300000
+            path = (await sb.exec("mktemp")).stdout.strip()
+            await sb.write_file(path, b"\x00\xff" * 1000)
+            assert await sb.read_file(path) == b"\x00\xff" * 1000
+        await be.close()

@@ -153,8 +153,9 @@ class FakeKubernetes:
     """An in-process fake API server on 127.0.0.1. `async with FakeKubernetes() as k8s:`"""
 
     def __init__(self, namespace: str = "default", token: str = "fake-token", start_delay: float = 0.05,
-                 use_bwrap: bool = True) -> None:
+                 use_bwrap: bool = True, protocols: tuple[str, ...] = ("v5.channel.k8s.io", "v4.channel.k8s.io")) -> None:
         self.namespace = namespace
+        self.protocols = protocols  # exec subprotocols offered, in order of preference (older servers: v4 only)
         self.token = token
         self.start_delay = start_delay
         self.bwrap = find_bwrap() if use_bwrap else None
@@ -391,7 +392,7 @@ class FakeKubernetes:
             return _error(400, "BadRequest", f"container {container} is not valid for pod {pod.name}")
         if not argv:
             return _error(400, "BadRequest", "you must specify at least 1 command")
-        ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"), max_msg_size=0)
+        ws = web.WebSocketResponse(protocols=self.protocols, max_msg_size=0)
         if not ws.can_prepare(request).ok:
             return _error(400, "BadRequest", "exec needs a websocket upgrade in this fake")
         await ws.prepare(request)
