@@ -351,3 +351,22 @@ async def test_fallback_without_python(docker_backend, docker_spec, nopython_ima
 def test_spec_default_is_secure():
     spec = SandboxSpec()
     assert spec.network is False and spec.pids_limit > 0
+
+
+async def test_cancelled_create_leaves_nothing(docker_backend, docker_spec):
+    tag = uuid.uuid4().hex[:8]
+    spec = docker_spec.model_copy(update={"labels": {**docker_spec.labels, "case": tag}})
+    for delay in (0.0, 0.01, 0.05, 0.15, 0.3):
+        task = asyncio.create_task(docker_backend.create(spec))
+        await asyncio.sleep(delay)
+        task.cancel()
+        try:
+            sb = await task
+            await sb.delete()  # finished before the cancel landed
+        except asyncio.CancelledError:
+            pass
+    for _ in range(40):
+        if not await docker_backend.list({"case": tag}):
+            break
+        await asyncio.sleep(0.25)
+    assert await docker_backend.list({"case": tag}) == []

@@ -289,7 +289,7 @@ class DockerBackend:
         started = False
         try:
             async with self._api("create container"):
-                container = await docker.containers.create(config, name=name)
+                container = await self._shielded_create(docker, config, name)
             cid = container.id
         except aiodocker.DockerError as exc:
             if exc.status == 404:
@@ -323,6 +323,23 @@ class DockerBackend:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.delete(cid))
             raise
+
+    async def _shielded_create(self, docker, config: dict[str, Any], name: str):
+        """Create the container; if the caller is cancelled meanwhile, the container
+        the daemon still makes is tracked and removed rather than leaked."""
+        task = asyncio.ensure_future(docker.containers.create(config, name=name))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._discard_created)
+            raise
+
+    def _discard_created(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        cid = task.result().id
+        lifecycle.track(cid, partial(remove_container_sync, self.url, cid), backend=self.name)
+        asyncio.ensure_future(self.delete(cid))
 
     async def _attach(self, container, spec: SandboxSpec, name: str) -> AgentSandbox:
         """Start the agent in a running container and return the sandbox handle."""
