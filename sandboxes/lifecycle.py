@@ -42,7 +42,7 @@ class _Tracked:
 
 
 _live: dict[str, _Tracked] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: the signal handler may interrupt track() on the main thread
 
 
 def track(sandbox_id: str, remove: Callable[[], None], *, backend: str = "") -> None:

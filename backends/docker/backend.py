@@ -351,7 +351,10 @@ class DockerBackend:
                                                        workdir=spec.workdir)
         except aiodocker.DockerError as exc:
             if exc.status in (404, 409):
-                raise SandboxNotRunning(f"container {name} stopped before the agent started: {exc.message}") from exc
+                raise SandboxNotRunning(
+                    f"container {name} stopped before the agent started ({exc.message}); its PID 1 is "
+                    f"`timeout -s KILL <lifetime> /bin/sh -c {spec.start_command!r}`: the image needs `timeout` "
+                    "and /bin/sh, and the start command must keep running") from exc
             raise SandboxCreateError(f"cannot start the agent in {name}: {exc.message}") from exc
         conn = AgentConnection(channel)
         try:
