@@ -73,9 +73,14 @@ async def gather_or_cancel(coros: Iterable[Awaitable[Any]]) -> list[Any]:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+    first: BaseException | None = None
     for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
+        if t.done() and not t.cancelled():
+            exc = t.exception()  # retrieve every exception (no "never retrieved" warnings)
+            if exc is not None and first is None:
+                first = exc
+    if first is not None:
+        raise first
     return [t.result() for t in tasks]
 
 
@@ -469,7 +474,10 @@ class Environment(ABC):
     async def _score_group(self, states: list[State]) -> None:
         await self.rubric.score_group(states)
 
-    async def _finish_states(self, states: list[State]) -> None:
+    async def _finish_states(self, states: list[State], scoring_sem: asyncio.Semaphore | None = None) -> None:
+        if scoring_sem is not None:
+            async with scoring_sem:
+                return await self._finish_states(states)
         if self.score_rollouts:
             try:
                 await self._score_group(states)
@@ -496,19 +504,24 @@ class Environment(ABC):
         sem: asyncio.Semaphore | None = None,
         max_retries: int | None = None,
         independent_scoring: bool = False,
+        score: bool = True,
+        scoring_sem: asyncio.Semaphore | None = None,
         **kwargs: Any,
     ) -> list[State]:
-        """Run a group of rollouts (one example) concurrently, then score it."""
+        """Run a group of rollouts (one example) concurrently, then score it
+        (unless `score=False`: the caller scores later with `_finish_states`)."""
         if independent_scoring:
 
             async def one(inp: RolloutInput) -> State:
                 st = await self.run_rollout(sem, inp, client, model, sampling_args, max_retries)
-                await self._finish_states([st])
+                if score:
+                    await self._finish_states([st], scoring_sem)
                 return st
 
             return await gather_or_cancel(one(i) for i in group_inputs)
         states = await gather_or_cancel(self.run_rollout(sem, i, client, model, sampling_args, max_retries) for i in group_inputs)
-        await self._finish_states(states)
+        if score:
+            await self._finish_states(states, scoring_sem)
         return states
 
     async def generate(
@@ -531,6 +544,8 @@ class Environment(ABC):
         on_progress: Callable[..., Any] | list[Callable[..., Any]] | None = None,
         on_log: Callable[..., Any] | None = None,
         on_group: GroupCallback | None = None,
+        interleave_scoring: bool = True,
+        max_concurrent_scoring: int = -1,
         **kwargs: Any,
     ) -> GenerateOutputs:
         """Run rollouts for `inputs` (rows repeated per rollout; grouped by example_id).
@@ -559,6 +574,10 @@ class Environment(ABC):
         total = len(rows)
         limit = max_concurrent if max_concurrent and max_concurrent > 0 else 0
         sem = asyncio.Semaphore(limit) if limit else None
+        scoring_sem = asyncio.Semaphore(max_concurrent_scoring) if max_concurrent_scoring and max_concurrent_scoring > 0 else None
+        generation_done = asyncio.Event()
+        if interleave_scoring:
+            generation_done.set()
         progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
         writer = None
         if save_results and results_path is not None:
@@ -571,11 +590,20 @@ class Environment(ABC):
         outputs: list[RolloutOutput] = []
         t0 = time.time()
 
+        remaining = [len(groups)]
+
         async def do_group(i: int, group: list[RolloutInput]) -> None:
             c = clients[i % len(clients)]
             states = await self.run_group(
-                group, c, model, sampling_args, sem=sem, max_retries=max_retries, independent_scoring=independent_scoring
+                group, c, model, sampling_args, sem=sem, max_retries=max_retries,
+                independent_scoring=independent_scoring, score=interleave_scoring, scoring_sem=scoring_sem,
             )
+            if not interleave_scoring:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    generation_done.set()
+                await generation_done.wait()
+                await self._finish_states(states, scoring_sem)
             rows_out = [state_to_output(s, state_columns) for s in states]
             outputs.extend(rows_out)
             if writer is not None:

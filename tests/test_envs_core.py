@@ -385,3 +385,20 @@ async def test_completion_message_type():
         assert out["outputs"][0]["completion"] == "42" and out["outputs"][0]["reward"] == 1.0
         assert srv.requests[0].api == "completions"
         await client.close()
+
+
+async def test_no_interleave_scoring_scores_after_generation(server):
+    order = []
+
+    class Tracked(vf.SingleTurnEnv):
+        async def setup_state(self, state):
+            order.append("gen")
+            return state
+
+    def scored(completion) -> float:
+        order.append("score")
+        return 1.0
+
+    env = Tracked(dataset=rows(4), rubric=vf.Rubric(funcs=[scored]))
+    out = await env.generate(env.get_eval_inputs(4, 1), client_for(server), "m", interleave_scoring=False, max_concurrent_scoring=1)
+    assert order == ["gen"] * 4 + ["score"] * 4 and all(o["reward"] == 1.0 for o in out["outputs"])

@@ -72,7 +72,7 @@ def eval_command(
     state_columns: Optional[str] = typer.Option(None, "--state-columns", "-C", help="Extra state columns to save (comma-separated)"),
     save_to_hf_hub: bool = typer.Option(False, "--save-to-hf-hub", "-H", help="Push results to the Hugging Face Hub"),
     hf_hub_dataset_name: Optional[str] = typer.Option(None, "--hf-hub-dataset-name", "-D", help="Dataset name on the HF Hub"),
-    heartbeat_url: Optional[str] = typer.Option(None, "--heartbeat-url", help="Heartbeat URL (accepted; not used offline)"),
+    heartbeat_url: Optional[str] = typer.Option(None, "--heartbeat-url", help="URL to GET every 30 s while the eval runs (uptime monitoring)"),
     eval_name: Optional[str] = typer.Option(None, "--eval-name", help="Name recorded for this run in the run registry"),
     timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="Stop cleanly after this many minutes"),
 ) -> None:
@@ -122,6 +122,9 @@ def eval_command(
                 "num_examples": num_examples,
                 "rollouts_per_example": rollouts_per_example,
                 "max_concurrent": max_concurrent,
+                "max_concurrent_generation": max_concurrent_generation,
+                "max_concurrent_scoring": max_concurrent_scoring,
+                "heartbeat_url": heartbeat_url,
                 "no_interleave_scoring": no_interleave_scoring or None,
                 "independent_scoring": independent_scoring or None,
                 "max_retries": max_retries,

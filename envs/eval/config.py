@@ -48,7 +48,8 @@ SETTING_KEYS = frozenset(
         "temperature", "headers", "header", "headers_from_state", "header_from_state", "max_concurrent",
         "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
         "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
-        "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary",
+        "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
+        "save_to_hf_hub", "hf_hub_dataset_name",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -69,6 +70,8 @@ class EvalConfig(BaseModel):
     num_examples: int = 5
     rollouts_per_example: int = 3
     max_concurrent: int = 32
+    max_concurrent_generation: int | None = None
+    max_concurrent_scoring: int | None = None
     independent_scoring: bool = False
     no_interleave_scoring: bool = False
     extra_env_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -82,6 +85,7 @@ class EvalConfig(BaseModel):
     save_to_hf_hub: bool = False
     hf_hub_dataset_name: str | None = None
     timeout_minutes: float | None = None
+    heartbeat_url: str | None = None
     shuffle: bool = False
     shuffle_seed: int | None = None
 
@@ -303,6 +307,9 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         num_examples=s["num_examples"],
         rollouts_per_example=s["rollouts_per_example"],
         max_concurrent=s["max_concurrent"],
+        max_concurrent_generation=s.get("max_concurrent_generation"),
+        max_concurrent_scoring=s.get("max_concurrent_scoring"),
+        heartbeat_url=s.get("heartbeat_url"),
         independent_scoring=bool(s.get("independent_scoring", False)),
         no_interleave_scoring=bool(s.get("no_interleave_scoring", False)),
         extra_env_kwargs=dict(s.get("extra_env_kwargs") or {}),

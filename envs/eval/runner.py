@@ -104,6 +104,36 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     return meta
 
 
+def push_to_hub(rows: list[dict[str, Any]], cfg: EvalConfig) -> None:
+    """-H: push the results as a dataset (needs `huggingface_hub` login and network)."""
+    from datasets import Dataset
+
+    from .writer import dumps
+
+    name = cfg.hf_hub_dataset_name or f"{cfg.env_id}--{cfg.model.replace('/', '--')}"
+    flat = [{k: (v if isinstance(v, (int, float, str, bool)) or v is None else dumps(v)) for k, v in r.items()} for r in rows]
+    try:
+        Dataset.from_list(flat).push_to_hub(name)
+        log.info("pushed %d rows to the HF Hub as %s", len(rows), name)
+    except Exception as exc:  # results are on disk already; the push is extra
+        log.error("push to the HF Hub failed: %s: %s", type(exc).__name__, exc)
+
+
+async def heartbeat(url: str, interval: float = 30.0) -> None:
+    """GET `url` every `interval` seconds until cancelled (failures are logged)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while True:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status >= 400:
+                        log.warning("heartbeat %s answered %d", url, resp.status)
+            except Exception as exc:
+                log.warning("heartbeat %s failed: %s", url, exc)
+            await asyncio.sleep(interval)
+
+
 async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int) -> EvalResult:
     """Run one eval to completion (or until cancelled); never raises except CancelledError."""
     from ..clients import make_client
@@ -122,6 +152,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     status = "failed"
     error: str | None = None
     clients: list[Any] = []
+    beats: list[asyncio.Future[Any]] = []
     try:
         env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
         if cfg.extra_env_kwargs:
@@ -185,13 +216,18 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 last_meta[0] = time.monotonic()
                 writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms))
 
+        beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
+        if beat is not None:
+            beats.append(beat)
         if todo:
             gen = env.generate(
                 todo,
                 clients[0] if len(clients) == 1 else clients,
                 cfg.model,
                 sampling_args=cfg.sampling_args,
-                max_concurrent=cfg.max_concurrent,
+                max_concurrent=cfg.max_concurrent_generation or cfg.max_concurrent,
+                max_concurrent_scoring=cfg.max_concurrent_scoring or cfg.max_concurrent,
+                interleave_scoring=not cfg.no_interleave_scoring,
                 state_columns=cfg.state_columns,
                 independent_scoring=cfg.independent_scoring,
                 max_retries=cfg.max_retries,
@@ -205,6 +241,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             else:
                 await gen
         status, error = "completed", None
+        if cfg.save_to_hf_hub:
+            push_to_hub(rows, cfg)
     except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
         status, error = "stopped", "interrupted"
     except StopRequested as exc:
@@ -215,6 +253,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         log.debug("eval %s failed", cfg.env_id, exc_info=True)
     finally:
+        for b in beats:
+            b.cancel()
         progress.status = status
         result.status, result.error, result.rows = status, error, rows
         if env is not None:
