@@ -139,6 +139,7 @@ class RichDisplay:
         from rich.panel import Panel
         from rich.progress_bar import ProgressBar
         from rich.table import Table
+        from rich.text import Text
 
         parts: list[Any] = []
         if len(self.evals) > 1:
@@ -147,7 +148,7 @@ class RichDisplay:
                 overview.add_column()
             for p in self.evals:
                 overview.add_row(
-                    p.label, ProgressBar(total=max(p.total, 1), completed=p.done, width=24),
+                    Text(p.label), ProgressBar(total=max(p.total, 1), completed=p.done, width=24),
                     f"{p.done}/{p.total}", f"reward {p.avg_reward:.3f}", f"errors {p.errors}", p.status,
                 )
             parts.append(Panel(overview, title="evaluations"))
@@ -165,8 +166,8 @@ class RichDisplay:
             if active.output:
                 detail.add_row("output", active.output)
             if active.logs:
-                detail.add_row("log", "\n".join(active.logs))
-            parts.append(Panel(detail, title=f"{active.label} [{active.status}]"))
+                detail.add_row("log", Text("\n".join(active.logs)))
+            parts.append(Panel(detail, title=Text(f"{active.label} [{active.status}]")))
         return Group(*parts)
 
 
@@ -188,14 +189,15 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
     """The end-of-run tables: settings, stats, and (unless abbreviated) sample rollouts."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(file=sys.stdout, force_terminal=False if plain else None, width=120 if plain else None)
-    settings = Table(title=f"{metadata.get('env_id')} — {metadata.get('model')}", show_header=False)
+    settings = Table(title=Text(f"{metadata.get('env_id')} — {metadata.get('model')}"), show_header=False)
     settings.add_column(style="bold")
     settings.add_column()
-    settings.add_row("env_args", str(metadata.get("env_args") or {}))
+    settings.add_row("env_args", Text(str(metadata.get("env_args") or {})))
     settings.add_row("examples x rollouts", f"{metadata.get('num_examples')} x {metadata.get('rollouts_per_example')}")
-    settings.add_row("sampling_args", str(metadata.get("sampling_args") or {}))
+    settings.add_row("sampling_args", Text(str(metadata.get("sampling_args") or {})))
     settings.add_row("status", str(metadata.get("status", "")))
     stats = Table(title="results", show_header=True)
     stats.add_column("metric")
@@ -230,5 +232,5 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
             comp = _short(r.get("completion"))
             if r.get("error"):
                 comp = f"[error] {r['error'].get('type')}: {r['error'].get('message')}"
-            samples.add_row(_short(r.get("prompt")), comp, f"{float(r.get('reward') or 0):.3f}")
+            samples.add_row(Text(_short(r.get("prompt"))), Text(comp), f"{float(r.get('reward') or 0):.3f}")
         console.print(samples)
