@@ -333,3 +333,13 @@ async def test_ping_is_fast(sb):
     times = sorted([await sb.ping() for _ in range(50)])
     assert times[25] < 0.05
     assert b64(b"x") == "eA=="
+
+
+async def test_timeout_values(sb):
+    import math
+
+    from sandboxes import ConfigError
+
+    with pytest.raises(ConfigError):
+        await sb.exec("true", timeout=0)
+    assert (await sb.exec("sleep 0.2; echo done", timeout=math.inf)).stdout == "done\n"

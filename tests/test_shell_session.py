@@ -3,16 +3,20 @@ subprocesses: the same program and protocol it runs inside a sandbox."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from envs.sandbox_tools.common import cap_text, start_local
 from envs.sandbox_tools.shell_session import ShellSession, ansi_c_quote
 
 
-@pytest.fixture
-async def shell():
-    s = ShellSession(start_local, interrupt_grace=1.0)
+@pytest.fixture(params=["hosted", "direct"])
+async def shell(request):
+    """Both modes: under the in-sandbox shell host (default) and bash driven directly."""
+    s = ShellSession(start_local, interrupt_grace=1.0, python=sys.executable if request.param == "hosted" else None)
     yield s
+    assert s.hosted == (request.param == "hosted")
     await s.close()
 
 
@@ -92,6 +96,27 @@ async def test_background_job_survives_interrupt(shell):
     await shell.run("sleep 60", 1)  # interrupted
     r = await shell.run("kill -0 $BG && echo alive; kill $BG", 5)
     assert r.output.startswith("alive"), r
+
+
+async def test_huge_output_keeps_head_and_tail_in_bounded_memory():
+    """Under the shell host, a command printing far more than any buffer keeps its head."""
+    s = ShellSession(start_local, output_limit=1000, python=sys.executable)
+    try:
+        r = await s.run("echo START; head -c 30000000 /dev/zero | tr '\\0' x; echo; echo END", 30)
+        assert r.output.startswith("START\nxxx") and r.output.endswith("xxx\nEND\n")
+        assert r.dropped_bytes > 29_000_000 and len(r.output) < 1200
+        assert (await s.run("echo ok", 5)).output == "ok\n"
+    finally:
+        await s.close()
+
+
+async def test_missing_python_falls_back_to_direct_bash():
+    s = ShellSession(start_local, python="/nonexistent/python3")
+    try:
+        assert (await s.run("cd /tmp; echo $PWD", 5)).output == "/tmp\n"
+        assert not s.hosted
+    finally:
+        await s.close()
 
 
 async def test_output_capped_head_and_tail():

@@ -303,3 +303,23 @@ async def test_swe_debug_env_rewards_valid_and_retries_infra_errors(examples):
         await env.teardown()
     (row,) = out["outputs"]
     assert row["reward"] == 1.0 and row["attempts"] == 2 and row["error"] is None
+
+
+def test_sigterm_stops_cleanly(examples, tmp_path):
+    out = tmp_path / "out"
+    run_id = uuid.uuid4().hex[:12]
+    env = {**os.environ, "VF_SANDBOX_RUN_ID": run_id, "VF_RUNS_DB": str(tmp_path / "runs.db")}
+    proc = subprocess.Popen([*VF_SWE_DEBUG, str(examples), "-i", f"{IDNA},{DATEUTIL}", "-c", "1", "-o", str(out), "-q"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = out / "results.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (results.exists() and results.read_text().strip()):
+        time.sleep(0.05)
+    time.sleep(1.0)  # the dateutil rollout is under way
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert [json.loads(x)["instance_id"] for x in results.read_text().splitlines()] == [IDNA]
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.run-id={run_id}"],
+                          capture_output=True, text=True).stdout.split()
+    assert left == []  # the interrupted rollout deleted its sandbox

@@ -73,7 +73,7 @@ async def run_exec(container, argv: list[str], *, timeout: float, stdin: bytes |
                     await on_chunk(OutputChunk(stream="stdout" if msg.stream == 1 else "stderr", data=msg.data))
 
         try:
-            await asyncio.wait_for(pump(), timeout + HOST_GRACE)
+            await asyncio.wait_for(pump(), None if timeout == float("inf") else timeout + HOST_GRACE)
         except asyncio.TimeoutError:
             timed_out = True
     info = await ex.inspect()
@@ -96,12 +96,16 @@ class ExecSandbox(Sandbox):
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
         if not argv:
             raise ConfigError("empty command")
+        if timeout == float("inf"):
+            return argv
         return ["timeout", "-s", "KILL", f"{timeout:g}", *argv]
 
     async def _run(self, cmd, timeout, env, cwd, stdin, output_limit, on_chunk=None) -> ExecResult:
         if self._deleted:
             raise SandboxNotRunning(f"sandbox {self.name} was deleted")
         t = float(timeout if timeout is not None else self.spec.timeout_per_command_seconds)
+        if not t > 0:
+            raise ConfigError(f"timeout must be > 0 seconds (math.inf for none), got {timeout!r}")
         if isinstance(stdin, str):
             stdin = stdin.encode()
         started = time.monotonic()

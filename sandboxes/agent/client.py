@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import stat
 import tarfile
@@ -476,8 +477,11 @@ class AgentSandbox(Sandbox):
 
     def _exec_msg(self, cmd, timeout, env, cwd, output_limit) -> tuple[dict[str, Any], float]:
         t = float(timeout if timeout is not None else self.spec.timeout_per_command_seconds)
-        msg: dict[str, Any] = {"op": "exec", **_command(cmd), "timeout": t,
-                               "limit": int(output_limit or self.spec.output_limit_bytes)}
+        if not t > 0:
+            raise ConfigError(f"timeout must be > 0 seconds (math.inf for none), got {timeout!r}")
+        msg: dict[str, Any] = {"op": "exec", **_command(cmd), "limit": int(output_limit or self.spec.output_limit_bytes)}
+        if math.isfinite(t):
+            msg["timeout"] = t
         merged = {**self.spec.environment_vars, **(env or {})}
         if merged:
             msg["env"] = merged
@@ -490,7 +494,8 @@ class AgentSandbox(Sandbox):
         msg, t = self._exec_msg(cmd, timeout, env, cwd, output_limit)
         if stdin:
             msg["stdin"] = b64(stdin.encode() if isinstance(stdin, str) else stdin)
-        reply = await self._call(msg, timeout=t * 1.5 + EXEC_GRACE, cancel_on_abort=True)
+        guard = t * 1.5 + EXEC_GRACE if math.isfinite(t) else None
+        reply = await self._call(msg, timeout=guard, cancel_on_abort=True)
         return exec_result(reply)
 
     async def exec_stream(self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None,
