@@ -45,7 +45,7 @@ async def test_acquire_warm_release_refill_no_reuse(docker_backend, docker_spec)
         await pool.release(b)
     # closed: everything the pool held is gone
     for sid in held:
-        assert await wait_until(lambda: _gone(docker_backend, sid))
+        assert await wait_until(lambda sid=sid: _gone(docker_backend, sid))
     assert await docker_backend.list({"vf-sandbox.test": "1"}) == []
 
 

@@ -308,7 +308,7 @@ class DockerBackend:
             if state.get("Running"):
                 started = True
             elif state.get("Status") != "created":
-                raise SandboxCreateError(f"container {name} from an earlier attempt is {state.get('Status')}")
+                raise SandboxCreateError(f"container {name} from an earlier attempt is {state.get('Status')}") from exc
         lifecycle.track(cid, partial(remove_container_sync, self.url, cid), backend=self.name)
         try:
             if not started:

@@ -514,7 +514,7 @@ def op_start(req, ctx):
     try:
         proc = spawn(req, stdin_pipe=True)
     except (OSError, ValueError) as exc:
-        raise AgentUsageError("cannot start process: %s" % exc)
+        raise AgentUsageError("cannot start process: %s" % exc) from None
     bg = Background(proc, limit)
     with _procs_lock:
         _procs[proc.pid] = bg
@@ -581,7 +581,7 @@ def path_errors(fn):
         try:
             return fn(req, ctx)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as exc:
-            raise AgentPathError("%s: %s" % (exc.strerror or type(exc).__name__, exc.filename or req.get("path")))
+            raise AgentPathError("%s: %s" % (exc.strerror or type(exc).__name__, exc.filename or req.get("path"))) from None
     return wrapped
 
 
@@ -664,7 +664,7 @@ def op_put_tar(req, ctx):
                 kw = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
                 tar.extract(m, dest, **kw)
     except tarfile.TarError as exc:
-        raise AgentUsageError("bad tar stream: %s" % exc)
+        raise AgentUsageError("bad tar stream: %s" % exc) from None
     for path, m in reversed(dirs):
         try:
             os.chmod(path, m.mode)
