@@ -80,3 +80,18 @@ async def send_and_read(proc: BackgroundProcess, data: str, until: str, timeout:
         raise
     await guarded(writer, GUARD_SECONDS, what)
     return out
+
+
+def find_frame(out: str, rid: int) -> dict | None:
+    """The JSON reply framed `<json>\\x1e<rid>\\n` in `out` (frames of other ids are stale: ignored)."""
+    import json
+
+    tag = str(rid)
+    for line in out.split("\n"):
+        body, sep, got = line.rpartition("\x1e")
+        if sep and got == tag:
+            try:
+                return json.loads(body)
+            except ValueError:
+                return None
+    return None

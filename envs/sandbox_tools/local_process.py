@@ -13,6 +13,7 @@ import os
 import signal as _signal
 from collections.abc import Sequence
 
+from sandboxes.errors import ConfigError
 from sandboxes.interface import BackgroundProcess
 from sandboxes.results import ProcessStatus
 
@@ -59,15 +60,18 @@ class LocalProcess(BackgroundProcess):
         cwd: str | None = None,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
     ) -> "LocalProcess":
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            start_new_session=True,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:  # as the agent does: a program that cannot start is a usage error
+            raise ConfigError(f"cannot start process: {exc}") from exc
         return cls(proc, buffer_limit)
 
     async def _pump(self, stream: asyncio.StreamReader | None, buf: _Buffer) -> None:

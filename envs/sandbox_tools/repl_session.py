@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
-from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, guarded, kill_process, send_and_read
+from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, find_frame, guarded, kill_process, send_and_read
 
 FRAME_END = "\x1e"
 
@@ -130,14 +130,7 @@ class ReplSession:
     @staticmethod
     def _find(out: str, rid: int) -> dict | None:
         """The response frame of request `rid` in `out` (other frames are stale: dropped)."""
-        for line in out.split("\n"):
-            body, sep, tag = line.rpartition(FRAME_END)
-            if sep and tag == str(rid):
-                try:
-                    return json.loads(body)
-                except ValueError:
-                    return None
-        return None
+        return find_frame(out, rid)
 
     async def run(self, code: str, timeout: float) -> CellResult:
         """Run one cell; never raises for what the cell did. InfraError when the sandbox stops answering."""

@@ -2,40 +2,59 @@
 
 How it works (no prompt scraping, no pty, no pexpect):
 
-* bash runs as a background process reading commands from its stdin pipe,
-  with stderr merged into stdout (`exec 2>&1`) so output interleaves as on a
-  terminal.
-* Each command is sent as ONE line: `builtin source /dev/stdin <<< $'...'`
+* bash runs as a background process, stderr merged into stdout so output
+  interleaves as on a terminal. By default it runs under `shell_host.py`
+  (a small stdlib program in the sandbox) that reads bash's output and keeps
+  only the head and tail of each command's output, so memory and the reply
+  stay bounded however much a command prints. Without python3 in the image,
+  bash is driven directly ("direct" mode: the agent's buffer keeps the most
+  recent output, so the head of a huge output is lost).
+* Each command is sent as ONE bash line: `builtin source /dev/stdin <<< $'...'`
   (its text ANSI-C quoted), then the `printf` builtin writes an end frame
-  `\x1e<exit status>|<session>.<seq>\x1e\n`. The host reads with
-  `read_output(until="|<session>.<seq>\x1e\n")`, waited inside the sandbox.
-  `source` reads the whole here-string before running it (so commands that
-  read stdin see EOF, never the protocol) and runs it in the shell's own
-  context: `cd`, exports, functions and even `declare` stay global. Quoting
-  means a command can never swallow the frame that follows it, whatever
-  quotes or heredocs it leaves open. No file is written and nothing forks.
-* Timeout: SIGINT to the shell's process group. A `trap` makes bash abandon
-  the rest of the command (`return` from the sourced file) and print the
-  frame, so the shell and its state survive. If no frame arrives within the
-  grace period (a builtin busy loop, a program ignoring SIGINT), the group is
-  killed and a fresh shell started; the result says the state was reset.
+  `\x1e<exit status>|<session>.<seq>\x1e\n`. `source` reads the whole
+  here-string before running it (commands that read stdin see EOF, never the
+  protocol) and runs it in the shell's own context: `cd`, exports, functions
+  and even `declare` stay global. Quoting means a command can never swallow
+  the frame that follows it, whatever quotes or heredocs it leaves open. No
+  file is written and nothing forks. The host waits for the frame inside the
+  sandbox (`read_output(until=...)`), the write pipelined with the read.
+* Timeout: SIGINT to the process group. A `trap` makes bash abandon the rest
+  of the command (`return` from the sourced text) and print the frame, so
+  the shell and its state survive. If no frame arrives within the grace
+  period (a program ignoring SIGINT...), the group is killed and a fresh
+  shell started; the result says the state was reset.
 * The shell exiting (`exit`, `set -e`) is reported and a fresh shell started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import signal
 import time
 from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.errors import ConfigError
+from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
-from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, guarded, kill_process, send_and_read
+from .common import (
+    DEFAULT_OUTPUT_LIMIT,
+    GUARD_SECONDS,
+    ProcessStarter,
+    cap_text,
+    find_frame,
+    guarded,
+    kill_process,
+    send_and_read,
+)
+
+log = logging.getLogger(__name__)
 
 _QUOTE = {ord("\\"): "\\\\", ord("'"): "\\'", ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r", 0: ""}
 _QUOTE.update({c: f"\\x{c:02x}" for c in list(range(1, 32)) + [127] if c not in _QUOTE})
@@ -44,6 +63,12 @@ _QUOTE.update({c: f"\\x{c:02x}" for c in list(range(1, 32)) + [127] if c not in 
 def ansi_c_quote(text: str) -> str:
     """`text` as a bash `$'...'` word (NUL bytes dropped: bash strings cannot hold them)."""
     return "$'" + text.translate(_QUOTE) + "'"
+
+
+@lru_cache(maxsize=1)
+def host_source() -> str:
+    """Source of the in-sandbox shell host (shipped beside this module)."""
+    return Path(__file__).with_name("shell_host.py").read_text()
 
 
 class ShellResult(BaseModel):
@@ -69,6 +94,9 @@ class ShellResult(BaseModel):
         return text or "(no output)"
 
 
+_INIT = "trap 'builtin break 1000000 2>/dev/null; builtin return 130 2>/dev/null' INT; unset HISTFILE; "
+
+
 class ShellSession:
     """One persistent bash driven through a `BackgroundProcess`."""
 
@@ -77,6 +105,7 @@ class ShellSession:
         start: ProcessStarter,
         *,
         argv: Sequence[str] = ("bash", "--noprofile", "--norc"),
+        python: str | None = "python3",
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
@@ -85,6 +114,7 @@ class ShellSession:
     ) -> None:
         self._start = start
         self._argv = list(argv)
+        self._python = python
         self._env = env
         self._cwd = cwd
         self.output_limit = output_limit
@@ -95,46 +125,92 @@ class ShellSession:
         self._seq = 0
         self._lock = asyncio.Lock()
         self.restarts = 0
+        self.hosted = python is not None  # False after falling back to direct mode
 
     @property
     def process(self) -> BackgroundProcess | None:
         return self._proc
 
-    def _frame(self, seq: int) -> str:
+    # ------------------------------------------------------------------ wire format
+    def _end(self, seq: int) -> str:
         return f"|{self._session}.{seq}\x1e\n"
 
-    def _line(self, command: str, seq: int) -> str:
+    def _line(self, command: str, seq: int, prefix: str = "") -> str:
         return (
-            f"builtin source /dev/stdin <<< {ansi_c_quote(command)}; "
-            f"builtin printf '\\036%d{self._frame(seq)[:-2]}\\036\\n' \"$?\"\n"
+            f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; "
+            f"builtin printf '\\036%d{self._end(seq)[:-2]}\\036\\n' \"$?\"\n"
         )
 
+    def _request(self, command: str, seq: int, prefix: str = "") -> tuple[str, str]:
+        """(bytes to write, marker ending the reply) for command number `seq`."""
+        line = self._line(command, seq, prefix)
+        if self.hosted:
+            req = {"id": seq, "line": line, "end": self._end(seq), "limit": self.output_limit}
+            return json.dumps(req) + "\n", f"\x1e{seq}\n"
+        return line, self._end(seq)
+
+    def _parse(self, out: str, seq: int) -> tuple[bool, str, int | None, bool, int]:
+        """(complete, output, exit code, shell exited, bytes cut by the host) of reply `seq` in `out`."""
+        if self.hosted:
+            frame = find_frame(out, seq)
+            if frame is None:
+                return False, "", None, False, 0
+            return True, frame.get("output") or "", frame.get("exit_code"), bool(frame.get("exited")), int(
+                frame.get("dropped") or 0)
+        end = self._end(seq)
+        i = out.find(end)
+        if i < 0:
+            return False, out, None, False, 0
+        start = out.rfind("\x1e", 0, i)
+        try:
+            code = int(out[start + 1 : i])
+        except ValueError:
+            code = None
+        return True, out[:start], code, False, 0
+
+    # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start (or restart) the shell and wait until it answers."""
         await self._kill()
-        self._proc = await guarded(self._start(self._argv, self._env), self.startup_timeout + GUARD_SECONDS, "start bash")
+        if self.hosted:
+            argv = [self._python or "python3", "-u", "-c", host_source(), *self._argv]
+            try:
+                self._proc = await guarded(self._start(argv, self._env), self.startup_timeout + GUARD_SECONDS,
+                                           "start bash")
+            except ConfigError:  # no such program
+                log.info("cannot start %s in the sandbox: driving bash directly", self._python)
+                self.hosted = False
+                return await self.start()
+            out, err = await guarded(
+                self._proc.read_output(until="\x1e0\n", timeout=self.startup_timeout),
+                self.startup_timeout + GUARD_SECONDS, "start bash",
+            )
+            if find_frame(out, 0) is None:
+                status = await self._proc.poll()
+                if status.running:
+                    status = await guarded(self._proc.wait(2.0), GUARD_SECONDS, "start bash")
+                await self._kill()
+                if not status.running and status.exit_code in (126, 127):
+                    log.info("no %s in the sandbox: driving bash directly", self._python)
+                    self.hosted = False
+                    return await self.start()
+                raise ServerStartError(f"the shell host did not start in the sandbox: {(err or out).strip()[-500:]!r}")
+            prefix = ""
+        else:
+            self._proc = await guarded(self._start(self._argv, self._env), self.startup_timeout + GUARD_SECONDS, "start bash")
+            prefix = "exec 2>&1; "
         cd = f"builtin cd {ansi_c_quote(self._cwd)} 2>/dev/null; " if self._cwd else ""
-        init = (
-            "exec 2>&1; "
-            "trap 'builtin break 1000000 2>/dev/null; builtin return 130 2>/dev/null' INT; "
-            f"{cd}unset HISTFILE; "
-        )
         self._seq += 1
         seq = self._seq
-        await guarded(self._proc.write_stdin(init + self._line(":", seq)), GUARD_SECONDS, "start bash")
-        out, _ = await guarded(
-            self._proc.read_output(until=self._frame(seq), timeout=self.startup_timeout),
-            self.startup_timeout + GUARD_SECONDS,
-            "start bash",
-        )
-        if self._frame(seq) not in out:
+        data, until = self._request(":", seq, prefix=prefix + _INIT + cd)
+        out = await send_and_read(self._proc, data, until, self.startup_timeout, "start bash")
+        complete, text, _, exited, _ = self._parse(out, seq)
+        if not complete or exited:
             status = await self._proc.poll()
             await self._kill()
             if not status.running and status.exit_code == 127:
-                raise ConfigError(f"no bash in the sandbox image ({out.strip()[-200:]})")
-            from sandboxes.errors import ServerStartError
-
-            raise ServerStartError(f"bash did not start in the sandbox: {out.strip()[-500:]!r}")
+                raise ConfigError(f"no bash in the sandbox image ({text.strip()[-200:]})")
+            raise ServerStartError(f"bash did not start in the sandbox: {(text or out).strip()[-500:]!r}")
 
     async def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -144,18 +220,7 @@ class ShellSession:
     async def close(self) -> None:
         await self._kill()
 
-    @staticmethod
-    def _split(out: str, frame: str) -> tuple[str, int | None]:
-        end = out.find(frame)
-        if end < 0:
-            return out, None
-        start = out.rfind("\x1e", 0, end)
-        try:
-            code = int(out[start + 1 : end])
-        except ValueError:
-            code = None
-        return out[:start], code
-
+    # ------------------------------------------------------------------ commands
     async def run(self, command: str, timeout: float) -> ShellResult:
         """Run `command` in the shell; never raises for what the command did.
 
@@ -167,14 +232,18 @@ class ShellSession:
             proc = self._proc
             self._seq += 1
             seq = self._seq
-            frame = self._frame(seq)
+            data, until = self._request(command, seq)
             t0 = time.monotonic()
-            out = await send_and_read(proc, self._line(command, seq), frame, timeout, "a command")
+            out = await send_and_read(proc, data, until, timeout, "a command")
             res = ShellResult()
-            if frame in out:
-                text, res.exit_code = self._split(out, frame)
-            else:
-                text = out
+            complete, text, res.exit_code, exited, dropped = self._parse(out, seq)
+            if complete and exited:
+                res.restarted = True
+                res.note = (
+                    f"the shell exited (exit code {res.exit_code}); a fresh shell was started: "
+                    "working directory, variables and functions were reset"
+                )
+            elif not complete:
                 status = await guarded(proc.poll(), GUARD_SECONDS, "poll bash")
                 if status.running and time.monotonic() - t0 < timeout * 0.9:
                     # the read ended early: the process is exiting; let it finish
@@ -190,27 +259,31 @@ class ShellSession:
                     res.timed_out = True
                     await guarded(proc.kill(signal.SIGINT, group=True), GUARD_SECONDS, "interrupt")
                     more, _ = await guarded(
-                        proc.read_output(until=frame, timeout=self.interrupt_grace),
+                        proc.read_output(until=until, timeout=self.interrupt_grace),
                         self.interrupt_grace + GUARD_SECONDS,
                         "interrupt",
                     )
-                    if frame in more:
-                        tail, res.exit_code = self._split(more, frame)
-                        text += tail
+                    complete, tail, code, exited, dropped = self._parse(out + more if not self.hosted else more, seq)
+                    if complete and not exited:
+                        text = tail
+                        res.exit_code = code
                         res.interrupted = True
-                        res.note = f"command timed out after {timeout:g}s and was interrupted; the shell is still usable"
+                        res.note = (
+                            f"command timed out after {timeout:g}s and was interrupted; the shell is still usable"
+                        )
                     else:
-                        text += more
+                        text = tail if not self.hosted else ""
                         res.restarted = True
                         res.note = (
                             f"command timed out after {timeout:g}s and did not stop on interrupt; the shell was "
                             "restarted: working directory, variables and functions were reset"
                         )
-                if res.restarted:
-                    self.restarts += 1
-                    await self.start()
+            if res.restarted:
+                self.restarts += 1
+                await self.start()
             res.duration = time.monotonic() - t0
-            # error messages name the sourced file; show them as bash's own
+            # error messages name the here-string; show them as bash's own
             text = text.replace("/dev/stdin: line ", "bash: line ")
-            res.output, res.dropped_bytes = cap_text(text, self.output_limit)
+            text, cut = cap_text(text, self.output_limit + 64)
+            res.output, res.dropped_bytes = text, dropped + cut
             return res

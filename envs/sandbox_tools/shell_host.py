@@ -1,0 +1,139 @@
+"""The persistent-shell host that runs INSIDE a sandbox (stdlib only, Python 3.7+).
+
+`python3 -u -c <this source> bash --noprofile --norc` starts bash with its
+stdout and stderr on one pipe that only this program reads, and serves one
+command at a time over its own stdin/stdout:
+
+* request  (stdin, one line): `{"id": N, "line": "<bash line>", "end": "<frame tail>", "limit": B}`.
+  `line` runs the command and then prints the frame `\\x1e<exit status><end>`.
+* response (stdout): `<json>` + `\\x1e` + `N` + `\\n`, json being
+  `{"id", "output", "dropped", "exit_code", "exited"}`. `output` keeps the
+  first and last `limit//2` bytes of what the command printed (the middle
+  is counted in `dropped`), so memory stays bounded however much it prints.
+  The frame of id 0 (`{"id": 0, "ready": true}`) says the shell is up.
+
+When bash exits, the response says `exited` with its status and this
+program ends. SIGINT (sent by the host to the process group when a command
+times out) reaches bash and its foreground job; here it is caught and
+ignored, so only the command is interrupted.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+FRAME_END = "\x1e"
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[n:]
+
+
+class Capture(object):
+    """Head and tail of one command's output (bytes), the middle counted."""
+
+    def __init__(self, limit):
+        self.half = max(1, int(limit) // 2)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data):
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            extra = len(self.tail) - self.half
+            if extra > 0:
+                del self.tail[:extra]
+                self.dropped += extra
+
+    def text(self):
+        if self.dropped:
+            return "%s\n[... %d bytes cut ...]\n%s" % (
+                self.head.decode("utf-8", "replace"), self.dropped, self.tail.decode("utf-8", "replace"))
+        return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
+
+
+def main():
+    # a handler (not SIG_IGN): bash and its children get the default disposition back
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    argv = sys.argv[1:] or ["bash", "--noprofile", "--norc"]
+    shell = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             bufsize=0, close_fds=True)
+    out_fd = shell.stdout.fileno()
+    proto_out = sys.stdout.fileno()
+    proto_in = sys.stdin.buffer
+
+    def send(obj):
+        line = json.dumps(obj, ensure_ascii=True) + FRAME_END + str(obj["id"]) + "\n"
+        _write_all(proto_out, line.encode("ascii"))
+
+    send({"id": 0, "ready": True, "pid": shell.pid})
+    while True:
+        try:
+            raw = proto_in.readline()
+        except InterruptedError:
+            continue
+        if not raw:
+            shell.kill()
+            return
+        try:
+            req = json.loads(raw)
+            rid = req["id"]
+            end = req["end"].encode()
+        except Exception as exc:
+            send({"id": -1, "error": "bad request: %r" % (exc,)})
+            continue
+        cap = Capture(req.get("limit") or 16384)
+        try:
+            shell.stdin.write(req["line"].encode())
+            shell.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # bash is gone: the read below sees EOF
+        keep = len(end) + 16  # bytes held back: the frame may be arriving
+        pending = bytearray()
+        code = None
+        exited = False
+        while True:
+            try:
+                data = os.read(out_fd, 65536)
+            except InterruptedError:
+                continue
+            if not data:
+                exited = True
+                break
+            pending += data
+            i = pending.find(end)
+            if i >= 0:
+                start = pending.rfind(b"\x1e", 0, i)
+                try:
+                    code = int(pending[start + 1:i])
+                except ValueError:
+                    code = None
+                cap.add(bytes(pending[:max(start, 0)]))
+                # anything after the frame (a background job's output) is dropped
+                break
+            if len(pending) > keep:
+                cap.add(bytes(pending[:-keep]))
+                del pending[:-keep]
+        if exited:
+            cap.add(bytes(pending))
+            code = shell.wait()
+        send({"id": rid, "output": cap.text(), "dropped": cap.dropped, "exit_code": code, "exited": exited})
+        if exited:
+            return
+
+
+if __name__ == "__main__":
+    main()
