@@ -233,3 +233,44 @@ def test_vf_sandbox_eval_openenv_mcp(built, run_label, tmp_path):
     for row in rows:
         assert row.get("error") is None, row.get("error")
         assert row["reward"] == 1.0
+
+
+# ------------------------------------------------------------------ vf-sandbox openenv build
+
+
+def _build_cli(project: Path) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    p = subprocess.run([VF, "openenv", "build", str(project)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return p, time.monotonic() - t0
+
+
+def test_build_cli_is_content_hashed(built, tmp_path):
+    proj = tmp_path / "echo_env"
+    shutil.copytree(ECHO, proj, ignore=shutil.ignore_patterns(".build.json", "__pycache__"))
+    p, _ = _build_cli(proj)  # same bytes as the committed template: its image already exists
+    m = json.loads((proj / ".build.json").read_text())
+    assert m["image"] == built["echo"].image and m["contract"] == "gym" and m["schema_version"] == 1
+    assert m["start_command"].startswith("cd /app/env") and m["port"] == 8000
+    app = proj / "server" / "app.py"
+    app.write_text(app.read_text() + "\n# an edit\n")
+    p, secs = _build_cli(proj)
+    new = json.loads((proj / ".build.json").read_text())
+    try:
+        assert "built" in p.stdout and new["image"] != m["image"]
+        assert new["deps_image"] == m["deps_image"]  # dependency layer reused
+        assert secs < 60, secs
+        p, secs = _build_cli(proj)
+        assert "up to date" in p.stdout and secs < 10, (p.stdout, secs)
+        out = subprocess.run(["docker", "run", "--rm", "--network", "none", new["image"], "cat",
+                              "/app/env/server/app.py"], capture_output=True, text=True, check=True).stdout
+        assert out.endswith("# an edit\n")
+    finally:
+        subprocess.run(["docker", "rmi", "-f", new["image"]], capture_output=True)
+
+
+def test_build_cli_reports_a_broken_project(tmp_path):
+    proj = tmp_path / "nothing_here"
+    proj.mkdir()
+    p = subprocess.run([VF, "openenv", "build", str(proj)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "error:" in p.stderr and "not found" in p.stderr

@@ -293,3 +293,44 @@ async def test_relay_inside_container_over_docker_exec():
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
+
+
+@pytest.mark.docker
+async def test_relay_through_the_docker_backend_agent(docker_sandbox):
+    """The production channel: relay as a BackgroundProcess of a Docker sandbox
+    (networking off), a 5 MiB binary body both ways through the agent's
+    bounded output buffers, a WebSocket-less server, and a port nobody serves."""
+    sb = docker_sandbox
+    assert not sb.spec.network
+    server_py = (
+        "import http.server, hashlib\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        body = self.rfile.read(int(self.headers['Content-Length']))\n"
+        "        out = body[::-1]\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(out))); self.end_headers()\n"
+        "        self.wfile.write(out)\n"
+        "    def log_message(self, *a): pass\n"
+        "http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()\n"
+    )
+    await sb.write_file("/tmp/srv.py", server_py)
+    await sb.start_process(["python3", "/tmp/srv.py"])
+    f = await Forwarder.start_in_sandbox(sb, 8000)
+    try:
+        data = _blob(5 * 1024 * 1024 + 3)
+        for _ in range(100):
+            try:
+                r = await f.request("POST", "/rev", content=data)
+                break
+            except ServerUnreachable:
+                await asyncio.sleep(0.1)
+        assert r.status == 200 and r.body == data[::-1]
+        assert (await f.request("POST", "/rev", content=b"\x00\xff\n")).body == b"\n\xff\x00"
+    finally:
+        await f.close()
+    down = await Forwarder.start_in_sandbox(sb, 8009)
+    try:
+        with pytest.raises(ServerUnreachable):
+            await down.request("GET", "/health")
+    finally:
+        await down.close()
