@@ -362,3 +362,11 @@ async def test_older_servers_speaking_only_v4(tmp_path):
             await sb.write_file(path, b"\x00\xff" * 1000)
             assert await sb.read_file(path) == b"\x00\xff" * 1000
         await be.close()
+
+
+async def test_agent_that_cannot_start_is_a_create_error(k8s):
+    be = get_backend("kubernetes", kubeconfig=k8s.kubeconfig, poll_interval=0.05, python="no-such-python3")
+    with pytest.raises(SandboxCreateError, match="no-such-python3"):
+        await be.create(SandboxSpec())
+    assert k8s.pods == {}
+    await be.close()

@@ -189,3 +189,16 @@ async def test_lifecycle_cleanup_deletes_tracked_sandboxes_synchronously(backend
     other = await backend.create(SandboxSpec())
     await other.delete()
     assert other.id not in lifecycle.live()
+
+
+async def test_stream_broken_by_sandbox_death_is_typed(backend, fake):
+    sb = await backend.create(SandboxSpec())
+    stream = sb.exec_stream("echo first; sleep 30")
+    first = await stream.__anext__()
+    assert first.data == b"first\n"
+    await fake.oom_kill(sb.id)
+    with pytest.raises(PrimeOOMKilled) as e:
+        async for _ in stream:
+            pass
+    assert isinstance(e.value.__cause__, Exception)
+    await sb.delete()

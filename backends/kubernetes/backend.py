@@ -126,9 +126,7 @@ class KubeSandbox(AgentSandbox):
         with contextlib.suppress(InfraError):
             pod = await self._backend.api.get_pod(self.id)
             if pod is None or classify(pod)[0] != "ready":
-                err = pod_error(pod, self.id)
-                err.__cause__ = exc
-                return err
+                return pod_error(pod, self.id)
         return exc
 
     async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
@@ -136,14 +134,20 @@ class KubeSandbox(AgentSandbox):
         try:
             return await super()._call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
         except AgentError as e:
-            raise await self._classified(e) from None
+            err = await self._classified(e)
+            if err is e:
+                raise
+            raise err from e
 
     async def _run_stream(self, msg: dict[str, Any], inbound=None, sink=None) -> dict:
         await self._ensure()
         try:
             return await super()._run_stream(msg, inbound, sink)
         except AgentError as e:
-            raise await self._classified(e) from None
+            err = await self._classified(e)
+            if err is e:
+                raise
+            raise err from e
 
     async def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None) -> AsyncIterator[OutputChunk | ExecResult]:
         await self._ensure()
@@ -151,7 +155,10 @@ class KubeSandbox(AgentSandbox):
             async for item in super().exec_stream(cmd, timeout=timeout, env=env, cwd=cwd):
                 yield item
         except AgentError as e:
-            raise await self._classified(e) from None
+            err = await self._classified(e)
+            if err is e:
+                raise
+            raise err from e
 
     async def alive(self) -> bool:
         if self._deleted:

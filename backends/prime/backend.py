@@ -33,7 +33,7 @@ import os
 import shlex
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,7 +43,7 @@ from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.errors import AgentError, ConfigError, Error, InfraError, SandboxCreateError, SandboxNotRunning
-from sandboxes.results import SandboxInfo
+from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
 from sandboxes.spec import SandboxSpec
 
 from ..kubernetes.backend import bootstrap_argv, bootstrap_payload
@@ -135,7 +135,6 @@ class PrimeSandbox(AgentSandbox):
         try:
             await self._backend._check_running(self.id)
         except Error as err:
-            err.__cause__ = exc
             return err
         return exc
 
@@ -143,13 +142,29 @@ class PrimeSandbox(AgentSandbox):
         try:
             return await super()._call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
         except AgentError as e:
-            raise await self._classified(e) from None
+            err = await self._classified(e)
+            if err is e:
+                raise
+            raise err from e
 
     async def _run_stream(self, msg: dict[str, Any], inbound=None, sink=None) -> dict:
         try:
             return await super()._run_stream(msg, inbound, sink)
         except AgentError as e:
-            raise await self._classified(e) from None
+            err = await self._classified(e)
+            if err is e:
+                raise
+            raise err from e
+
+    async def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None) -> AsyncIterator[OutputChunk | ExecResult]:
+        try:
+            async for item in super().exec_stream(cmd, timeout=timeout, env=env, cwd=cwd):
+                yield item
+        except AgentError as e:
+            err = await self._classified(e)
+            if err is e:
+                raise
+            raise err from e
 
     async def alive(self) -> bool:
         if self._deleted:
