@@ -32,11 +32,12 @@ def run_id() -> str:
 
 
 def process_start_time(pid: int) -> str:
-    """Start time of `pid` in clock ticks since boot (Linux), '' when unknown or gone."""
+    """Start time of `pid` in clock ticks since boot (Linux), '' when unknown, gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-        return stat.rsplit(")", 1)[1].split()[19]
+        fields = stat.rsplit(")", 1)[1].split()
+        return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie is dead, only not yet collected
     except (OSError, IndexError):
         return ""
 
