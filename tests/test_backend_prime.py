@@ -202,3 +202,13 @@ async def test_stream_broken_by_sandbox_death_is_typed(backend, fake):
             pass
     assert isinstance(e.value.__cause__, Exception)
     await sb.delete()
+
+
+async def test_reaper_deletes_expired_sandboxes(backend, fake):
+    short = await backend.create(SandboxSpec(timeout_minutes=0.001))
+    keep = await backend.create(SandboxSpec())
+    await asyncio.sleep(0.1)
+    assert await backend.reap() == [short.id]
+    assert set(fake.sandboxes) == {keep.id}
+    assert await backend.reap(max_age_seconds=0) == [keep.id]
+    assert fake.sandboxes == {}
