@@ -5,7 +5,7 @@ Writes OUTPUT_DIR/results.jsonl (a row per instance as it completes),
 OUTPUT_DIR/summary.json and, with --junit-xml, a JUnit report.
 
 Exit codes: 0 all valid · 1 some instance invalid, errored or a row malformed ·
-2 bad usage (unknown ids, missing files) · 130 interrupted.
+2 bad usage (unknown ids, missing files) · 130 Ctrl-C · 143 SIGTERM (finished rows kept; --resume).
 """
 
 from __future__ import annotations
@@ -116,10 +116,10 @@ def _main(**a) -> int:
     try:
         rows = asyncio.run(_run(runner, selected, console, a["quiet"], recorder))
         status = "completed"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
         status, err = "stopped", "interrupted"
         console.print("[yellow]interrupted[/]: finished rows are in " + str(out_dir / "results.jsonl") + " (use --resume)")
-        return 130
+        return 130 if isinstance(exc, KeyboardInterrupt) else 143
     except BaseException as exc:
         err = f"{type(exc).__name__}: {exc}"
         raise
@@ -152,7 +152,14 @@ def _start_recorder(a: dict, ds_name: str, out_dir: Path):
 
 
 async def _run(runner, selected, console, quiet: bool, recorder):
+    import asyncio
+    import signal
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # SIGTERM cancels the run like Ctrl-C does: running rollouts delete their sandboxes,
+    # finished rows are already on disk
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
 
     def describe(p) -> str:
         return f"[green]{p.valid} valid[/] [red]{p.invalid} invalid[/] [yellow]{p.errors} errors[/]"
