@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError, OverlongPromptError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
@@ -98,13 +99,32 @@ class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
     async def get_native_response(
         self, prompt: Any, model: str, sampling_args: SamplingArgs, tools: list[Any] | None, **kwargs: Any
     ) -> Any:
-        args = _split_args(sampling_args, _CHAT_ARGS)
+        # The request body is already plain JSON (OpenAI-format dicts), so we
+        # post it through the SDK's generic `post` (same transport, retries and
+        # typed errors) and skip `create()`'s per-request TypedDict transform
+        # of the whole message list, which costs more CPU than the rest of a
+        # rollout at high concurrency.
+        options: dict[str, Any] = {}
+        body: dict[str, Any] = {"model": model, "messages": prompt}
+        for key, value in sampling_args.items():
+            if value is None:
+                continue
+            if key == "extra_body":
+                body.update(value or {})
+            elif key == "extra_headers":
+                options["headers"] = {**options.get("headers", {}), **value}
+            elif key == "extra_query":
+                options["params"] = value
+            elif key == "timeout":
+                options["timeout"] = value
+            else:
+                body[key] = value
         if tools:
-            args["tools"] = tools
+            body["tools"] = tools
         headers = kwargs.get("extra_headers")
         if headers:
-            args["extra_headers"] = {**args.get("extra_headers", {}), **headers}
-        return await self._client.chat.completions.create(model=model, messages=prompt, **args)
+            options["headers"] = {**options.get("headers", {}), **headers}
+        return await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=options)
 
     def classify_error(self, exc: BaseException) -> BaseException:
         return _classify_openai_error(exc)
