@@ -28,7 +28,7 @@ from envs.openenv.contract import ContractMismatch
 from envs.openenv.env import OpenEnvEnv
 from envs.openenv.manifest import read_manifest, write_manifest
 from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fixed
-from sandboxes.errors import ServerStartError, is_infra_error
+from sandboxes.errors import ConfigError, ServerStartError, is_infra_error
 
 pytestmark = pytest.mark.docker
 
@@ -196,6 +196,14 @@ async def test_contract_mismatch_names_both_sides(built, run_label, tmp_path):
     err = state.get("error")
     assert isinstance(err, ContractMismatch) and not is_infra_error(err)
     assert "'mcp'" in str(err) and "'gym'" in str(err)
+
+
+async def test_publish_port_refused_where_the_backend_has_none(built, run_label):
+    async with ModelServer(fixed("{}")) as srv:
+        env = OpenEnvEnv(ECHO, prompt_renderer=echo_render, publish_port=True, labels={LABEL: run_label})
+        state = await _rollout(env, srv)
+    err = state.get("error")
+    assert isinstance(err, ConfigError) and "published ports" in str(err)
 
 
 # ------------------------------------------------------------------ vf-sandbox eval

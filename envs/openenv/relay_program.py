@@ -67,6 +67,12 @@ class Http:
         self.conn.connect()
         self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def drop(self):
+        """Forget the connection (after a timeout or error it may hold a half-read response)."""
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
     def request(self, method, path, headers, body, timeout):
         idle = time.monotonic() - self.last_used
         if self.conn is None or idle > IDLE_RECONNECT_S:
@@ -257,9 +263,10 @@ def main(argv):
             else:
                 emit(out, rid, {"ok": False, "kind": "bad_request", "error": "unknown op %r" % op})
         except (socket.timeout, TimeoutError) as exc:
+            http_conn.drop()
             emit(out, rid, {"ok": False, "kind": "timeout", "error": "timed out after %ss: %s" % (timeout, exc)})
         except (ConnectionError, OSError, http.client.HTTPException) as exc:
-            http_conn.conn = None
+            http_conn.drop()
             emit(out, rid, {"ok": False, "kind": "connect", "error": "%s: %s" % (type(exc).__name__, exc)})
         except (ValueError, KeyError, TypeError) as exc:
             emit(out, rid, {"ok": False, "kind": "protocol", "error": "%s: %s" % (type(exc).__name__, exc)})
