@@ -370,3 +370,36 @@ async def test_agent_that_cannot_start_is_a_create_error(k8s):
         await be.create(SandboxSpec())
     assert k8s.pods == {}
     await be.close()
+
+
+async def test_the_fake_agrees_with_the_official_client(k8s):
+    """The fake is checked against an independent implementation of the same protocols: the
+    official `kubernetes` client's REST calls and its `stream()` exec over the websocket."""
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
+    from kubernetes.stream import stream
+
+    def official() -> tuple[str, list[str], str]:
+        api_client = kconfig.new_client_from_config(config_file=k8s.kubeconfig)
+        v1 = kclient.CoreV1Api(api_client)
+        pod = kclient.V1Pod(metadata=kclient.V1ObjectMeta(name="official", labels={"via": "client"}),
+                            spec=kclient.V1PodSpec(containers=[kclient.V1Container(name="c", image="python:3.11-slim")]))
+        v1.create_namespaced_pod("default", pod)
+        for _ in range(100):
+            if v1.read_namespaced_pod("official", "default").status.phase == "Running":
+                break
+            time.sleep(0.05)
+        out = stream(v1.connect_get_namespaced_pod_exec, "official", "default",
+                     command=["sh", "-c", "echo from-exec; echo err >&2"], stderr=True, stdin=False, stdout=True, tty=False)
+        names = [p.metadata.name for p in v1.list_namespaced_pod("default", label_selector="via=client").items]
+        try:
+            v1.read_namespaced_pod("missing", "default")
+        except kclient.ApiException as e:
+            missing = f"{e.status} {json.loads(e.body)['reason']}"
+        v1.delete_namespaced_pod("official", "default", grace_period_seconds=0)
+        api_client.close()
+        return out, names, missing
+
+    out, names, missing = await asyncio.to_thread(official)
+    assert "from-exec" in out and names == ["official"] and missing == "404 NotFound"
+    assert k8s.pods == {}

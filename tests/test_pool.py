@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 
@@ -23,7 +24,14 @@ async def wait_until(pred, timeout=20.0):
     return False
 
 
+def tagged(spec):
+    """The spec with a label unique to this test (other suites share vf-sandbox.test=1)."""
+    tag = uuid.uuid4().hex[:8]
+    return spec.model_copy(update={"labels": {**spec.labels, "case": tag}}), {"case": tag}
+
+
 async def test_acquire_warm_release_refill_no_reuse(docker_backend, docker_spec):
+    docker_spec, case = tagged(docker_spec)
     async with SandboxPool(docker_spec, size=2, backend=docker_backend) as pool:
         await pool.start(wait=True, timeout=60)
         assert pool.ready == 2
@@ -46,7 +54,7 @@ async def test_acquire_warm_release_refill_no_reuse(docker_backend, docker_spec)
     # closed: everything the pool held is gone
     for sid in held:
         assert await wait_until(lambda sid=sid: _gone(docker_backend, sid))
-    assert await docker_backend.list({"vf-sandbox.test": "1"}) == []
+    assert await docker_backend.list(case) == []
 
 
 async def test_cold_acquire_and_stale_replaced(docker_backend, docker_spec):
@@ -67,11 +75,12 @@ async def test_cold_acquire_and_stale_replaced(docker_backend, docker_spec):
 
 
 async def test_close_deletes_ready_and_inflight(docker_backend, docker_spec):
+    docker_spec, case = tagged(docker_spec)
     pool = SandboxPool(docker_spec, size=3, backend=docker_backend)
     await pool.start()
     await asyncio.sleep(0.3)  # some creations still in flight
     await pool.close()
-    assert await docker_backend.list({"vf-sandbox.test": "1"}) == []
+    assert await docker_backend.list(case) == []
     with pytest.raises(RuntimeError):
         await pool.acquire()
 
