@@ -156,13 +156,18 @@ class DockerBackend:
         self.api_timeout = api_timeout
         self.python = python
         self._docker: aiodocker.Docker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._images: dict[str, str] = {}  # requested image -> image to run
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._no_agent: set[str] = set()  # images without a usable python3
 
     # ---------------------------------------------------------- plumbing
     async def _client(self) -> aiodocker.Docker:
+        loop = asyncio.get_running_loop()
+        if self._docker is not None and self._loop is not loop:
+            self._docker = None  # made on another (maybe closed) event loop: unusable here
         if self._docker is None:
+            self._loop = loop
             timeout = aiohttp.ClientTimeout(total=self.api_timeout, connect=10, sock_connect=10)
             if self.url.startswith("unix://"):
                 connector: aiohttp.BaseConnector = aiohttp.UnixConnector(self.url[len("unix://"):], limit=0)
