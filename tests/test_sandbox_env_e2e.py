@@ -1,0 +1,126 @@
+"""The two REPL tool environments (`environments/python_math`,
+`environments/bash_files`) evaluated end to end with `vf-sandbox eval` (a
+subprocess) against the local model server playing a scripted policy that
+solves the task through the tool. Real Docker sandboxes, real results files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from envs.testing.model_server import PolicyRequest, Reply, ToolCallSpec, ModelServer
+from test_sandbox_env import wait_gone
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[1]
+ENVS = REPO / "environments"
+
+
+def run_eval(tmp_path: Path, env_id: str, base_url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    (tmp_path / "no-endpoints.toml").write_text("")
+    cmd = [sys.executable, "-m", "envs.cli.app", "eval", env_id, "-p", str(ENVS), "-e", str(tmp_path / "no-endpoints.toml"),
+           "-k", "VF_E2E_SANDBOX_KEY", "-m", "test-model", "-b", base_url, "-s", "-d", *args]
+    env = {**os.environ, "VF_E2E_SANDBOX_KEY": "k", "VF_RUNS_DB": str(tmp_path / "runs.db")}
+    env.pop("VF_RUN_ID", None)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def results(tmp_path: Path, env_id: str) -> tuple[list[dict], dict]:
+    base = tmp_path / "outputs" / "evals" / f"{env_id}--test-model"
+    (run,) = list(base.iterdir())
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+    return rows, json.loads((run / "metadata.json").read_text())
+
+
+def python_math_policy():
+    """Looks the question up in the env's own dataset and solves it in two cells:
+    everything but the last line first, then the final expression (namespace kept)."""
+    sys.path.insert(0, str(ENVS / "python_math"))
+    import python_math
+
+    code_of = {}
+    for row in python_math.load_environment(num_eval=20, pool_size=0).get_eval_dataset():
+        code_of[row["question"]] = row["info"]["reference_code"]
+
+    def policy(req: PolicyRequest) -> Reply:
+        code = code_of[req.last_user_text().strip()]
+        lines = code.split("\n")
+        turn = req.n_tool_turns()
+        if turn == 0:
+            return Reply(tool_calls=[ToolCallSpec("python", {"code": "\n".join(lines[:-1]) or "pass"})])
+        if turn == 1:
+            return Reply(tool_calls=[ToolCallSpec("python", {"code": lines[-1]})])
+        out = req.tool_results()[-1]
+        value = out.split("Out[", 1)[1].split("]: ", 1)[1].strip()
+        return Reply(content=f"The answer is \\boxed{{{value}}}.")
+
+    return policy
+
+
+def bash_files_policy():
+    """cd in one call, count in the next (relies on the persistent shell), then box the number."""
+    count = ("grep -r --include='*.log' -c ERROR . | awk -F: '{s += $2} END {print s}' > answer.txt; "
+             "cat answer.txt")
+
+    def policy(req: PolicyRequest) -> Reply:
+        turn = req.n_tool_turns()
+        if turn == 0:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": "cd /task && ls"})])
+        if turn == 1:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": count})])
+        return Reply(content=f"\\boxed{{{req.tool_results()[-1].strip()}}}")
+
+    return policy
+
+
+def test_python_math_end_to_end(tmp_path):
+    label = uuid.uuid4().hex[:12]
+    with ModelServer(python_math_policy()).run_in_thread() as srv:
+        res = run_eval(tmp_path, "python-math", srv.base_url, "-n", "4", "-r", "1", "-c", "4",
+                       "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows, meta = results(tmp_path, "python-math")
+    assert len(rows) == 4
+    assert [r["reward"] for r in rows] == [1.0] * 4, [r.get("error") or r["completion"][-1] for r in rows]
+    assert all(r["metrics"]["python_calls"] == 2 for r in rows)
+    assert meta["avg_reward"] == 1.0 and "python_ready_wait_time" in meta["avg_metrics"]
+    assert wait_gone({"vf-test-case": label}) == []
+
+
+def test_bash_files_end_to_end(tmp_path):
+    label = uuid.uuid4().hex[:12]
+    with ModelServer(bash_files_policy()).run_in_thread() as srv:
+        res = run_eval(tmp_path, "bash-files", srv.base_url, "-n", "4", "-r", "1", "-c", "4",
+                       "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows, meta = results(tmp_path, "bash-files")
+    assert len(rows) == 4
+    assert [r["reward"] for r in rows] == [1.0] * 4, [r.get("error") or r["completion"][-1] for r in rows]
+    assert all(r["metrics"]["boxed_answer"] == 1.0 and r["metrics"]["bash_calls"] == 2 for r in rows)
+    assert meta["avg_metrics"]["sandbox_command_count"] == 2.0
+    assert wait_gone({"vf-test-case": label}) == []
+
+
+def test_bash_files_wrong_answer_scores_zero(tmp_path):
+    """The reward reads the sandbox's file, not the chat: a wrong file scores 0 even with a boxed guess."""
+    label = uuid.uuid4().hex[:12]
+
+    def lazy(req: PolicyRequest) -> Reply:
+        if req.n_tool_turns() == 0:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": "echo 0 > /task/answer.txt"})])
+        return Reply(content="\\boxed{0}")
+
+    with ModelServer(lazy).run_in_thread() as srv:
+        res = run_eval(tmp_path, "bash-files", srv.base_url, "-n", "2", "-r", "1",
+                       "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}))
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, _ = results(tmp_path, "bash-files")
+    assert [r["reward"] for r in rows] == [0.0, 0.0]
+    assert wait_gone({"vf-test-case": label}) == []
