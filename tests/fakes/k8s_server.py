@@ -60,6 +60,12 @@ def _error(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(status_obj(code, reason, message), status=code)
 
 
+def container_status(container: dict[str, Any], state: dict[str, Any], ready: bool = False) -> dict[str, Any]:
+    """A complete V1ContainerStatus (the official client's models require imageID and restartCount)."""
+    return {"name": container["name"], "image": container["image"], "imageID": "", "containerID": "",
+            "ready": ready, "started": "running" in state, "restartCount": 0, "state": state}
+
+
 def match_selector(labels: dict[str, str], selector: str | None) -> bool:
     """Kubernetes equality/existence label selector semantics."""
     if not selector:
@@ -106,8 +112,7 @@ class FakePod:
         self.manifest["status"] = {
             "phase": "Running",
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": c["name"], "image": c["image"], "ready": True, "restartCount": 0,
-                                   "state": {"running": {"startedAt": _now()}}}],
+            "containerStatuses": [container_status(c, {"running": {"startedAt": _now()}}, ready=True)],
             "startTime": _now(),
         }
 
@@ -116,20 +121,15 @@ class FakePod:
         self.manifest["status"] = {
             "phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "True"}],
-            "containerStatuses": [{"name": c["name"], "image": c["image"], "ready": False, "restartCount": 0,
-                                   "state": {"waiting": {"reason": reason, "message": message}}}],
+            "containerStatuses": [container_status(c, {"waiting": {"reason": reason, "message": message}})],
         }
 
     def set_failed(self, reason: str, message: str, *, container_reason: str | None = None, exit_code: int = 137) -> None:
-        c = self.container
+        """Phase Failed: with a pod-level reason (Evicted...) or a terminated container (OOMKilled...)."""
         status: dict[str, Any] = {"phase": "Failed", "reason": reason, "message": message}
-        status["containerStatuses"] = [{
-            "name": c["name"], "image": c["image"], "ready": False, "restartCount": 0,
-            "state": {"terminated": {"reason": container_reason or "Error", "exitCode": exit_code, "finishedAt": _now()}}
-            if container_reason else {"terminated": {"reason": "ContainerStatusUnknown", "exitCode": exit_code}},
-        }]
-        if not container_reason:
-            status.pop("containerStatuses")
+        if container_reason:
+            term = {"reason": container_reason, "exitCode": exit_code, "finishedAt": _now()}
+            status["containerStatuses"] = [container_status(self.container, {"terminated": term})]
         self.manifest["status"] = status
 
     @property
@@ -267,7 +267,11 @@ class FakeKubernetes:
     async def _create_pod(self, request: web.Request) -> web.Response:
         self.create_times.append(time.monotonic())
         body = await request.json()
-        if body.get("kind") != "Pod" or not (body.get("metadata") or {}).get("name"):
+        if body.get("kind", "Pod") != "Pod":  # like the API server: kind may be omitted, not wrong
+            return _error(400, "BadRequest", f"the body of the request was in an unknown format: kind {body.get('kind')}")
+        body.setdefault("kind", "Pod")
+        body.setdefault("apiVersion", "v1")
+        if not (body.get("metadata") or {}).get("name"):
             return _error(422, "Invalid", "Pod is invalid: metadata.name: Required value")
         name = body["metadata"]["name"]
         if name in self.pods:
@@ -282,8 +286,7 @@ class FakeKubernetes:
         prepare_root(root)
         pod = FakePod(body, root, self.bwrap)
         pod.manifest["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
-                                  "containerStatuses": [{"name": containers[0]["name"], "image": containers[0]["image"],
-                                                         "ready": False, "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+                                  "containerStatuses": [container_status(containers[0], {"waiting": {"reason": "ContainerCreating"}})]}
         self.pods[name] = pod
         asyncio.get_running_loop().call_later(self.start_delay, self._start_pod, name)
         return web.json_response(pod.manifest, status=201)
@@ -354,7 +357,7 @@ class FakeKubernetes:
     async def _create_np(self, request: web.Request) -> web.Response:
         body = await request.json()
         name = (body.get("metadata") or {}).get("name")
-        if body.get("kind") != "NetworkPolicy" or not name:
+        if body.get("kind", "NetworkPolicy") != "NetworkPolicy" or not name:
             return _error(422, "Invalid", "NetworkPolicy is invalid")
         if name in self.network_policies:
             return _error(409, "AlreadyExists", f'networkpolicies.networking.k8s.io "{name}" already exists')
