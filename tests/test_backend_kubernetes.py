@@ -12,7 +12,6 @@ import time
 import pytest
 
 from backends.kubernetes import (
-    KubernetesBackend,
     KubernetesConfig,
     PodDeadlineExceeded,
     PodEvicted,
