@@ -482,7 +482,7 @@ class AgentSandbox(Sandbox):
         msg: dict[str, Any] = {"op": "exec", **_command(cmd), "limit": int(output_limit or self.spec.output_limit_bytes)}
         if math.isfinite(t):
             msg["timeout"] = t
-        merged = {**self.spec.environment_vars, **(env or {})}
+        merged = {str(k): str(v) for k, v in {**self.spec.environment_vars, **(env or {})}.items()}
         if merged:
             msg["env"] = merged
         if cwd:
@@ -516,7 +516,7 @@ class AgentSandbox(Sandbox):
 
     async def start_process(self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None) -> AgentProcess:
         msg: dict[str, Any] = {"op": "start", **_command(cmd), "limit": self.spec.output_limit_bytes}
-        merged = {**self.spec.environment_vars, **(env or {})}
+        merged = {str(k): str(v) for k, v in {**self.spec.environment_vars, **(env or {})}.items()}
         if merged:
             msg["env"] = merged
         if cwd:

@@ -322,7 +322,7 @@ def op_exec(req, ctx):
     stdin_data = unb64(req.get("stdin"))
     try:
         proc = spawn(req, stdin_pipe=bool(stdin_data))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         return failed_start(exc, started)
     _groups.add(proc.pid)
     if stdin_data:
@@ -513,7 +513,7 @@ def op_start(req, ctx):
     limit = int(req.get("limit") or (1 << 20))
     try:
         proc = spawn(req, stdin_pipe=True)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise AgentUsageError("cannot start process: %s" % exc) from None
     bg = Background(proc, limit)
     with _procs_lock:
