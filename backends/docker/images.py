@@ -220,13 +220,14 @@ class ImageBuilder:
 
 
 def _pip() -> list[str]:
-    for cand in ([sys.executable, "-m", "pip"],):
-        if subprocess.run([*cand, "--version"], capture_output=True).returncode == 0:
-            return cand
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        return [sys.executable, "-m", "pip"]
     for exe in ("pip3", "pip"):
         if path := shutil.which(exe):
             return [path]
-    raise ImageNotFound("no pip on the host to download the recipe's wheels (install pip)")
+    if uvx := shutil.which("uvx"):  # uv-made venvs have no pip: run one from PyPI
+        return [uvx, "pip"]
+    raise ImageNotFound("no pip on the host to download the recipe's wheels (install pip or uv)")
 
 
 def fetch_wheels(requirements: Path, python_version: str = "3.11") -> Path:
