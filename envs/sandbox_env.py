@@ -244,7 +244,8 @@ class SandboxEnv(StatefulToolEnv):
         async with self._pool_lock:
             if self._pool is None:
                 resolved = await self.resolve_spec(spec)
-                self._pool = SandboxPool(resolved, self.pool_size, backend=self.backend)
+                self._pool = SandboxPool(resolved, self.pool_size, backend=self.backend,
+                                         create_concurrency=max(4, self.pool_size))
                 await self._pool.start()
         return self._pool
 

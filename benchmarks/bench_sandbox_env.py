@@ -1,0 +1,155 @@
+"""SandboxEnv / PythonEnv tool round trips and a sandboxed eval, on Docker,
+each against baselines measured in the same run.
+
+Round trips (one warm sandbox, samples of each path interleaved in rounds so a
+loaded machine moves every row alike):
+
+  python tool  `1+1`    PythonEnv.python(code) -> persistent worker      target p50 <= 5 ms
+  bash tool    `echo`   SandboxEnv.bash(command) -> persistent shell     target p50 <= 5 ms
+  baseline: agent exec  sandbox.exec(["echo", "hi"]) (a new process per command, through the agent)
+  baseline: raw exec    one Docker exec per command (aiodocker: create + attached start + read + inspect)
+
+Eval: 64 rollouts of a SandboxEnv at concurrency 16 against the local model
+server (each rollout: 3 bash calls, then an answer). Wall time, and the share
+of rollout time spent creating sandboxes (ready wait) vs executing commands.
+Rows: one sandbox created per rollout; the same with a 16-sandbox warm pool;
+and the reference's way (no persistent shell: one exec per command).
+
+    .venv/bin/python benchmarks/bench_sandbox_env.py [--samples 300] [--raw-samples 60] [--rollouts 64] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LABELS = {"vf-bench": "sandbox-env"}
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+
+
+async def raw_exec(docker, container_id: str) -> None:
+    """One Docker exec per command, the way a CLI or SDK without an agent does it."""
+    container = docker.containers.container(container_id)
+    ex = await container.exec(["echo", "hi"], stdout=True, stderr=True)
+    async with ex.start(detach=False) as stream:
+        while await stream.read_out() is not None:
+            pass
+    await ex.inspect()
+
+
+async def round_trips(args) -> dict:
+    import aiodocker
+
+    import envs as vf
+
+    env = vf.PythonEnv(dataset=[{"question": "q", "answer": "a"}], pip_install_packages="", expose_bash=True,
+                       labels=LABELS)
+    state = await env.init_state({"prompt": [], "example_id": 0, "answer": "a", "task": "bench"}, None, "m")
+    state = await env.setup_state(state)
+    sid = state["sandbox_id"]
+    sandbox = env.get_sandbox(state)
+    docker = aiodocker.Docker()
+    paths = {
+        "python tool `1+1`": lambda: env.python("1+1", sid),
+        "bash tool `echo hi`": lambda: env.bash("echo hi", sid),
+        "agent exec `echo hi`": lambda: sandbox.exec(["echo", "hi"]),
+        "raw docker exec `echo hi`": lambda: raw_exec(docker, sid),
+    }
+    assert (await env.python("1+1", sid)) == "Out[2]: 2" or "Out[" in await env.python("1+1", sid)
+    assert (await env.bash("echo hi", sid)) == "hi"
+    samples: dict[str, list[float]] = {k: [] for k in paths}
+    rounds = 10
+    try:
+        for _ in range(rounds):
+            for name, fn in paths.items():
+                n = (args.raw_samples if name.startswith("raw") else args.samples) // rounds
+                for _ in range(max(1, n)):
+                    t0 = time.perf_counter()
+                    await fn()
+                    samples[name].append(time.perf_counter() - t0)
+    finally:
+        await docker.close()
+        await env.cleanup(state)
+        await env.teardown()
+    return {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
+
+
+async def eval_run(args, *, pool_size: int, persistent: bool) -> dict:
+    from openai import AsyncOpenAI
+
+    import envs as vf
+    from envs.testing.model_server import ModelServer, tool_script
+
+    policy = tool_script([("bash", {"command": "cd /tmp && echo $((6 * 7)) > out.txt"}),
+                          ("bash", {"command": "cat out.txt"}),
+                          ("bash", {"command": "ls / | wc -l"})], answer="done")
+    label = {**LABELS, "vf-bench-run": uuid.uuid4().hex[:8]}
+    env = vf.SandboxEnv(dataset=[{"question": f"q{i}", "answer": "done"} for i in range(args.rollouts)],
+                        labels=label, max_turns=6, pool_size=pool_size, persistent_shell=persistent,
+                        memory_gb=0.5)
+    async with ModelServer(policy) as srv:
+        client = vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=srv.base_url, api_key="x"))
+        t0 = time.perf_counter()
+        out = await env.evaluate(client, "m", num_examples=args.rollouts, rollouts_per_example=1,
+                                 max_concurrent=args.concurrency)
+        wall = time.perf_counter() - t0
+        await env.teardown()
+    rows = out["outputs"]
+    errors = sum(1 for r in rows if r.get("error"))
+    total = sum(r["timing"]["total"] for r in rows) or 1e-9
+    create = sum(r["metrics"].get("sandbox_ready_wait_time", 0.0) for r in rows)
+    execs = sum(r["metrics"].get("sandbox_command_execution_time", 0.0) for r in rows)
+    commands = sum(r["metrics"].get("sandbox_command_count", 0.0) for r in rows)
+    return {"wall_s": wall, "rollouts_per_s": len(rows) / wall, "errors": errors, "create_share": create / total,
+            "exec_share": execs / total, "create_mean_s": create / len(rows),
+            "exec_mean_ms": execs / max(commands, 1) * 1000}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--raw-samples", type=int, default=60)
+    ap.add_argument("--rollouts", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    rt = await round_trips(args)
+    evals = {
+        "create per rollout": await eval_run(args, pool_size=0, persistent=True),
+        f"warm pool ({args.concurrency})": await eval_run(args, pool_size=args.concurrency, persistent=True),
+        "no persistent shell (exec per cmd)": await eval_run(args, pool_size=0, persistent=False),
+    }
+    if args.json:
+        print(json.dumps({"round_trips": rt, "eval": evals}, indent=2))
+        return
+    agent = rt["agent exec `echo hi`"]["p50_ms"]
+    raw = rt["raw docker exec `echo hi`"]["p50_ms"]
+    print(f"{'tool round trip':28} {'p50 ms':>8} {'p95 ms':>8} {'x agent exec':>13} {'x raw exec':>11}  target")
+    for name, r in rt.items():
+        target = "<= 5 ms " + ("yes" if r["p50_ms"] <= 5 else "NO") if "tool" in name else "-"
+        print(f"{name:28} {r['p50_ms']:8.2f} {r['p95_ms']:8.2f} {r['p50_ms'] / agent:13.2f} {r['p50_ms'] / raw:11.3f}  {target}")
+    print()
+    print(f"{args.rollouts} rollouts x 3 bash calls, concurrency {args.concurrency}")
+    print(f"{'variant':36} {'wall s':>7} {'rollouts/s':>10} {'create share':>12} {'exec share':>10} "
+          f"{'create s/rollout':>16} {'ms/cmd':>7} {'errors':>6}")
+    for name, r in evals.items():
+        print(f"{name:36} {r['wall_s']:7.1f} {r['rollouts_per_s']:10.2f} {r['create_share']:12.1%} "
+              f"{r['exec_share']:10.1%} {r['create_mean_s']:16.3f} {r['exec_mean_ms']:7.2f} {r['errors']:6d}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
