@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion
 
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError, OverlongPromptError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
@@ -102,8 +101,9 @@ class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
         # The request body is already plain JSON (OpenAI-format dicts), so we
         # post it through the SDK's generic `post` (same transport, retries and
         # typed errors) and skip `create()`'s per-request TypedDict transform
-        # of the whole message list, which costs more CPU than the rest of a
-        # rollout at high concurrency.
+        # of the whole message list and the pydantic construction of the
+        # reply: together they cost more CPU than the rest of a rollout at
+        # high concurrency (see benchmarks/bench_eval.py).
         options: dict[str, Any] = {}
         body: dict[str, Any] = {"model": model, "messages": prompt}
         for key, value in sampling_args.items():
@@ -124,49 +124,61 @@ class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
         headers = kwargs.get("extra_headers")
         if headers:
             options["headers"] = {**options.get("headers", {}), **headers}
-        return await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=options)
+        raw = await self._client.post("/chat/completions", body=body, cast_to=bytes, options=options)
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise InvalidModelResponseError(f"model response is not JSON: {raw[:200]!r}") from exc
 
     def classify_error(self, exc: BaseException) -> BaseException:
         return _classify_openai_error(exc)
 
     def raise_from_native_response(self, response: Any) -> None:
-        if response is None or not getattr(response, "choices", None):
+        if not isinstance(response, dict):
+            response = response.model_dump()  # a ChatCompletion from a caller's own SDK call
+        if response.get("error"):
+            raise InvalidModelResponseError(f"model endpoint returned an error: {response['error']}")
+        choices = response.get("choices")
+        if not choices or not isinstance(choices, list):
             raise InvalidModelResponseError("model response has no choices")
-        msg = response.choices[0].message
-        if msg is None:
+        msg = choices[0].get("message")
+        if not isinstance(msg, dict):
             raise InvalidModelResponseError("model response has no message")
-        if not msg.content and not msg.tool_calls and not getattr(msg, "reasoning_content", None):
-            if response.choices[0].finish_reason != "length":
+        if not msg.get("content") and not msg.get("tool_calls") and not msg.get("reasoning_content"):
+            if choices[0].get("finish_reason") != "length":
                 raise EmptyModelResponseError("model returned neither content nor tool calls")
 
     def from_native_response(self, response: Any) -> Response:
-        choice = response.choices[0]
-        msg = choice.message
+        if not isinstance(response, dict):
+            response = response.model_dump()
+        choice = response["choices"][0]
+        msg = choice["message"]
         tool_calls = None
-        if msg.tool_calls:
+        if msg.get("tool_calls"):
             tool_calls = [
-                ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "{}")
-                for tc in msg.tool_calls
+                ToolCall(id=tc.get("id") or "", name=tc["function"]["name"], arguments=tc["function"].get("arguments") or "{}")
+                for tc in msg["tool_calls"]
             ]
-        finish = choice.finish_reason if choice.finish_reason in ("stop", "length", "tool_calls") else None
-        extra = msg.model_extra or {}
+        reason = choice.get("finish_reason")
+        finish = reason if reason in ("stop", "length", "tool_calls") else None
         usage = None
-        if response.usage is not None:
+        u = response.get("usage")
+        if u:
             usage = Usage(
-                prompt_tokens=response.usage.prompt_tokens or 0,
-                completion_tokens=response.usage.completion_tokens or 0,
-                total_tokens=response.usage.total_tokens or 0,
+                prompt_tokens=u.get("prompt_tokens") or 0,
+                completion_tokens=u.get("completion_tokens") or 0,
+                total_tokens=u.get("total_tokens") or 0,
             )
         return Response(
-            id=response.id or "",
-            created=response.created or 0,
-            model=response.model or "",
+            id=response.get("id") or "",
+            created=response.get("created") or 0,
+            model=response.get("model") or "",
             usage=usage,
             message=ResponseMessage(
-                content=msg.content,
-                reasoning_content=extra.get("reasoning_content") or extra.get("reasoning"),
+                content=msg.get("content"),
+                reasoning_content=msg.get("reasoning_content") or msg.get("reasoning"),
                 finish_reason=finish,
-                is_truncated=choice.finish_reason == "length",
+                is_truncated=reason == "length",
                 tool_calls=tool_calls,
             ),
         )
