@@ -21,6 +21,7 @@ import json
 import os
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -36,12 +37,27 @@ def rows(n: int) -> list[dict]:
     return [{"question": f"What is {i} + {i % 97}?", "answer": str(i + i % 97)} for i in range(n)]
 
 
+_CPU0 = [0.0]
+
+
+def _cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def start_clock() -> float:
+    """Start the timed region (wall clock and this process's CPU)."""
+    _CPU0[0] = _cpu()
+    return time.perf_counter()
+
+
 def usage_report(t0: float, n: int, rewards: list[float]) -> dict:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "seconds": time.perf_counter() - t0,
         "rollouts": n,
         "cpu_s": ru.ru_utime + ru.ru_stime,
+        "work_cpu_s": _cpu() - _CPU0[0],
         "peak_rss_mib": ru.ru_maxrss / 1024,
         "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
     }
@@ -71,7 +87,7 @@ def worker_vf_sandbox(base_url: str, n: int, conc: int) -> dict:
         finally:
             await client.close()
 
-    t0 = time.perf_counter()
+    t0 = start_clock()
     out = asyncio.run(main())
     return usage_report(t0, len(out["outputs"]), [o["reward"] for o in out["outputs"]])
 
@@ -96,7 +112,7 @@ def worker_verifiers(base_url: str, n: int, conc: int) -> dict:
     async def main():
         return await env.evaluate(client, "bench", num_examples=n, rollouts_per_example=1, max_concurrent=conc)
 
-    t0 = time.perf_counter()
+    t0 = start_clock()
     out = asyncio.run(main())
     outputs = out["outputs"] if isinstance(out, dict) else out.outputs
     return usage_report(t0, len(outputs), [float(o["reward"]) for o in outputs])
@@ -125,7 +141,7 @@ def worker_floor(base_url: str, n: int, conc: int, transport: str) -> dict:
         finally:
             await client.close()
 
-    t0 = time.perf_counter()
+    t0 = start_clock()
     rewards = asyncio.run(main())
     return usage_report(t0, len(rewards), rewards)
 
@@ -193,28 +209,40 @@ def main() -> None:
     try:
         server.stdout.readline()  # "model server on ..."
         base_url = f"http://127.0.0.1:{port}/v1"
-        results: dict[str, dict] = {}
+        runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
         for rep in range(args.repeat):
-            for name, py in variants:
+            for name, py in variants:  # interleaved, so load changes hit every variant alike
                 res = run_variant(py, name, base_url, args.rollouts, args.concurrency)
                 res["rollouts_per_s"] = res["rollouts"] / res["seconds"]
-                print(f"  run {rep + 1} {name:14s} {res['rollouts_per_s']:8.1f} rollouts/s  cpu {res['cpu_s']:6.2f} s  "
-                      f"rss {res['peak_rss_mib']:6.1f} MiB  reward {res['avg_reward']:.3f}", flush=True)
-                best = results.get(name)
-                if best is None or res["rollouts_per_s"] > best["rollouts_per_s"]:
-                    results[name] = res
+                runs[name].append(res)
+                print(f"  run {rep + 1} {name:14s} {res['rollouts_per_s']:8.1f} rollouts/s  work cpu {res['work_cpu_s']:6.2f} s  "
+                      f"process cpu {res['cpu_s']:6.2f} s  rss {res['peak_rss_mib']:6.1f} MiB  reward {res['avg_reward']:.3f}", flush=True)
     finally:
         server.terminate()
         server.wait(10)
 
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    results = {
+        name: {
+            "rollouts_per_s": median(name, "rollouts_per_s"),
+            "work_cpu_ms_per_rollout": 1000 * median(name, "work_cpu_s") / args.rollouts,
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[name]),
+            "runs": runs[name],
+        }
+        for name, _ in variants
+    }
     base = results.get("verifiers")
-    print(f"\n{args.rollouts} single-turn rollouts, concurrency {args.concurrency}, local model server in its own process")
-    print(f"{'variant':16s} {'rollouts/s':>11s} {'CPU s':>8s} {'peak RSS MiB':>13s} {'x verifiers/s':>14s} {'RSS / verifiers':>16s}")
+    print(f"\n{args.rollouts} single-turn rollouts, concurrency {args.concurrency}, local model server in its own process, "
+          f"median of {args.repeat} interleaved run(s); load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'variant':16s} {'rollouts/s':>11s} {'CPU ms/rollout':>15s} {'peak RSS MiB':>13s} {'x verifiers/s':>14s} {'x verifiers CPU eff.':>21s} {'RSS / verifiers':>16s}")
     for name, _ in variants:
         r = results[name]
         speed = f"{r['rollouts_per_s'] / base['rollouts_per_s']:.2f}x" if base else "-"
+        eff = f"{base['work_cpu_ms_per_rollout'] / r['work_cpu_ms_per_rollout']:.2f}x" if base else "-"
         mem = f"{r['peak_rss_mib'] / base['peak_rss_mib']:.2f}" if base else "-"
-        print(f"{name:16s} {r['rollouts_per_s']:11.1f} {r['cpu_s']:8.2f} {r['peak_rss_mib']:13.1f} {speed:>14s} {mem:>16s}")
+        print(f"{name:16s} {r['rollouts_per_s']:11.1f} {r['work_cpu_ms_per_rollout']:15.2f} {r['peak_rss_mib']:13.1f} {speed:>14s} {eff:>21s} {mem:>16s}")
     if base:
         ours = results["vf-sandbox"]
         ok = ours["rollouts_per_s"] >= 5 * base["rollouts_per_s"] and ours["peak_rss_mib"] <= 0.5 * base["peak_rss_mib"]
