@@ -192,8 +192,11 @@ async def test_evicted_and_oom_killed_pods_raise_typed_errors(backend, k8s):
 async def test_dropped_stream_fails_in_flight_call_once_and_reconnects(backend, k8s):
     async with await backend.create(SandboxSpec()) as sb:
         d = (await sb.exec("mktemp -d")).stdout.strip()
-        call = asyncio.ensure_future(sb.exec(f"echo run >> {d}/runs; sleep 2; echo done"))
-        await asyncio.sleep(0.5)
+        call = asyncio.ensure_future(sb.exec(f"echo run >> {d}/runs; sleep 5; echo done"))
+        for _ in range(200):  # until the command has certainly started
+            if (await sb.exec(f"test -e {d}/runs")).ok:
+                break
+            await asyncio.sleep(0.02)
         assert await k8s.drop_exec_streams(sb.id) == 1
         with pytest.raises(AgentError):
             await call
@@ -228,8 +231,8 @@ async def test_failed_exec_handshake_is_infra(backend, k8s):
 async def test_creation_rate_limit(k8s):
     be = get_backend("kubernetes", kubeconfig=k8s.kubeconfig, poll_interval=0.05, creates_per_second=8, create_burst=1)
     await asyncio.gather(*(be.create(SandboxSpec()) for _ in range(4)))
-    gaps = [b - a for a, b in zip(k8s.create_times, k8s.create_times[1:])]
-    assert len(gaps) == 3 and min(gaps) >= 0.1  # 1/8 s apart, minus scheduling jitter
+    times = k8s.create_times
+    assert len(times) == 4 and times[-1] - times[0] >= 3 / 8 * 0.8  # 1/8 s apart (minus jitter)
     await be.delete_many()
     await be.close()
 
@@ -254,15 +257,19 @@ async def test_idempotent_create_adopts_the_first_pod(backend, k8s):
 
 async def test_cancelled_create_does_not_leak(backend, k8s):
     task = asyncio.ensure_future(backend.create(SandboxSpec()))
-    await asyncio.sleep(0.02)
+    for _ in range(400):  # cancel once the pod was requested, before the sandbox is ready
+        if k8s.create_times:
+            break
+        await asyncio.sleep(0.005)
+    assert k8s.create_times and not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     for _ in range(100):
-        if not k8s.pods and k8s.create_times:
+        if not k8s.pods:
             break
         await asyncio.sleep(0.05)
-    assert k8s.create_times and k8s.pods == {}
+    assert k8s.pods == {}
 
 
 async def test_deletes_use_grace_zero_and_network_policy_is_created_once(backend, k8s):
@@ -317,11 +324,11 @@ async def test_idle_stream_gets_keepalive_frames(k8s):
     be = get_backend("kubernetes", kubeconfig=k8s.kubeconfig, poll_interval=0.05, keepalive=0.1)
     async with await be.create(SandboxSpec()) as sb:
         await asyncio.sleep(0.65)  # idle: only keepalives cross the stream
-        assert k8s.empty_stdin_frames >= 4
+        assert k8s.empty_stdin_frames >= 3
         before = k8s.empty_stdin_frames
-        for _ in range(10):  # busy: no keepalive needed
+        for _ in range(20):  # busy: requests keep the stream alive, keepalives are not needed
             await sb.exec(["sleep", "0.02"])
-        assert k8s.empty_stdin_frames - before <= 2
+        assert k8s.empty_stdin_frames - before <= 5
         assert (await sb.exec("echo alive")).stdout == "alive\n"
     await be.close()
 

@@ -149,12 +149,16 @@ async def test_idempotent_create(backend, fake):
 
 async def test_cancelled_create_does_not_leak(backend, fake):
     task = asyncio.ensure_future(backend.create(SandboxSpec()))
-    await asyncio.sleep(0.05)
+    for _ in range(400):  # cancel once the sandbox was requested, before it is ready
+        if fake.sandboxes:
+            break
+        await asyncio.sleep(0.005)
+    assert fake.sandboxes and not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     for _ in range(100):
-        if not fake.sandboxes and any(m == "POST" and p == "/api/v1/sandbox" for m, p in fake.requests):
+        if not fake.sandboxes:
             break
         await asyncio.sleep(0.05)
     assert fake.sandboxes == {}
