@@ -50,6 +50,7 @@ from .types import (
     RolloutTiming,
     SamplingArgs,
     State,
+    SystemMessage,
     TimeSpan,
     TimeSpans,
     TokenUsage,

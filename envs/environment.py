@@ -117,6 +117,8 @@ class Environment(ABC):
     ):
         self.logger = log
         self.message_type = message_type
+        if hasattr(system_prompt, "content") and not isinstance(system_prompt, str):  # vf.SystemMessage
+            system_prompt = system_prompt.content  # type: ignore[union-attr]
         self.system_prompt = system_prompt
         self.few_shot = few_shot
         self.parser = parser or Parser()

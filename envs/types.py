@@ -30,6 +30,20 @@ class CustomBaseModel(BaseModel):
     model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
 
 
+class SystemMessage(CustomBaseModel):
+    """A system message; `SystemMessage.from_path(p)` loads a prompt file verbatim (UTF-8)."""
+
+    role: Literal["system"] = "system"
+    content: str | list[dict[str, Any]]
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> "SystemMessage":
+        return cls(content=Path(path).read_text(encoding="utf-8"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": "system", "content": self.content}
+
+
 # --------------------------------------------------------------------------- timing
 
 

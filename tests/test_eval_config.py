@@ -213,3 +213,22 @@ def test_ablation_conflicts():
         expand_ablation({"env_id": "a", "sweep": {"temperature": 0.5}}, "ab")
     with pytest.raises(ConfigError, match="unknown key"):
         expand_ablation({"env_id": "a", "sweep": {"tempreature": [0.5]}}, "ab")
+
+
+def test_public_args_redact_header_values(envdir):
+    (cfg,) = configs_from_cli(["x"], cli(envdir, model="fast", headers={"Authorization": "Bearer sk-secret"}))
+    args = cfg.public_args()
+    text = str(args)
+    assert "sk-secret" not in text and args["client_config"]["extra_headers"]["Authorization"] == "***"
+    assert args["client_config"]["api_key_var"] == "FAST_KEY"
+
+
+def test_system_message_from_path(tmp_path):
+    import envs as vf
+
+    p = tmp_path / "sys.txt"
+    p.write_text("  be exact\n", encoding="utf-8")
+    msg = vf.SystemMessage.from_path(p)
+    assert msg.content == "  be exact\n" and msg.role == "system"
+    env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}], system_prompt=msg)
+    assert env.get_eval_dataset()[0]["prompt"][0] == {"role": "system", "content": "  be exact\n"}

@@ -90,8 +90,13 @@ class EvalConfig(BaseModel):
     shuffle_seed: int | None = None
 
     def public_args(self) -> dict[str, Any]:
-        """The settings as a JSON-able dict for the run registry (key *names* only)."""
+        """The settings as a JSON-able dict for the run registry: API keys appear
+        only as variable names and header values are redacted (they may carry tokens)."""
         data = self.model_dump(mode="json")
+        cc = data["client_config"]
+        cc["extra_headers"] = {k: "***" for k in cc.get("extra_headers", {})}
+        for ep in cc.get("endpoint_configs", []):
+            ep["extra_headers"] = {k: "***" for k in ep.get("extra_headers", {})}
         return data
 
 
