@@ -42,7 +42,7 @@ def pid_alive(pid: int) -> bool:
 
 def test_agent_source_is_python37_stdlib_only():
     tree = ast.parse(agent_source(), feature_version=(3, 7))
-    allowed = {"base64", "json", "os", "queue", "select", "selectors", "signal", "subprocess", "sys", "threading", "time", "tarfile", "stat"}
+    allowed = {"base64", "json", "os", "queue", "select", "signal", "subprocess", "sys", "threading", "time", "tarfile", "stat"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             assert {a.name.split(".")[0] for a in node.names} <= allowed
@@ -343,3 +343,25 @@ async def test_timeout_values(sb):
     with pytest.raises(ConfigError):
         await sb.exec("true", timeout=0)
     assert (await sb.exec("sleep 0.2; echo done", timeout=math.inf)).stdout == "done\n"
+
+
+async def test_concurrent_mixed_stress(sb):
+    async def one(i: int):
+        kind = i % 4
+        if kind == 0:
+            r = await sb.exec(f"echo {i}")
+            assert r.stdout == f"{i}\n"
+        elif kind == 1:
+            r = await sb.exec(f"(sleep 0.3; echo late) & echo {i}")
+            assert r.stdout == f"{i}\n"
+        elif kind == 2:
+            r = await sb.exec("cat", stdin=f"in-{i}" * 1000)
+            assert r.stdout == f"in-{i}" * 1000
+        else:
+            r = await sb.exec(f"echo {i}; sleep 5", timeout=0.3)
+            assert r.timed_out and r.stdout == f"{i}\n"
+
+    await asyncio.gather(*(one(i) for i in range(80)))
+    await asyncio.sleep(0.5)  # leftovers of kind 1 finish and their pipes close
+    await asyncio.gather(*(one(i) for i in range(0, 40, 2)))
+    assert await sb.alive()

@@ -16,7 +16,6 @@ import json
 import os
 import queue
 import select
-import selectors
 import signal
 import subprocess
 import sys
@@ -294,23 +293,29 @@ def failed_start(exc, started):
             "duration": time.monotonic() - started}
 
 
-def _drain_forever(fds):
+def _drain_forever(pipes):
     """Read and discard what processes left behind still write (a `cmd &` of the command)."""
-    sel = selectors.DefaultSelector()
-    for fd in fds:
-        sel.register(fd, selectors.EVENT_READ)
+    by_fd = dict((p.fileno(), p) for p in pipes)
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    while by_fd:
+        for fd, _ in poller.poll():
+            try:
+                data = os.read(fd, READ_SIZE)
+            except OSError:
+                data = b""
+            if not data:
+                poller.unregister(fd)
+                _close(by_fd.pop(fd))
+
+
+def _close(fileobj):
+    """Close through the file object (never os.close: its fd number could be reused by then)."""
     try:
-        while sel.get_map():
-            for key, _ in sel.select():
-                try:
-                    data = os.read(key.fd, READ_SIZE)
-                except OSError:
-                    data = b""
-                if not data:
-                    sel.unregister(key.fd)
-                    os.close(key.fd)
-    finally:
-        sel.close()
+        fileobj.close()
+    except (OSError, ValueError):
+        pass
 
 
 def op_exec(req, ctx):
@@ -332,13 +337,11 @@ def op_exec(req, ctx):
             except (OSError, ValueError):
                 pass
             finally:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
+                _close(proc.stdin)
         threading.Thread(target=feed, daemon=True).start()
     bufs = {proc.stdout.fileno(): ("stdout", HeadTail(limit)), proc.stderr.fileno(): ("stderr", HeadTail(limit))}
     fds = list(bufs)
+    pipes = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
@@ -400,21 +403,15 @@ def op_exec(req, ctx):
             code = proc.wait()
     finally:
         _groups.discard(proc.pid)
-        leftover = [fd for fd in fds if fd in open_fds]
+        leftover = [pipes[fd] for fd in fds if fd in open_fds]
         for fd in fds:
-            if fd not in leftover:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            if fd not in open_fds:
+                _close(pipes[fd])
         if leftover and not timed_out and not ctx.cancelled:
             threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
         else:
-            for fd in leftover:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            for pipe in leftover:
+                _close(pipe)
     duration = time.monotonic() - started
     sig = -code if code < 0 else None
     oom = False
