@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_swe.json"))
     args = ap.parse_args()
 
+    load0 = Path("/proc/loadavg").read_text().split()[0]
     dataset = build_dataset()
     insts = {i.instance_id: i for i in load_instances(dataset).instances}
     chosen = [insts[i] for i in VALID]
@@ -158,6 +160,8 @@ def main() -> None:
         print(f"cold: image builds {cold_img:.1f}s in total (layers built: "
               f"{', '.join(r['instance_id'].split('__')[0] + '=' + '+'.join(r['built']) for r in results['cold'])})")
     print(f"worst warm overhead beyond the test run: {worst:.3f}s (target ≤ 1 s: {'met' if worst <= 1 else 'NOT met'})")
+    load1 = Path("/proc/loadavg").read_text().split()[0]
+    print(f"1-min load average at start / end: {load0} / {load1} on {os.cpu_count()} cores (other work inflates every figure)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1, default=str))
 

@@ -153,15 +153,16 @@ async def run_debug(
         out.timings.image_s = clock.lap()
     if prepared is not None and hasattr(prepared, "tag"):
         out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
-    spec_kw: dict[str, Any] = {}
-    if hasattr(taskset, "builder"):  # SWETaskSet takes the resource overrides
-        spec_kw = dict(timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores, memory_gb=opts.memory_gb,
-                       disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
-    spec = taskset.sandbox_spec(inst, prepared, **spec_kw)
+    spec = taskset.sandbox_spec(inst, prepared, timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores,
+                                memory_gb=opts.memory_gb, disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
     clock.lap()
     sandbox: Sandbox | None = None
     try:
-        sandbox = await backend.create(spec)
+        try:
+            sandbox = await backend.create(spec)
+        except UsageError as exc:  # ImageNotFound / ConfigError: the instance cannot run here
+            out.reason, out.detail = "setup_failed", f"sandbox: {type(exc).__name__}: {exc}"[:4000]
+            return out
         out.timings.create_s = clock.lap()
         try:
             await asyncio.wait_for(_body(taskset, inst, sandbox, opts, step, out, clock), opts.timeout_seconds)

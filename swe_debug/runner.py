@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -27,6 +28,8 @@ from .debug import DebugOptions, DebugOutcome, run_debug
 from .grading import FailsBefore, check_fails_before
 from .parsers import ParseResult, TestStatus
 from .taskset import SandboxTaskSet
+
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -203,13 +206,16 @@ class BatchRunner:
             if len(outcomes) > 1:
                 row["repeats"] = [{"valid": o.valid, "reason": o.reason, "tests_s": o.timings.tests_s} for o in outcomes]
             return row
-        except Exception as exc:  # noqa: BLE001 - classified below, re-raised if not infra
+        except Exception as exc:  # noqa: BLE001 - one instance never stops the batch
+            # An InfraError left after the retries, or a bug of ours / of a custom taskset:
+            # either way no verdict on the instance, so `sandbox_error` (re-run by --resume).
             infra = find_infra_error(exc)
-            if infra is None:
-                raise
-            return {"index": index, **info, "valid": False, "reason": "sandbox_error", "detail": str(infra)[:2000],
-                    "error": str(exc)[:2000], "error_type": type(infra).__name__,
-                    "attempts": max(attempts_total, self.cfg.max_retries + 1),
+            culprit = infra or exc
+            detail = str(infra) if infra else f"internal error: {type(exc).__name__}: {exc}"
+            log.warning("%s: %s", info.get("instance_id"), detail, exc_info=infra is None)
+            return {"index": index, **info, "valid": False, "reason": "sandbox_error", "detail": detail[:2000],
+                    "error": str(exc)[:2000], "error_type": type(culprit).__name__,
+                    "attempts": max(attempts_total, self.cfg.max_retries + 1 if infra else 1),
                     "timings": {"total_s": round(time.perf_counter() - t0, 4)}}
 
     async def run(self, instances: Sequence[Any], on_row: RowCallback | None = None) -> list[dict[str, Any]]:

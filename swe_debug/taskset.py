@@ -80,7 +80,11 @@ class SandboxTaskSet(abc.ABC, Generic[T]):
         return None
 
     @abc.abstractmethod
-    def sandbox_spec(self, inst: T, prepared: Any = None) -> SandboxSpec: ...
+    def sandbox_spec(self, inst: T, prepared: Any = None, *, timeout_seconds: float = 1800,
+                     cpu_cores: float | None = None, memory_gb: float | None = None,
+                     disk_size_gb: float | None = None, labels: dict[str, str] | None = None) -> SandboxSpec:
+        """The sandbox for `inst` (`prepared` is what `prepare` returned); the keyword
+        arguments are the run's overrides (None = the taskset's default)."""
 
     def workdir(self, inst: T) -> str:
         return "/"
