@@ -313,6 +313,8 @@ class KubernetesBackend:
         pods = await api.list_pods(mf.selector(labels or {}))
         out = []
         for pod in pods:
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue  # terminating: already deleted as far as callers are concerned
             exact = mf.labels_of(pod)
             if labels and any(exact.get(k) != v for k, v in labels.items()):
                 continue  # a sanitised-value collision: the annotation has the truth
