@@ -30,7 +30,7 @@ from envs.openenv.manifest import read_manifest, write_manifest
 from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fixed
 from sandboxes.errors import ConfigError, ServerStartError, is_infra_error
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]  # the first test may build the images
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO = ROOT / "environments/openenv_echo/openenv_echo/echo_env"

@@ -19,6 +19,11 @@ healthy is a `ServerStartError` (InfraError: the rollout is retried) with
 the server's log tail; a contract mismatch is a `ContractMismatch`
 (ConfigError). The sandbox is deleted in `@cleanup` whatever happened, and
 `@teardown` deletes any left registered.
+
+The image is built locally (`vf-sandbox openenv build`, or automatically
+with `auto_build=True`); for a backend that pulls from a registry
+(Kubernetes, Prime) push it there yourself and pass `image=` with the
+pushed name.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class OpenEnvEnv(MultiTurnEnv):
         startup_timeout: float = 120.0,
         step_timeout: float = 60.0,
         labels: dict[str, str] | list[str] | None = None,
+        image: str | None = None,
         python: str = "python3",
         **kwargs: Any,
     ):
@@ -110,7 +116,7 @@ class OpenEnvEnv(MultiTurnEnv):
         self.step_timeout = step_timeout
         self.python = python
         self.sandbox_spec = SandboxSpec(
-            image=self.manifest.image,
+            image=image or self.manifest.image,
             name=f"openenv-{self.manifest.environment_id}"[:40],
             cpu_cores=cpu_cores,
             memory_gb=memory_gb,
@@ -155,10 +161,10 @@ class OpenEnvEnv(MultiTurnEnv):
 
     async def _log_tail(self, sandbox: Sandbox) -> str:
         try:
-            data = await sandbox.read_file(SERVER_LOG)
+            res = await sandbox.exec(["tail", "-c", str(LOG_TAIL), SERVER_LOG], timeout=10)
         except Exception as exc:  # the sandbox itself may be gone
             return f"(server log unavailable: {type(exc).__name__}: {exc})"
-        return data.decode("utf-8", "replace")[-LOG_TAIL:]
+        return res.stdout if res.exit_code == 0 else f"(server log unavailable: {res.output.strip()})"
 
     async def _transport(self, state: State, sandbox: Sandbox) -> Transport:
         port = self.manifest.port
