@@ -334,8 +334,21 @@ class SandboxEnv(StatefulToolEnv):
         ids = list(self.active_sandboxes)
         self._rollouts.clear()
         if ids:
-            with contextlib.suppress(Exception):
+            try:
                 await self.backend.delete_many(ids=ids)
+            except Exception as exc:
+                # e.g. at interpreter exit the backend's connections belong to a closed loop:
+                # try once more with a fresh backend of the same name
+                log.warning("bulk delete of %d sandboxes failed (%s); retrying with a new backend", len(ids), exc)
+                if self._backend_arg is None or isinstance(self._backend_arg, str):
+                    fresh = get_backend(self._backend_arg, **self._backend_options)
+                    try:
+                        await fresh.delete_many(ids=ids)
+                    except Exception as exc2:
+                        log.warning("sandboxes %s may be left behind: %s", ids, exc2)
+                    finally:
+                        with contextlib.suppress(Exception):
+                            await fresh.close()
             self.active_sandboxes.clear()
         if self._pool is not None:
             pool, self._pool = self._pool, None

@@ -37,11 +37,14 @@ def unique_labels() -> dict[str, str]:
 
 def containers_with(labels: dict[str, str]) -> list[str]:
     """Names of ALL containers (running or not) carrying `labels` (docker ps -a by label)."""
-    args = ["docker", "ps", "-a", "--format", "{{.Names}}"]
-    for k, v in labels.items():
-        args += ["--filter", f"label={k}={v}"]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    import docker
+
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+        return [c.name for c in found]
+    finally:
+        client.close()
 
 
 def wait_gone(labels: dict[str, str], timeout: float = 20.0) -> list[str]:
