@@ -13,6 +13,11 @@ Baselines (same run, same machine):
            command" design
   create : spawning `python3 -c pass` and waiting: an interpreter start, the
            floor of starting any Python agent
+  per command (kubernetes, prime): the design the shared agent replaces, on the
+           same fake server: a new pods/exec websocket per command, and the
+           prime SDK's own execute_command. Both fakes start each such command
+           as a fresh (bubblewrap-confined) process, as a container runtime
+           starts an exec'd process in the container's namespaces.
 
     .venv/bin/python benchmarks/bench_backends.py [--execs 200] [--creates 8] [--only local,kubernetes]
 """
@@ -79,12 +84,39 @@ async def bench_kind(kind: str, execs: int, creates: int) -> dict | None:
                 # EBADF (a double close of pipe fds under concurrency, reported to its owner)
                 await asyncio.gather(*(sb.exec(["true"]) for _ in range(CONC)))
                 conc = (time.perf_counter() - t) / CONC
-            return {"kind": kind, "exec_p50": pct(rtt, 50), "exec_p95": pct(rtt, 95),
-                    "exec_concurrent_each": conc, "create_delete_p50": pct(lifecycle, 50),
-                    "create_delete_max": max(lifecycle)}
+                per_command = await per_command_baseline(kind, backend, sb, max(20, execs // 5))
+            row = {"kind": kind, "exec_p50": pct(rtt, 50), "exec_p95": pct(rtt, 95),
+                   "exec_concurrent_each": conc, "create_delete_p50": pct(lifecycle, 50),
+                   "create_delete_max": max(lifecycle)}
+            if per_command:
+                row["per_command_p50"] = pct(per_command, 50)
+            return row
     except (pytest.skip.Exception, pytest.fail.Exception) as e:
         print(f"  {kind}: not runnable here ({e})", file=sys.stderr)
         return None
+
+
+async def per_command_baseline(kind: str, backend, sb, n: int) -> list[float]:
+    """The design the agent replaces, on the same server: a new channel per command.
+    kubernetes: one pods/exec websocket per command (as exec-per-call clients do);
+    prime: the SDK's own `execute_command` (one Connect-RPC stream per command)."""
+    out: list[float] = []
+    if kind == "kubernetes":
+        for _ in range(n):
+            t = time.perf_counter()
+            ch = await backend.api.exec_channel(sb.id, ["true"])
+            while await ch.recv():
+                pass
+            await ch.close()
+            assert ch.status and ch.status.get("status") == "Success", ch.status
+            out.append(time.perf_counter() - t)
+    elif kind == "prime":
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await backend.client.execute_command(sb.id, "true")
+            assert r.exit_code == 0
+            out.append(time.perf_counter() - t)
+    return out
 
 
 def ms(x: float) -> str:
@@ -112,6 +144,11 @@ async def main() -> None:
         print(f"{r['kind']:<16}{ms(r['exec_p50']):>12}{ms(r['exec_p95']):>10}{r['exec_p50'] / exec_base:>9.2f}"
               f"{ms(r['exec_concurrent_each']):>17}{ms(r['create_delete_p50']):>19}"
               f"{r['create_delete_p50'] / create_base:>12.1f}")
+    for r in rows:
+        if "per_command_p50" in r:
+            what = "a new exec websocket" if r["kind"] == "kubernetes" else "the SDK's execute_command"
+            print(f"{r['kind']}: {what} per command p50 {r['per_command_p50'] * 1e3:.2f} ms = "
+                  f"{r['per_command_p50'] / r['exec_p50']:.1f}x the agent round trip on the same server")
     print("kubernetes / prime rows run against in-process CONTRACT FAKES (tests/fakes), not real services.")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"exec_baseline": exec_base, "create_baseline": create_base,
