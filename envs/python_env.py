@@ -121,6 +121,8 @@ class PythonEnv(SandboxEnv):
         if state is not None:
             if res.timed_out:
                 state["sandbox_timeout"] = True
-            if res.restarted and not res.timed_out:
+            if res.oom_kills is not None:
+                self._note_oom(live, state, res.oom_kills)
+            elif res.restarted and not res.timed_out:
                 await self._check_oom(live, state)
         return res.render()

@@ -165,9 +165,10 @@ class SandboxEnv(StatefulToolEnv):
         state = live.extra.get("state")
         t0 = time.monotonic()
         try:  # an InfraError (sandbox or agent gone) propagates: the rollout is retried
+            oom: int | None = None
             if live.shell is not None:
                 res = await live.shell.run(command, self.timeout_per_command_seconds)
-                text, timed_out, code = res.render(), res.timed_out, res.exit_code
+                text, timed_out, code, oom = res.render(), res.timed_out, res.exit_code, res.oom_kills
             else:
                 text, timed_out, code = await self._exec_once(live, command, state)
         finally:
@@ -179,7 +180,9 @@ class SandboxEnv(StatefulToolEnv):
         if state is not None:
             if timed_out:
                 state["sandbox_timeout"] = True
-            if code in (137, -9, None) and not timed_out:
+            if oom is not None:
+                self._note_oom(live, state, oom)
+            elif code in (137, -9, None) and not timed_out:
                 await self._check_oom(live, state)
         return text
 
@@ -376,6 +379,12 @@ class SandboxEnv(StatefulToolEnv):
                 if len(parts) == 2 and parts[0] == "oom_kill":
                     return int(parts[1])
         return None
+
+    @staticmethod
+    def _note_oom(live: SandboxRollout, state: State, count: int) -> None:
+        """Flag the rollout when the cgroup's OOM-kill counter (reported by the in-sandbox tool) rose."""
+        if live.oom_baseline is not None and count > live.oom_baseline:
+            state["sandbox_oom"] = True
 
     async def _check_oom(self, live: SandboxRollout, state: State) -> None:
         if live.oom_baseline is None:

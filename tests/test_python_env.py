@@ -139,3 +139,18 @@ async def test_sandbox_killed_mid_rollout_is_retried():
     assert len(rows) == 1 and rows[0]["attempts"] == 2 and rows[0]["error"] is None
     assert tool_messages(rows[0]) == ["(no output)", "Out[2]: 42"]
     assert wait_gone(labels) == []
+
+
+async def test_cell_exhausting_memory_restarts_worker_and_flags_oom():
+    labels = unique_labels()
+    policy = tool_script([
+        ("python", {"code": "keep = 1"}),
+        ("python", {"code": "big = bytearray(700 * 1024 * 1024)\nbig[::4096] = b'x' * len(big[::4096])"}),
+        ("python", {"code": "1 + 1"}),
+    ])
+    rows = await run_env(py_env(labels, memory_gb=0.25), policy)
+    outs = tool_messages(rows[0])
+    assert "died" in outs[1] and "were lost" in outs[1], outs[1]
+    assert outs[2] == "Out[1]: 2"
+    assert rows[0]["metrics"]["sandbox_oom"] == 1.0 and rows[0]["error"] is None
+    assert wait_gone(labels) == []

@@ -276,3 +276,15 @@ def test_no_sandbox_left_after_signal(tmp_path, sig):
                 proc.wait()
     assert proc.returncode != 0 or "stopp" in out.lower(), out[-2000:]
     assert wait_gone(labels) == [], out[-2000:]
+
+
+async def test_oom_killed_command_sets_the_oom_flag():
+    labels = unique_labels()
+    hog = "python3 -c 'x = bytearray(700 * 1024 * 1024); x[::4096] = b\"x\" * len(x[::4096])'; echo rc=$?"
+    policy = tool_script([("bash", {"command": "echo fine"}), ("bash", {"command": hog}), ("bash", {"command": "echo alive"})])
+    rows = await run_env(bash_env(labels, memory_gb=0.25), policy)
+    outs = tool_messages(rows[0])
+    assert "Killed" in outs[1] and "rc=137" in outs[1]
+    assert outs[2] == "alive"  # the shell survived its child's OOM kill
+    assert rows[0]["metrics"]["sandbox_oom"] == 1.0 and rows[0]["error"] is None
+    assert wait_gone(labels) == []

@@ -52,6 +52,7 @@ class CellResult(BaseModel):
     restarted: bool = False
     dropped_bytes: int = 0
     duration: float = 0.0
+    oom_kills: int | None = None
     note: str | None = None
 
     def render(self) -> str:
@@ -191,6 +192,7 @@ class ReplSession:
                     execution_count=resp.get("execution_count"),
                     dropped_bytes=int(resp.get("stdout_dropped") or 0) + int(resp.get("stderr_dropped") or 0),
                     timed_out=timed_out,
+                    oom_kills=resp.get("oom_kills"),
                     note=note,
                 )
                 if res.result is not None:

@@ -9,7 +9,7 @@ own output never touches that channel:
 * response (stdout): `<json>` + `\\x1e` + `N` + `\\n`, where json is
   `{"id", "status": "ok"|"error"|"interrupted", "stdout", "stderr",
   "stdout_dropped", "stderr_dropped", "result", "traceback",
-  "execution_count", "duration"}`. The worker announces itself with the
+  "execution_count", "duration", "oom_kills"}`. The worker announces itself with the
   frame of id 0 (`{"id": 0, "ready": true, "pid": ...}`).
 
 Because every response carries the request's id and the terminator names it,
@@ -41,6 +41,22 @@ import types
 DEFAULT_MAX_OUTPUT = 16384  # bytes kept per stream per cell (head + tail)
 FRAME_END = "\x1e"
 _WORKER_GLOBALS = globals()
+
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills():
+    """The sandbox cgroup's oom_kill counter (cgroup v2 or v1), None where not exposed."""
+    for path in OOM_FILES:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 class BoundedSink:
@@ -242,7 +258,7 @@ class Worker:
         self.out.sync()
         self.err.sync()
         resp = {"status": status, "result": result, "traceback": tb, "execution_count": n,
-                "duration": round(duration, 6)}
+                "duration": round(duration, 6), "oom_kills": oom_kills()}
         for key, cap in (("stdout", self.out), ("stderr", self.err)):
             head, tail, dropped = cap.sink.take()
             if dropped:

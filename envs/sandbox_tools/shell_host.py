@@ -7,7 +7,8 @@ command at a time over its own stdin/stdout:
 * request  (stdin, one line): `{"id": N, "line": "<bash line>", "end": "<frame tail>", "limit": B}`.
   `line` runs the command and then prints the frame `\\x1e<exit status><end>`.
 * response (stdout): `<json>` + `\\x1e` + `N` + `\\n`, json being
-  `{"id", "output", "dropped", "exit_code", "exited"}`. `output` keeps the
+  `{"id", "output", "dropped", "exit_code", "exited", "oom_kills"}` (the
+  cgroup's OOM-kill counter after the command, null where not exposed). `output` keeps the
   first and last `limit//2` bytes of what the command printed (the middle
   is counted in `dropped`), so memory stays bounded however much it prints.
   The frame of id 0 (`{"id": 0, "ready": true}`) says the shell is up.
@@ -25,6 +26,22 @@ import subprocess
 import sys
 
 FRAME_END = "\x1e"
+
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills():
+    """The sandbox cgroup's oom_kill counter (cgroup v2 or v1), None where not exposed."""
+    for path in OOM_FILES:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _write_all(fd, data):
@@ -130,7 +147,8 @@ def main():
         if exited:
             cap.add(bytes(pending))
             code = shell.wait()
-        send({"id": rid, "output": cap.text(), "dropped": cap.dropped, "exit_code": code, "exited": exited})
+        send({"id": rid, "output": cap.text(), "dropped": cap.dropped, "exit_code": code, "exited": exited,
+              "oom_kills": oom_kills()})
         if exited:
             return
 

@@ -81,6 +81,7 @@ class ShellResult(BaseModel):
     restarted: bool = False
     dropped_bytes: int = 0
     duration: float = 0.0
+    oom_kills: int | None = None
     note: str | None = None
 
     def render(self) -> str:
@@ -126,6 +127,7 @@ class ShellSession:
         self._lock = asyncio.Lock()
         self.restarts = 0
         self.hosted = python is not None  # False after falling back to direct mode
+        self._last_oom: int | None = None
 
     @property
     def process(self) -> BackgroundProcess | None:
@@ -155,6 +157,7 @@ class ShellSession:
             frame = find_frame(out, seq)
             if frame is None:
                 return False, "", None, False, 0
+            self._last_oom = frame.get("oom_kills")
             return True, frame.get("output") or "", frame.get("exit_code"), bool(frame.get("exited")), int(
                 frame.get("dropped") or 0)
         end = self._end(seq)
@@ -233,6 +236,7 @@ class ShellSession:
             self._seq += 1
             seq = self._seq
             data, until = self._request(command, seq)
+            self._last_oom = None
             t0 = time.monotonic()
             out = await send_and_read(proc, data, until, timeout, "a command")
             res = ShellResult()
@@ -286,4 +290,5 @@ class ShellSession:
             text = text.replace("/dev/stdin: line ", "bash: line ")
             text, cut = cap_text(text, self.output_limit + 64)
             res.output, res.dropped_bytes = text, dropped + cut
+            res.oom_kills = self._last_oom
             return res
