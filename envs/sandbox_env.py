@@ -35,6 +35,8 @@ import logging
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from sandboxes import (
     ConfigError,
     InfraError,
@@ -71,7 +73,6 @@ class SandboxRollout:
         self.shell: ShellSession | None = None
         self.extra: dict[str, Any] = {}  # subclasses' sessions (PythonEnv's worker)
         self.oom_baseline: int | None = None
-        self.lock = asyncio.Lock()
 
 
 class SandboxEnv(StatefulToolEnv):
@@ -126,7 +127,10 @@ class SandboxEnv(StatefulToolEnv):
         )
         if workdir:
             spec_fields["workdir"] = workdir
-        self.sandbox_spec = SandboxSpec(**spec_fields)
+        try:
+            self.sandbox_spec = SandboxSpec(**spec_fields)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid sandbox settings for {type(self).__name__}: {exc}") from exc
         self.team_id = team_id  # reference compatibility (no meaning here)
         self.advanced_configs = advanced_configs
         self.timeout_per_command_seconds = float(timeout_per_command_seconds)

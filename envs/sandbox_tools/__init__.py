@@ -1,0 +1,14 @@
+"""Programs that run INSIDE a sandbox for the sandbox tool environments, and
+their host-side drivers.
+
+In the sandbox (stdlib only, shipped as source and started with `python3 -c`):
+  shell_host.py   runs bash, keeps head+tail of each command's output
+  repl_worker.py  the persistent Python interpreter (one namespace across cells)
+
+On the host (over `Sandbox.start_process`: stdin writes and marker-waited reads,
+one round trip per call):
+  shell_session.py  `ShellSession` — persistent bash (`SandboxEnv.bash`)
+  repl_session.py   `ReplSession` — the Python worker (`PythonEnv.python`)
+  derived_image.py  images with pip packages baked in (cached by content)
+  local_process.py  `LocalProcess`: the same contract over a host subprocess (tests, benchmarks)
+"""
