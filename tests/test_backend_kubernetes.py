@@ -409,3 +409,18 @@ async def test_the_fake_agrees_with_the_official_client(k8s):
     out, names, missing = await asyncio.to_thread(official)
     assert "from-exec" in out and names == ["official"] and missing == "404 NotFound"
     assert k8s.pods == {}
+
+
+async def test_starting_pods_share_status_requests(tmp_path):
+    """Many sandboxes starting at once do not poll the API server once per pod."""
+    async with FakeKubernetes(start_delay=0.4) as slow:
+        be = get_backend("kubernetes", kubeconfig=str(slow.write_kubeconfig(tmp_path / "kc")), poll_interval=0.1,
+                         creates_per_second=1000, create_burst=100)
+        made = await asyncio.gather(*(be.create(SandboxSpec()) for _ in range(8)))
+        pod_gets = sum(1 for m, p, _ in slow.requests if m == "GET" and "/pods/" in p and not p.endswith("/exec"))
+        lists = sum(1 for m, p, q in slow.requests if m == "GET" and p.endswith("/pods") and lc.RUN_ID in q.get("labelSelector", ""))
+        assert be._status.lists == lists >= 1
+        assert pod_gets + lists < 8 * 4  # one GET per pod per poll would be ≥ 8 × 4 polls over 0.4 s
+        for s in made:
+            await s.delete()
+        await be.close()

@@ -47,6 +47,7 @@ from sandboxes.spec import SandboxSpec
 from . import manifest as mf
 from .api import Connection, ExecChannel, KubeApi
 from .config import KubernetesConfig
+from .poller import StatusBatcher
 from .ratelimit import RateLimiter
 from .status import classify, pod_error
 
@@ -190,6 +191,7 @@ class KubernetesBackend:
         self._api: KubeApi | None = None
         self._api_lock = asyncio.Lock()
         self._policy_ready = False
+        self._status: StatusBatcher | None = None
 
     @property
     def api(self) -> KubeApi:
@@ -204,6 +206,7 @@ class KubernetesBackend:
                 if self._api is None:
                     conn = await asyncio.to_thread(Connection.load, self.config)
                     self._api = KubeApi(conn, self.config)
+                    self._status = StatusBatcher(self._api, mf.selector({lc.RUN_ID: lc.run_id()}))
         return self._api
 
     # -- create
@@ -261,8 +264,9 @@ class KubernetesBackend:
         unschedulable_since: float | None = None
         last: dict[str, Any] | None = None
         delay = 0.05  # short first polls: a warm node starts a pod in well under a second
+        assert self._status is not None
         while True:
-            pod = await self.api.get_pod(name)
+            pod = await self._status.get(name)  # coalesced with every other pod starting now
             if pod is None:
                 raise SandboxCreateError(f"pod {name} disappeared while starting")
             last = pod
