@@ -37,7 +37,8 @@ def _split_ids(values: list[str] | None) -> list[str]:
 
 @app.command()
 def run(
-    dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file or a `datasets` save_to_disk dir.")],
+    dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name.")],
+    split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
     instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", "-i", help="Only these ids (repeat or comma-separate).")] = None,
     debug_step: Annotated[Step, typer.Option("--debug-step", help="What to do before the tests.")] = Step.gold_patch,
     debug_command: Annotated[Optional[str], typer.Option("--debug-command", help="Shell command for --debug-step command.")] = None,
@@ -80,7 +81,7 @@ def _main(**a) -> int:
 
     console = Console(stderr=True)
     try:
-        report = load_instances(a["dataset"])
+        report = load_instances(a["dataset"], split=a["split"])
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2

@@ -269,10 +269,15 @@ def _read_jsonl(path: Path, report_errors: list[RowError]) -> list[Any]:
 
 def load_instances(dataset: Any, split: str = "test") -> LoadReport:
     """Load instances from a path (.json, .jsonl, .parquet, a `datasets` save_to_disk
-    directory) or a `datasets.Dataset` / DatasetDict / iterable of dicts."""
+    directory), a hub name ("org/name", split `split`) or a `datasets.Dataset` /
+    DatasetDict / iterable of dicts."""
     if isinstance(dataset, (str, Path)):
         path = Path(dataset)
         if not path.exists():
+            if isinstance(dataset, str) and dataset.count("/") == 1 and not path.suffix:
+                import datasets  # a hub name such as "org/name" (needs the hub or its local cache)
+
+                return load_instances(datasets.load_dataset(dataset, split=split), split)
             raise FileNotFoundError(f"dataset not found: {path}")
         base = path.parent.resolve()
         suffix = path.suffix.lower()
