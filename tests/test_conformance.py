@@ -232,6 +232,18 @@ async def test_alive_and_delete_idempotent(backend, spec):
         await backend.get(sandbox.id)
 
 
+async def test_sandbox_removed_behind_the_handle_raises_infra_error(backend, spec):
+    """Removed by someone else (a reaper, another process): the next call fails fast and typed."""
+    sandbox = await backend.create(spec)
+    try:
+        await backend.delete(sandbox.id)
+        with pytest.raises(InfraError):
+            await asyncio.wait_for(sandbox.exec("echo ghost"), 30)
+        assert not await sandbox.alive()
+    finally:
+        await sandbox.delete()
+
+
 async def test_get_attaches_to_existing_sandbox(backend, spec):
     async with await backend.create(spec) as first:
         d = await tmpdir(first)
