@@ -209,6 +209,22 @@ async def test_upload_download_tree(sb, tmp_path):
     assert (tmp_path / "one.txt").read_text() == "alpha"
 
 
+async def test_large_tree_round_trip(sb, tmp_path):
+    src = tmp_path / "big"
+    src.mkdir()
+    payload = os.urandom(12 * 1024 * 1024)
+    (src / "blob").write_bytes(payload)
+    for i in range(200):
+        (src / f"f{i:03d}.txt").write_text(f"file {i}\n")
+    d = await tmpdir(sb)
+    await sb.upload(src, f"{d}/big")
+    r = await sb.exec(f"ls {d}/big | wc -l; wc -c < {d}/big/blob")
+    assert r.stdout.split() == ["201", str(len(payload))]
+    await sb.download(f"{d}/big", tmp_path / "back")
+    assert (tmp_path / "back" / "blob").read_bytes() == payload
+    assert (tmp_path / "back" / "f199.txt").read_text() == "file 199\n"
+
+
 async def test_download_refuses_links_out_of_destination(sb, tmp_path):
     d = await tmpdir(sb)
     assert (await sb.exec(f"mkdir {d}/evil && ln -s ../../../../../../etc/passwd {d}/evil/pw")).ok
