@@ -6,7 +6,8 @@ Lifecycle of one rollout:
     setup_state        create the sandbox (warm pool if `pool_size`), start the
                        persistent shell, `post_sandbox_setup(state)`
     bash(command)      one round trip to the in-sandbox shell (state persists)
-    @cleanup           `post_rollout(state)`, then delete the sandbox
+    @cleanup           `post_rollout(state)`, then delete the sandbox (or, with
+                       `keep_sandbox_for_scoring`, after the rubric scored it)
     @teardown          bulk-delete whatever is still alive, close the pool
 
 Differences from the reference (its known weaknesses, fixed):
@@ -49,6 +50,7 @@ from sandboxes import (
 )
 
 from .decorators import cleanup, teardown
+from .rubrics.rubric import Rubric
 from .sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, cap_text
 from .sandbox_tools.shell_session import ShellSession
 from .tool_env import StatefulToolEnv
@@ -105,6 +107,7 @@ class SandboxEnv(StatefulToolEnv):
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         workdir: str | None = None,
         network: bool = False,
+        keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
     ):
@@ -144,6 +147,9 @@ class SandboxEnv(StatefulToolEnv):
         self._pool_lock: asyncio.Lock | None = None
         self._rollouts: dict[str, SandboxRollout] = {}  # sandbox id -> live resources
         self.active_sandboxes: set[str] = set()
+        self.keep_sandbox_for_scoring = keep_sandbox_for_scoring
+        if keep_sandbox_for_scoring:
+            self.add_rubric(_ReleaseAfterScoring(self))
         self.add_tool(self.bash, args_to_skip=["sandbox_id"])
         self._register_atexit()
 
@@ -301,7 +307,8 @@ class SandboxEnv(StatefulToolEnv):
 
     @cleanup
     async def destroy_sandbox(self, state: State) -> None:
-        """Run `post_rollout`, record the sandbox metrics, delete the sandbox."""
+        """Run `post_rollout`, record the sandbox metrics, delete the sandbox (with
+        `keep_sandbox_for_scoring`, a rollout without error keeps it until scored)."""
         sandbox_id = state.get("sandbox_id")
         live = self._rollouts.get(sandbox_id) if sandbox_id else None
         if live is None:
@@ -319,6 +326,13 @@ class SandboxEnv(StatefulToolEnv):
                 self.record_metric(state, name, float(state.get(name) or 0.0))
             self.record_metric(state, "sandbox_oom", float(bool(state.get("sandbox_oom"))))
             self.record_metric(state, "sandbox_timeout", float(bool(state.get("sandbox_timeout"))))
+            if not (self.keep_sandbox_for_scoring and state.get("error") is None):
+                await asyncio.shield(self._delete(live))
+
+    async def release_sandbox(self, state: State) -> None:
+        """Delete this rollout's sandbox if it is still alive (idempotent)."""
+        live = self._rollouts.get(state.get("sandbox_id") or "")
+        if live is not None:
             await asyncio.shield(self._delete(live))
 
     async def _delete(self, live: SandboxRollout) -> None:
@@ -396,3 +410,16 @@ class SandboxEnv(StatefulToolEnv):
         count = await self._oom_count(live.sandbox)
         if count is not None and count > live.oom_baseline:
             state["sandbox_oom"] = True
+
+
+class _ReleaseAfterScoring(Rubric):
+    """Scores nothing; deletes the rollout's sandbox once the rubrics have scored it
+    (`keep_sandbox_for_scoring=True`: reward functions may still use `env.get_sandbox(state)`)."""
+
+    def __init__(self, env: SandboxEnv):
+        super().__init__()
+        self._env = env
+
+    @cleanup
+    async def release_sandbox(self, state: State) -> None:
+        await self._env.release_sandbox(state)

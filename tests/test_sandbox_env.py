@@ -288,3 +288,21 @@ async def test_oom_killed_command_sets_the_oom_flag():
     assert outs[2] == "alive"  # the shell survived its child's OOM kill
     assert rows[0]["metrics"]["sandbox_oom"] == 1.0 and rows[0]["error"] is None
     assert wait_gone(labels) == []
+
+
+async def test_keep_sandbox_for_scoring_lets_rewards_read_the_sandbox():
+    labels = unique_labels()
+    holder: dict[str, Any] = {}
+
+    async def file_written(state) -> float:
+        env = holder["env"]
+        data = await env.get_sandbox(state).read_file("/tmp/result.txt")
+        return 1.0 if data.strip() == b"42" else 0.0
+
+    env = vf.SandboxEnv(dataset=dataset(2), labels=labels, keep_sandbox_for_scoring=True,
+                        rubric=vf.Rubric(funcs=[file_written]), max_turns=4)
+    holder["env"] = env
+    rows = await run_env(env, tool_script([("bash", {"command": "echo $((6 * 7)) > /tmp/result.txt"})]), n=2)
+    assert [r["reward"] for r in rows] == [1.0, 1.0], [r["error"] for r in rows]
+    assert env.active_sandboxes == set()
+    assert wait_gone(labels) == []
