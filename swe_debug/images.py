@@ -234,9 +234,14 @@ class ImageBuilder:
                     shutil.rmtree(tmp, ignore_errors=True)
                     raise ImageBuildError(f"pip download failed for {reqs}:\n{out[-2000:]}")
             (tmp / ".complete").write_text(json.dumps(env.model_dump()))
-            if dest.exists():
-                shutil.rmtree(dest)
-            tmp.rename(dest)
+            if dest.exists() and not (dest / ".complete").exists():
+                shutil.rmtree(dest, ignore_errors=True)  # debris of an interrupted rename
+            try:
+                tmp.rename(dest)
+            except OSError:  # another process finished the same wheelhouse first
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not (dest / ".complete").exists():
+                    raise
             return dest
 
     @staticmethod
