@@ -321,3 +321,18 @@ async def test_sandbox_env_runs_unchanged(backend, backend_env, run_label):
     finally:
         await env.destroy_sandbox(state)
     assert await backend.list(run_label) == []
+
+
+async def test_python_env_runs_unchanged(backend, backend_env, run_label):
+    """PythonEnv's persistent interpreter (a background process of the agent) on this backend."""
+    from envs.python_env import PythonEnv
+
+    env = PythonEnv(pip_install_packages="", backend=backend, docker_image=backend_env[1].image, labels=dict(run_label))
+    state = await env.setup_state({"prompt": [], "info": {}})
+    try:
+        sid = state["sandbox_id"]
+        await env.python("x = 6 * 7", sandbox_id=sid)
+        assert "42" in await env.python("print(x)", sandbox_id=sid)
+    finally:
+        await env.destroy_sandbox(state)
+    assert await backend.list(run_label) == []
