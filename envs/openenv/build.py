@@ -131,8 +131,16 @@ def project_requirements(project: str | Path) -> list[str]:
     return [FALLBACK_REQUIREMENT]
 
 
+def docker_available() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "version", "-f", "{{.Server.Version}}"], capture_output=True).returncode == 0
+
+
 def _image_id(image: str) -> str | None:
-    proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image], capture_output=True, text=True)
+    try:
+        proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image], capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -229,7 +237,8 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
     except ConfigError:
         old = None
     if (not force and old is not None and old.content_hash == digest and old.image == image
-            and old.contract == contract and image_exists(image)):
+            and old.contract == contract and (image_exists(image) or not docker_available())):
+        # Up to date. Without a local Docker engine (a remote backend) the manifest is trusted as is.
         return BuildResult(manifest=old, built=False, deps_built=False, seconds=time.monotonic() - t0)
 
     deps_image, deps_built = ensure_deps_image(project_requirements(root), wheelhouse=wheelhouse, log=log)
