@@ -43,6 +43,7 @@ import time
 END = "@@vfr-end-%s@@"
 DEFAULT_CHUNK = 256 * 1024
 MAX_WS_MESSAGE = 64 * 1024 * 1024
+MAX_HTTP_BODY = 256 * 1024 * 1024
 IDLE_RECONNECT_S = 3.0  # uvicorn closes idle keep-alive connections after 5 s
 
 
@@ -85,11 +86,13 @@ class Http:
             try:
                 self.conn.request(method, path, body=body, headers=headers)
                 resp = self.conn.getresponse()
-                data = resp.read()
+                data = resp.read(MAX_HTTP_BODY + 1)
+                if len(data) > MAX_HTTP_BODY:
+                    self.drop()
+                    raise ValueError("response body larger than %d bytes" % MAX_HTTP_BODY)
                 self.last_used = time.monotonic()
-                if resp.will_close:
-                    self.conn.close()
-                    self.conn = None
+                if resp.will_close or not resp.isclosed():
+                    self.drop()
                 return resp.status, dict(resp.getheaders()), data
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 # A stale keep-alive connection: safe to retry only for methods without side effects.
@@ -220,6 +223,7 @@ def main(argv):
         timeout = float(req.get("timeout") or 30)
         try:
             if op == "http":
+                pending.clear()  # one response in flight at a time: leftovers were abandoned
                 body = base64.b64decode(req["body"]) if req.get("body") else None
                 status, headers, data = http_conn.request(
                     req.get("method", "GET"), req.get("path", "/"), req.get("headers") or {}, body, timeout
