@@ -12,6 +12,7 @@ class RubricGroup(Rubric):
     def __init__(self, rubrics: list[Rubric], **kwargs: Any):
         if not rubrics:
             raise ValueError("RubricGroup needs at least one rubric")
+        kwargs.setdefault("parser", rubrics[0].parser)
         super().__init__(**kwargs)
         self.rubrics = list(rubrics)
 
