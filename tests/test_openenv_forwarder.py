@@ -333,3 +333,45 @@ async def test_relay_through_the_docker_backend_agent(docker_sandbox):
             await down.request("GET", "/health")
     finally:
         await down.close()
+
+
+_REVERSE_SERVER = (
+    "import http.server, sys\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_POST(self):\n"
+    "        body = self.rfile.read(int(self.headers['Content-Length']))[::-1]\n"
+    "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def log_message(self, *a): pass\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["local", "local-nobwrap", "kubernetes", "prime"])
+async def test_relay_over_other_backends_channels(kind):
+    """The same relay, unchanged, over each backend's own command channel: local
+    pipes (with and without bubblewrap), the Kubernetes exec websocket and the
+    Prime API (the last two against the project's contract fakes of those APIs,
+    whose sandboxes are local processes)."""
+    from backend_harness import open_backend
+
+    async with open_backend(kind) as (backend, spec):
+        sb = await backend.create(spec)
+        try:
+            port = _free_port()
+            await sb.write_file("/tmp/vf_rev_srv.py", _REVERSE_SERVER)
+            await sb.start_process(["python3", "/tmp/vf_rev_srv.py", str(port)])
+            f = await Forwarder.start_in_sandbox(sb, port, chunk=128 * 1024)
+            try:
+                data = _blob(2 * 1024 * 1024 + 5)
+                for _ in range(100):
+                    try:
+                        r = await f.request("POST", "/", content=data)
+                        break
+                    except ServerUnreachable:
+                        await asyncio.sleep(0.1)
+                assert r.status == 200 and r.body == data[::-1]
+            finally:
+                await f.close()
+        finally:
+            await sb.delete()
