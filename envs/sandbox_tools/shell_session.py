@@ -176,7 +176,8 @@ class ShellSession:
         """Start (or restart) the shell and wait until it answers."""
         await self._kill()
         if self.hosted:
-            argv = [self._python or "python3", "-S", "-u", "-c", host_source(), *self._argv]  # -S: stdlib only, faster start
+            # -S: the host needs only the stdlib, and starts faster without site
+            argv = [self._python or "python3", "-S", "-u", "-c", host_source(), *self._argv]
             try:
                 self._proc = await guarded(self._start(argv, self._env), self.startup_timeout + GUARD_SECONDS,
                                            "start bash")
