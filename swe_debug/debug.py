@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
 
 from .grading import Grade, Reason
-from .taskset import ApplyResult, SandboxTaskSet, StepResult
+from .taskset import ApplyResult, SandboxTaskSet
 
 DebugStep = Literal["none", "gold_patch", "command", "script"]
 SCRIPT_PATH = "/tmp/sandbox_debug_script.sh"
