@@ -212,3 +212,29 @@ def test_tools_and_results():
     assert tool_result_text({"result": {"content": [], "data": {"k": 1}}}) == '{"k": 1}'
     err = {"error": {"error_type": "tool_not_found", "message": "no such tool"}}
     assert "tool_not_found" in tool_result_text(err) and "no such tool" in tool_result_text(err)
+
+
+def test_committed_template_is_what_openenv_init_generates(tmp_path):
+    """environments/openenv_echo/.../echo_env is `openenv init echo_env` output, unmodified:
+    regenerate it with the installed openenv-core and compare (the README's front matter
+    has random emoji/colours; uv.lock is resolved against the index at generation time)."""
+    import os
+    import subprocess
+    import sys
+
+    cli = Path(sys.executable).with_name("openenv")
+    if not cli.exists():
+        pytest.fail("openenv-core's CLI is missing: install the 'openenv' extra")
+    subprocess.run([str(cli), "init", "echo_env"], cwd=tmp_path, check=True, capture_output=True,
+                   env=dict(os.environ, UV_OFFLINE="1"), timeout=120)
+    fresh = tmp_path / "echo_env"
+    skip = {"uv.lock", ".build.json"}
+    ours = {p.relative_to(ECHO) for p in ECHO.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+            and p.name not in skip}
+    theirs = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and p.name not in skip}
+    assert ours == theirs
+    for rel in ours:
+        a, b = (ECHO / rel).read_text(), (fresh / rel).read_text()
+        if rel.name == "README.md":  # drop the YAML front matter
+            a, b = a.split("---", 2)[2], b.split("---", 2)[2]
+        assert a == b, f"{rel} differs from `openenv init` output"
