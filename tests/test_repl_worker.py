@@ -124,3 +124,11 @@ def test_worker_protocol_frames_raw():
     assert bodies[0]["ready"] is True
     assert bodies[1]["result"] == "6" and bodies[1]["execution_count"] == 1
     assert bodies[2]["stdout"] == "2\n"
+
+
+async def test_cell_replacing_sys_stdout_does_not_break_later_cells(repl):
+    r = await repl.run("import io, sys\nsys.stdout = io.StringIO()\nprint('swallowed')", 5)
+    assert r.status == "ok" and r.stdout == ""
+    r = await repl.run("import sys\nsys.stdout.close()", 5)
+    r = await repl.run("print('visible again')", 5)
+    assert r.stdout == "visible again\n", r

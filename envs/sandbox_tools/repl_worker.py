@@ -174,13 +174,24 @@ class Worker:
         self.ns = main_mod.__dict__
         self.count = 0
         self.interruptible = False
+        self.stdin = sys.stdin
         self.out = PipeCapture(1)
         self.err = PipeCapture(2)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                      errors="backslashreplace", line_buffering=True)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                      errors="backslashreplace", line_buffering=True)
+        self.stdout = self.stderr = None
+        self._reset_streams()
         signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _reset_streams(self):
+        """Point sys.stdout/err/in back at the captured fds (a cell may have replaced or closed them)."""
+        if self.stdout is None or self.stdout.closed:
+            self.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                           errors="backslashreplace", line_buffering=True)
+        if self.stderr is None or self.stderr.closed:
+            self.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                           errors="backslashreplace", line_buffering=True)
+        if self.stdin.closed:
+            self.stdin = open(os.devnull)
+        sys.stdout, sys.stderr, sys.stdin = self.stdout, self.stderr, self.stdin
 
     def _on_sigint(self, signum, frame):
         if self.interruptible:
@@ -219,6 +230,7 @@ class Worker:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         self.out.sink.reset(max_output)
         self.err.sink.reset(max_output)
+        self._reset_streams()
         status, result, tb = "ok", None, None
         start = time.monotonic()
         try:
@@ -250,7 +262,7 @@ class Worker:
             status = "interrupted"
         self.interruptible = False
         duration = time.monotonic() - start
-        for stream in (sys.stdout, sys.stderr):
+        for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
             try:
                 stream.flush()
             except Exception:
@@ -309,6 +321,7 @@ def main():
             pass
     if "" not in sys.path:
         sys.path.insert(0, "")
+    sys.argv = [""]
     Worker(proto_in, proto_out_fd).run()
 
 
