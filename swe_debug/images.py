@@ -137,7 +137,7 @@ class ImageBuilder:
         return self._image_ids[tag]
 
     async def _build(self, tag: str, dockerfile: Path, context: Path, build_args: dict[str, str], labels: dict[str, str]) -> None:
-        argv = [self.docker, "build", "--network", "none", "-q", "-f", str(dockerfile), "-t", tag]
+        argv = [self.docker, "build", "--network", "none", "--force-rm", "-q", "-f", str(dockerfile), "-t", tag]
         if self.no_cache:
             argv.append("--no-cache")
         for k, v in build_args.items():

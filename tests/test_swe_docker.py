@@ -323,3 +323,42 @@ def test_sigterm_stops_cleanly(examples, tmp_path):
     left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.run-id={run_id}"],
                           capture_output=True, text=True).stdout.split()
     assert left == []  # the interrupted rollout deleted its sandbox
+
+
+async def test_image_keys_follow_content_and_a_wrong_base_commit_fails_the_build(instances):
+    from swe_debug.images import ImageBuilder
+
+    b = ImageBuilder()
+    idna = instances[IDNA]
+    ref = await b.ensure(idna)
+    assert ref.built == [] and ref.seconds < 2  # warm: cache hits only
+    env_id = await b.image_id(ref.env_tag)
+    key = b.instance_key(idna, env_id)
+    assert b.instance_key(idna.model_copy(update={"install": ["true"]}), env_id) != key
+    assert ImageBuilder(salt="x").instance_key(idna, env_id) != key
+    env2 = idna.environment.model_copy(update={"packages": ["pytest==7.4.3"]})
+    base_id = await b.image_id(b.base_image)
+    assert b.environment_key(env2, base_id) != b.environment_key(idna.environment, base_id)
+
+    # the snapshot's commit must be the instance's base_commit: a wrong one is a broken instance
+    wrong = idna.model_copy(update={"instance_id": "wrong-base", "base_commit": "f" * 40})
+    rows = await _run(instances, [], taskset=_taskset({"wrong-base": wrong}, ["wrong-base"]))
+    r = rows["wrong-base"]
+    assert r["reason"] == "setup_failed" and "base_commit" in r["detail"]
+
+
+def test_cli_reports_malformed_rows(examples, tmp_path):
+    ds = tmp_path / "mixed.jsonl"
+    good = next(x for x in examples.read_text().splitlines() if json.loads(x)["instance_id"] == IDNA)
+    good_row = json.loads(good)
+    good_row["source"]["archive"] = str((examples.parent / good_row["source"]["archive"]).resolve())
+    ds.write_text(json.dumps(good_row) + "\n" + json.dumps({"instance_id": "broken", "FAIL_TO_PASS": "[oops"}) + "\n")
+    junit = tmp_path / "j.xml"
+    env = {**os.environ, "VF_RUNS_DB": str(tmp_path / "runs.db")}
+    res = subprocess.run([*VF_SWE_DEBUG, str(ds), "-o", str(tmp_path / "out"), "--junit-xml", str(junit), "-q"],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr  # the valid instance passed, the bad row still fails CI
+    assert "row 1 (broken): FAIL_TO_PASS" in res.stderr
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases[IDNA].find("failure") is None
+    assert cases["row 1 (broken)"].find("failure").get("type") == "malformed_row"
