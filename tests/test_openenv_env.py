@@ -109,17 +109,21 @@ async def _rollout(env: OpenEnvEnv, srv: ModelServer, model: str = "scripted"):
 
 
 async def test_gym_template_rollout(built, run_label):
-    replies = iter(['```json\n{"message": "hello world"}\n```', "plain text", "x" * 5])
+    replies = iter(['```json\n{"message": "hello world"}\n```', "plain text", '{"message": 123}', "abc", "x"])
     async with ModelServer(lambda req: Reply(content=next(replies))) as srv:
-        env = OpenEnvEnv(ECHO, prompt_renderer=echo_render, max_turns=3, labels={LABEL: run_label})
+        env = OpenEnvEnv(ECHO, prompt_renderer=echo_render, max_turns=5, labels={LABEL: run_label})
         assert env.manifest.contract == "gym"
         state = await _rollout(env, srv)
     assert state.get("error") is None, state.get("error")
     rewards = [step["reward"] for step in state["trajectory"]]
-    # Turn 1: the fenced JSON → message "hello world"; turn 2: raw text (single string field).
-    assert rewards[:2] == [pytest.approx(1.1), pytest.approx(1.0)]
+    # 1: fenced JSON → message "hello world"; 2: raw text (single required string field);
+    # 3: the server rejects a non-string message (the model is told, reward 0, the episode goes on);
+    # 4: "abc" again in the same session.
+    assert rewards[:4] == [pytest.approx(1.1), pytest.approx(1.0), 0.0, pytest.approx(0.3)]
+    assert state["openenv_invalid_actions"] == 1
     assert state["stop_condition"] == "max_turns_reached"
-    assert "Echo: hello world (reward 1.1)" in json.dumps(state["completion"])
+    text = json.dumps(state["completion"])
+    assert "Echo: hello world (reward 1.1)" in text and "Invalid action" in text and "valid string" in text
     assert state["prompt"][0]["content"].startswith("Say something: Echo Env environment ready!")
     assert "openenv_sandbox" not in state  # cleanup ran
 
