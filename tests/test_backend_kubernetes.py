@@ -424,3 +424,10 @@ async def test_starting_pods_share_status_requests(tmp_path):
         for s in made:
             await s.delete()
         await be.close()
+
+
+async def test_missing_namespace_is_a_config_error(k8s):
+    be = get_backend("kubernetes", kubeconfig=k8s.kubeconfig, namespace="no-such-ns")
+    with pytest.raises(ConfigError, match="no-such-ns"):
+        await be.create(SandboxSpec())
+    await be.close()

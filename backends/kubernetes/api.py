@@ -156,6 +156,8 @@ class KubeApi:
                 message, reason = _status_message(data)
                 if resp.status in (401, 403):
                     raise ConfigError(f"kubernetes API refused {method} {path}: {resp.status} {reason}: {message}")
+                if resp.status == 404 and method == "POST":  # a create misses only its namespace (or API group)
+                    raise ConfigError(f"kubernetes API {method} {path}: {message} (namespace {self.cfg.namespace!r})")
                 if resp.status in (400, 422):
                     raise ConfigError(f"kubernetes API rejected {method} {path}: {reason}: {message}")
                 raise ApiError(resp.status, message, reason)
