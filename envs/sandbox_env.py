@@ -313,8 +313,10 @@ class SandboxEnv(StatefulToolEnv):
         live = self._rollouts.get(sandbox_id) if sandbox_id else None
         if live is None:
             return
+        task = asyncio.current_task()
+        cancelling = bool(task is not None and task.cancelling())  # Ctrl-C / run stopped: just delete
         try:
-            if state.get("error") is None:
+            if state.get("error") is None and not cancelling:
                 await self.post_rollout(state)
         except Exception as exc:
             if is_infra_error(exc) and state.get("error") is None:
@@ -326,7 +328,7 @@ class SandboxEnv(StatefulToolEnv):
                 self.record_metric(state, name, float(state.get(name) or 0.0))
             self.record_metric(state, "sandbox_oom", float(bool(state.get("sandbox_oom"))))
             self.record_metric(state, "sandbox_timeout", float(bool(state.get("sandbox_timeout"))))
-            if not (self.keep_sandbox_for_scoring and state.get("error") is None):
+            if cancelling or not (self.keep_sandbox_for_scoring and state.get("error") is None):
                 await asyncio.shield(self._delete(live))
 
     async def release_sandbox(self, state: State) -> None:
