@@ -488,10 +488,13 @@ class FakeKubernetes:
 
 
 async def _serve(kubeconfig: str) -> None:
-    async with FakeKubernetes() as k8s:
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    async with FakeKubernetes() as k8s:  # pods and their temp dirs are removed on exit
         k8s.write_kubeconfig(kubeconfig)
         print(f"fake Kubernetes API at {k8s.url}; kubeconfig written to {kubeconfig} (context 'fake')", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
 
 
 if __name__ == "__main__":  # python tests/fakes/k8s_server.py /tmp/kubeconfig  (Ctrl-C to stop)
