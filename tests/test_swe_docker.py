@@ -226,9 +226,10 @@ def test_cli_exit_code_and_junit(examples, tmp_path):
                         capture_output=True, text=True, cwd=ROOT, env=env)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", f"{IDNA},{BAD_GOLD}", "-o", str(out),
-                          "--junit-xml", str(junit), "-q"], capture_output=True, text=True, cwd=ROOT, env=env)
+                          "--junit-xml", str(junit)], capture_output=True, text=True, cwd=ROOT, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "gold_apply_failed" in bad.stdout
+    assert "gold_apply_failed" in bad.stdout  # the summary table
+    assert "1 valid 1 invalid 0 errors" in bad.stderr  # the progress line with its counts
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("tests") == "2" and suite.get("failures") == "1"
     cases = {c.get("name"): c for c in suite.iter("testcase")}
