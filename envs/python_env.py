@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from sandboxes import SandboxSpec
+from sandboxes import SandboxSpec, UsageError
 
 from .sandbox_env import SandboxEnv, SandboxRollout
 from .sandbox_tools.derived_image import ensure_derived_image, normalize_packages
@@ -50,6 +50,7 @@ class PythonEnv(SandboxEnv):
         self.max_startup_wait_seconds = float(max_startup_wait_seconds)
         self.python_executable = python_executable
         self._image_cache: dict[str, str] = {}
+        self._image_failures: dict[str, Exception] = {}
         self._image_lock: asyncio.Lock | None = None
         self.sandbox_metric_names = (*self.sandbox_metric_names, "python_ready_wait_time")
         if not expose_bash:
@@ -64,10 +65,17 @@ class PythonEnv(SandboxEnv):
         if self._image_lock is None:
             self._image_lock = asyncio.Lock()
         async with self._image_lock:
+            failed = self._image_failures.get(spec.image)
+            if failed is not None:  # do not download and build again for every rollout
+                raise failed
             image = self._image_cache.get(spec.image)
             if image is None:
                 t0 = time.monotonic()
-                image = await ensure_derived_image(self.backend, spec.image, self.pip_install_packages)
+                try:
+                    image = await ensure_derived_image(self.backend, spec.image, self.pip_install_packages)
+                except UsageError as exc:
+                    self._image_failures[spec.image] = exc
+                    raise
                 self._image_cache[spec.image] = image
                 log.info("python packages image %s ready in %.1fs", image, time.monotonic() - t0)
         return spec.model_copy(update={"image": image})

@@ -154,3 +154,13 @@ async def test_cell_exhausting_memory_restarts_worker_and_flags_oom():
     assert outs[2] == "Out[1]: 2"
     assert rows[0]["metrics"]["sandbox_oom"] == 1.0 and rows[0]["error"] is None
     assert wait_gone(labels) == []
+
+
+async def test_unknown_package_is_a_clear_usage_error_not_retried():
+    labels = unique_labels()
+    env = py_env(labels, n=2, pip_install_packages="vf-sandbox-no-such-package-xyz")
+    rows = await run_env(env, tool_script([("python", {"code": "1"})]), n=2, max_retries=2)
+    for r in rows:
+        assert r["error"] is not None and r["attempts"] == 1
+        assert "vf-sandbox-no-such-package-xyz" in str(r["error"]) and r["error_kind"] != "infra"
+    assert wait_gone(labels) == []
