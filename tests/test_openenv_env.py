@@ -139,6 +139,34 @@ async def test_gym_default_rubric_is_sum_of_step_rewards(built, run_label):
     assert row["metrics"]["sum_step_rewards"] == pytest.approx(0.9)
 
 
+async def test_large_unicode_observation_through_the_docker_agent(built, run_label):
+    """A ~4 MB observation (beyond the agent's 1 MiB output bound) crosses the
+    command channel in chunks, in one stateful /ws session."""
+    from envs.openenv.forwarder import Forwarder
+    from envs.openenv.session import OpenEnvSession
+    from sandboxes import SandboxSpec
+    from sandboxes.registry import get_backend
+
+    m = built["echo"]
+    backend = get_backend("docker")
+    try:
+        async with await backend.create(SandboxSpec(image=m.image, labels={LABEL: run_label}, memory_gb=2)) as sb:
+            await sb.start_process(["/bin/sh", "-c", f"({m.start_command}) >/tmp/server.log 2>&1"])
+            fwd = await Forwarder.start_in_sandbox(sb, m.port)
+            session = OpenEnvSession(fwd)
+            await session.wait_healthy(120)
+            await session.reset(seed=1)
+            big = "ü✓ñ" * 600_000 + "end"
+            payload = await session.step({"message": big})
+            assert payload["observation"]["echoed_message"] == big
+            assert payload["observation"]["message_length"] == len(big)
+            assert (await session.state())["step_count"] == 1
+            await session.close()
+            await fwd.close()
+    finally:
+        await backend.close()
+
+
 # ------------------------------------------------------------------ mcp
 
 

@@ -303,13 +303,18 @@ class Forwarder:
             msg["body"] = base64.b64encode(content).decode()
         async with self._lock:
             reply = await self._call(msg, timeout)
-            parts = [base64.b64decode(reply["body"])]
-            more, first_id = reply.get("more"), reply["id"]
-            while more:
-                nxt = await self._call({"op": "more", "of": first_id}, timeout)
-                parts.append(base64.b64decode(nxt["body"]))
-                more = nxt.get("more")
-        return HttpResponse(status=reply["status"], headers=reply.get("headers") or {}, body=b"".join(parts))
+            body = await self._body(reply, timeout)
+        return HttpResponse(status=reply["status"], headers=reply.get("headers") or {}, body=body)
+
+    async def _body(self, reply: dict[str, Any], timeout: float) -> bytes:
+        """The reply's whole body, fetching further chunks with op "more" (lock held)."""
+        parts = [base64.b64decode(reply["body"])]
+        more = reply.get("more")
+        while more:
+            nxt = await self._call({"op": "more", "of": reply["id"]}, timeout)
+            parts.append(base64.b64decode(nxt["body"]))
+            more = nxt.get("more")
+        return b"".join(parts)
 
     async def ws_open(self, path: str = "/ws", timeout: float = 10.0) -> int:
         async with self._lock:
@@ -318,7 +323,8 @@ class Forwarder:
     async def ws_send(self, sid: int, text: str, timeout: float = 60.0) -> str:
         """Send one text message and return the server's next text message."""
         async with self._lock:
-            return (await self._call({"op": "ws_send", "sid": sid, "text": text, "timeout": timeout}, timeout))["text"]
+            reply = await self._call({"op": "ws_send", "sid": sid, "text": text, "timeout": timeout}, timeout)
+            return (await self._body(reply, timeout)).decode("utf-8", "replace")
 
     async def ws_close(self, sid: int) -> None:
         async with self._lock:

@@ -15,6 +15,7 @@ Wire format (one request in, one frame out; strictly in order):
        "headers": {...}, "body": "<base64>", "timeout": 30}
       {"id": N, "op": "ws_open", "path": "/ws", "timeout": 10}
       {"id": N, "op": "ws_send", "sid": S, "text": "...", "timeout": 30}
+                                                 (answer: the next message, as "body")
       {"id": N, "op": "ws_close", "sid": S}
       {"id": N, "op": "more", "of": M}          next chunk of response M
       {"id": N, "op": "ping"}
@@ -22,8 +23,8 @@ Wire format (one request in, one frame out; strictly in order):
       <JSON line>\\n@@vfr-end-N@@\\n
       JSON: {"id": N, "ok": true, ...} or {"id": N, "ok": false,
              "error": "...", "kind": "connect"|"timeout"|"protocol"|"bad_request"}
-      http responses carry "status", "headers", "body" (base64) and
-      "more": true when the body continues (ask with op "more").
+      http and ws_send answers carry "body" (base64; http also "status"
+      and "headers") and "more": true when it continues (ask with op "more").
 
 Bodies are base64 so binary content survives a text channel; a response
 body is cut into CHUNK_BYTES pieces so no single frame exceeds the
@@ -245,6 +246,7 @@ def main(argv):
                 emit(out, rid, {"ok": True, "sid": next_sid})
                 next_sid += 1
             elif op == "ws_send":
+                pending.clear()
                 ws = sockets.get(req.get("sid"))
                 if ws is None:
                     emit(out, rid, {"ok": False, "kind": "bad_request", "error": "no such WebSocket session"})
@@ -256,7 +258,11 @@ def main(argv):
                     sockets.pop(req.get("sid"), None)
                     ws.close()
                     raise
-                emit(out, rid, {"ok": True, "text": text})
+                data = text.encode("utf-8")
+                first, rest = data[:chunk], data[chunk:]
+                if rest:
+                    pending[rid] = rest
+                emit(out, rid, {"ok": True, "body": base64.b64encode(first).decode(), "more": bool(rest)})
             elif op == "ws_close":
                 ws = sockets.pop(req.get("sid"), None)
                 if ws is not None:
