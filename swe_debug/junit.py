@@ -29,11 +29,12 @@ def write_junit(path: str | Path, rows: Sequence[dict[str, Any]], suite: str = "
         total_time += t
         tc = ET.Element("testcase", classname=_clean(r.get("repo") or suite), name=_clean(r["instance_id"]), time=f"{t:.3f}")
         if not r.get("valid"):
-            msg = _clean(f"{r.get('reason')}: {r.get('detail', '')}".strip(": "))
-            tail = "\n".join(x for x in (r.get("stdout_tail"), r.get("stderr_tail")) if x)
+            head = _clean(f"{r.get('reason')}: {r.get('detail', '')}".strip(": "))[:1000]
+            tail = _clean("\n".join(x for x in (r.get("stdout_tail"), r.get("stderr_tail")) if x))
+            msg = head + (f"\n{tail[-500:]}" if tail else "")  # reason + log tail; the body has the whole tail
             tag = "error" if r.get("reason") == "sandbox_error" else "failure"
-            el = ET.SubElement(tc, tag, message=msg[:1000], type=_clean(r.get("reason")))
-            el.text = _clean(tail or r.get("error") or msg)
+            el = ET.SubElement(tc, tag, message=msg, type=_clean(r.get("reason")))
+            el.text = tail or _clean(r.get("error")) or head
             if tag == "error":
                 errors += 1
             else:

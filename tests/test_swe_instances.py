@@ -144,6 +144,7 @@ def test_junit_is_well_formed_and_reads_back(tmp_path):
     assert cases["a"].find("failure") is None
     f = cases["b"].find("failure")
     assert f.get("message").startswith("test_failed: 1 FAIL_TO_PASS failing")
+    assert f.get("message").endswith("FAILED t::x  <&>")  # reason + log tail
     assert "FAILED t::x" in f.text and "<&>" in f.text and "\x1b" not in f.text
     assert cases["c"].find("error").get("type") == "sandbox_error"
     assert cases["row 3"].find("failure").get("type") == "malformed_row"
