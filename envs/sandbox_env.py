@@ -351,6 +351,13 @@ class SandboxEnv(StatefulToolEnv):
             return
         self.active_sandboxes.discard(sid)
 
+    async def bulk_delete_sandboxes(self, global_ids: list[str]) -> None:
+        """Delete these sandboxes at once (reference name); forgets them here."""
+        for sid in global_ids:
+            self._rollouts.pop(sid, None)
+        await self.backend.delete_many(ids=list(global_ids))
+        self.active_sandboxes.difference_update(global_ids)
+
     @teardown
     async def teardown_sandboxes(self) -> None:
         """Delete every sandbox still alive (also after Ctrl-C), then the pool and backend."""
