@@ -365,3 +365,26 @@ async def test_concurrent_mixed_stress(sb):
     await asyncio.sleep(0.5)  # leftovers of kind 1 finish and their pipes close
     await asyncio.gather(*(one(i) for i in range(0, 40, 2)))
     assert await sb.alive()
+
+
+async def test_sigterm_to_agent_kills_its_commands(tmp_path):
+    """A remote API may end the agent with SIGTERM without closing stdin: its
+    commands' process groups must go down with it."""
+    channel = await ProcessChannel.spawn(cwd=str(tmp_path))
+    sandbox = await AgentSandbox.connect(channel, id="local", name="local", spec=SandboxSpec())
+    try:
+        bg = await sandbox.start_process(["sleep", "300"])
+        stream = sandbox.exec_stream("echo $$; exec sleep 300", timeout=600)
+        first = await stream.__anext__()
+        running = asyncio.create_task(stream.__anext__())
+        pids = [bg.pid, int(first.text.split()[0])]
+        assert all(pid_alive(p) for p in pids)
+        channel.proc.send_signal(15)
+        with pytest.raises(AgentError):
+            await asyncio.wait_for(running, 10)
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not any(pid_alive(p) for p in pids)
+    finally:
+        await sandbox.delete()

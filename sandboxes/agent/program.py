@@ -749,8 +749,17 @@ def shutdown():
             kill_group(bg.proc.pid)
 
 
+def _on_term(signum, frame):
+    """SIGTERM/SIGHUP (e.g. a remote API ending the live process without closing stdin):
+    take every command's process group down with the agent."""
+    shutdown()
+    os._exit(128 + signum)
+
+
 def main():
     _oom_seen[0] = oom_kills()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_term)
     send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
           "python": "%d.%d.%d" % sys.version_info[:3]})
     stdin = sys.stdin.buffer
