@@ -21,7 +21,7 @@ from backends.kubernetes import (
     PodUnschedulable,
 )
 from backends.kubernetes import manifest as mf
-from backends.kubernetes.ratelimit import RateLimiter
+from sandboxes.ratelimit import RateLimiter
 from backends.kubernetes.status import PodTerminated, classify
 from fakes.k8s_server import FakeKubernetes
 from sandboxes import (

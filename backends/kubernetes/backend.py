@@ -39,7 +39,8 @@ from sandboxes import labels as lc
 from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
-from sandboxes.agent.protocol import agent_source
+from sandboxes.agent.protocol import bootstrap_argv, bootstrap_payload
+from sandboxes.ratelimit import RateLimiter
 from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError
 from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
 from sandboxes.spec import SandboxSpec
@@ -48,27 +49,13 @@ from . import manifest as mf
 from .api import Connection, ExecChannel, KubeApi
 from .config import KubernetesConfig
 from .poller import StatusBatcher
-from .ratelimit import RateLimiter
 from .status import classify, pod_error
 
 log = logging.getLogger(__name__)
 
 # Reads a length line then exactly that many bytes of agent source from stdin, and runs it.
 # The agent then keeps reading the same buffered stdin, so nothing is lost.
-BOOTSTRAP = (
-    "import sys;b=sys.stdin.buffer;n=int(b.readline());"
-    "exec(compile(b.read(n),'vf-sandbox-agent','exec'))"
-)
 MAX_RECONNECTS = 3  # per sandbox handle; each drop gets one attempt
-
-
-def bootstrap_argv(python: str) -> list[str]:
-    return [python, "-u", "-c", BOOTSTRAP]
-
-
-def bootstrap_payload() -> bytes:
-    src = agent_source().encode()
-    return str(len(src)).encode() + b"\n" + src
 
 
 class KubeAgentChannel(AgentChannel):

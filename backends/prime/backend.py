@@ -46,8 +46,8 @@ from sandboxes.errors import AgentError, ConfigError, Error, InfraError, Sandbox
 from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
 from sandboxes.spec import SandboxSpec
 
-from ..kubernetes.backend import bootstrap_argv, bootstrap_payload
-from ..kubernetes.ratelimit import RateLimiter
+from sandboxes.agent.protocol import bootstrap_argv, bootstrap_payload
+from sandboxes.ratelimit import RateLimiter
 from .errors import is_not_found, map_error
 
 log = logging.getLogger(__name__)

@@ -147,3 +147,22 @@ def agent_source() -> str:
 def agent_argv(python: str = "python3") -> list[str]:
     """The command that starts the agent inside a sandbox."""
     return [python, "-u", "-c", agent_source()]
+
+
+# Backends whose exec URL or command line must stay short (pods/exec, remote APIs)
+# start a tiny bootstrap and then send the agent's source on its stdin.
+BOOTSTRAP = (
+    "import sys;b=sys.stdin.buffer;n=int(b.readline());"
+    "exec(compile(b.read(n),'vf-sandbox-agent','exec'))"
+)
+
+
+def bootstrap_argv(python: str = "python3") -> list[str]:
+    """A short command that reads the agent from stdin (send `bootstrap_payload()` first)."""
+    return [python, "-u", "-c", BOOTSTRAP]
+
+
+def bootstrap_payload() -> bytes:
+    """The agent source, length-prefixed, for `bootstrap_argv`."""
+    src = agent_source().encode()
+    return str(len(src)).encode() + b"\n" + src
