@@ -28,7 +28,9 @@ Wire format (one request in, one frame out; strictly in order):
 
 Bodies are base64 so binary content survives a text channel; a response
 body is cut into CHUNK_BYTES pieces so no single frame exceeds the
-channel's output bound. The relay writes nothing else to stdout.
+channel's output bound. The relay writes nothing else to stdout, and what
+it writes is ASCII (JSON with escapes, base64), so any decoding of the
+channel's output on the host is lossless.
 """
 
 import base64
