@@ -86,8 +86,68 @@ class PlainDisplay:
         pass
 
 
+class _ArrowKeys:
+    """Reads ←/→ from a terminal stdin in a daemon thread (cbreak mode, restored on stop)."""
+
+    def __init__(self, on_key: Any):
+        self.on_key = on_key
+        self._stop = False
+        self._thread: Any = None
+        self._saved: Any = None
+
+    def start(self) -> None:
+        try:
+            import termios
+            import threading
+            import tty
+
+            if not sys.stdin.isatty():
+                return
+            fd = sys.stdin.fileno()
+            self._saved = termios.tcgetattr(fd)
+            tty.setcbreak(fd)
+        except Exception:  # not a terminal we can drive: no key switching
+            self._saved = None
+            return
+        self._thread = threading.Thread(target=self._run, name="eval-keys", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import os
+        import select
+
+        fd = sys.stdin.fileno()
+        buf = b""
+        while not self._stop:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                buf = (buf + os.read(fd, 16))[-8:]
+            except OSError:
+                return
+            if buf.endswith(b"\x1b[D"):
+                self.on_key(-1)
+                buf = b""
+            elif buf.endswith(b"\x1b[C"):
+                self.on_key(+1)
+                buf = b""
+
+    def stop(self) -> None:
+        self._stop = True
+        if self._saved is not None:
+            import termios
+
+            try:
+                termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._saved)
+            except Exception:
+                pass
+            self._saved = None
+
+
 class RichDisplay:
-    """Rich live view: overview of every eval, detail panel for the active one."""
+    """Rich live view: overview of every eval, detail panel for one of them
+    (the first running one; ←/→ select another when stdin is a terminal)."""
 
     def __init__(self, fullscreen: bool = False):
         from rich.console import Console
@@ -97,6 +157,15 @@ class RichDisplay:
         self.fullscreen = fullscreen
         self._live: Any = None
         self._tap: _LogTap | None = None
+        self.selected: int | None = None
+        self._keys = _ArrowKeys(self._select)
+
+    def _select(self, step: int) -> None:
+        if not self.evals:
+            return
+        current = self.selected if self.selected is not None else self.evals.index(self._active())  # type: ignore[arg-type]
+        self.selected = (current + step) % len(self.evals)
+        self.update(self.selected)
 
     def __enter__(self) -> "RichDisplay":
         from rich.live import Live
@@ -106,9 +175,11 @@ class RichDisplay:
         self._tap = _LogTap(self)
         self._tap.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         logging.getLogger("envs").addHandler(self._tap)
+        self._keys.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._keys.stop()
         if self._tap is not None:
             logging.getLogger("envs").removeHandler(self._tap)
         if self._live is not None:
@@ -125,6 +196,8 @@ class RichDisplay:
             active.logs.append(line[:200])
 
     def _active(self) -> EvalProgress | None:
+        if self.selected is not None and self.selected < len(self.evals):
+            return self.evals[self.selected]
         for p in self.evals:
             if p.status == "running":
                 return p
@@ -146,12 +219,13 @@ class RichDisplay:
             overview = Table.grid(padding=(0, 1))
             for _ in range(6):
                 overview.add_column()
+            active_p = self._active()
             for p in self.evals:
                 overview.add_row(
-                    Text(p.label), ProgressBar(total=max(p.total, 1), completed=p.done, width=24),
+                    Text(("▶ " if p is active_p else "  ") + p.label), ProgressBar(total=max(p.total, 1), completed=p.done, width=24),
                     f"{p.done}/{p.total}", f"reward {p.avg_reward:.3f}", f"errors {p.errors}", p.status,
                 )
-            parts.append(Panel(overview, title="evaluations"))
+            parts.append(Panel(overview, title="evaluations (←/→ select)"))
         active = self._active()
         if active is not None:
             detail = Table.grid(padding=(0, 1))
