@@ -75,9 +75,9 @@ def _main(**a) -> int:
 
     from .debug import DebugOptions
     from .images import ImageBuilder
-    from .instances import load_instances
+    from .instances import dataset_name, load_instances
     from .runner import BatchRunner, RunConfig, summarize
-    from .taskset import SWETaskSet, _dataset_name
+    from .taskset import SWETaskSet
 
     console = Console(stderr=True)
     try:
@@ -94,7 +94,7 @@ def _main(**a) -> int:
         console.print(f"[red]error:[/] {exc.args[0]}")
         return 2
     row_errors = [] if ids else report.errors
-    ds_name = _dataset_name(a["dataset"])
+    ds_name = dataset_name(a["dataset"])
     out_dir = a["output_dir"] or Path("outputs") / "swe-debug" / ds_name
     try:
         opts = DebugOptions(

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
 
-from .grading import Grade, Reason
+from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
 
 DebugStep = Literal["none", "gold_patch", "command", "script"]
@@ -108,6 +108,15 @@ class DebugOutcome(BaseModel):
     stderr_tail: str = ""
     grade: Grade | None = None
     parsed: dict[str, str] = Field(default_factory=dict, description="Parsed test statuses (id → status).")
+
+
+def with_fails_before(out: DebugOutcome, before: DebugOutcome, fail_to_pass: list[str]) -> tuple[DebugOutcome, FailsBefore]:
+    """Fold a run without the patch (`before`, step none) into the verdict: a valid
+    outcome whose FAIL_TO_PASS tests already passed before becomes `test_failed`."""
+    fb = check_fails_before(before.parsed, fail_to_pass)
+    if not fb.ok and out.valid:
+        out = out.model_copy(update={"valid": False, "reason": "test_failed", "detail": fb.detail})
+    return out, fb
 
 
 def _tail(s: str, n: int) -> str:

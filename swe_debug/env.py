@@ -17,9 +17,7 @@ from envs.rubrics.rubric import Rubric
 from envs.types import Messages, State
 from sandboxes import InfraError, find_infra_error, get_backend
 
-from .debug import DebugOptions, run_debug
-from .grading import check_fails_before
-from .parsers import ParseResult, TestStatus
+from .debug import DebugOptions, run_debug, with_fails_before
 from .runner import outcome_row
 from .taskset import SandboxTaskSet
 
@@ -108,15 +106,12 @@ class SWEDebugEnv(MultiTurnEnv):
         inst = self._by_id[iid]
         state["info"] = info
         try:
-            before_ok = True
+            before = None
             if self.check_fails_before:
-                ob = await run_debug(self.taskset, inst, self.backend, self.options, step="none")
-                parse = ParseResult(parser="-", statuses={k: TestStatus(v) for k, v in ob.parsed.items()})
-                fb = check_fails_before(parse, self.taskset.fail_to_pass(inst))
-                before_ok = fb.ok
+                before = await run_debug(self.taskset, inst, self.backend, self.options, step="none")
             out = await run_debug(self.taskset, inst, self.backend, self.options)
-            if not before_ok and out.valid:
-                out.valid, out.reason, out.detail = False, "test_failed", fb.detail
+            if before is not None:
+                out, _ = with_fails_before(out, before, self.taskset.fail_to_pass(inst))
         except Exception as exc:
             if find_infra_error(exc) is not None:
                 info["swe_debug"] = {"instance_id": iid, "valid": False, "reason": "sandbox_error", "detail": str(exc)[:2000]}
@@ -166,8 +161,8 @@ def load_environment(
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
     Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use)."""
-    from .instances import load_instances
-    from .taskset import SWETaskSet, _dataset_name
+    from .instances import dataset_name, load_instances
+    from .taskset import SWETaskSet
 
     if dataset is None:
         from .examples.builder import DEFAULT_OUT, build_dataset
@@ -176,7 +171,7 @@ def load_environment(
         dataset = str(path if path.exists() else build_dataset())
     report = load_instances(dataset)
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
-    taskset = SWETaskSet(report.select(ids), name=_dataset_name(dataset))
+    taskset = SWETaskSet(report.select(ids), name=dataset_name(dataset))
     return SWEDebugEnv(
         taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,

@@ -10,6 +10,7 @@ cf. forged PASSED lines). An empty parse is never a pass.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -115,9 +116,10 @@ class FailsBefore(BaseModel):
     detail: str = ""
 
 
-def check_fails_before(parse: ParseResult, fail_to_pass: list[str]) -> FailsBefore:
-    """Every FAIL_TO_PASS test must fail (or be absent: it may not even import) without the patch."""
-    passing = [t for t in fail_to_pass if parse.statuses.get(t) in PASSING]
+def check_fails_before(statuses: Mapping[str, str], fail_to_pass: list[str]) -> FailsBefore:
+    """Every FAIL_TO_PASS test must fail (or be absent: it may not even import) without the patch.
+    `statuses`: the parsed log of that run (test id → status)."""
+    passing = [t for t in fail_to_pass if t in statuses and TestStatus(statuses[t]) in PASSING]
     if passing:
         return FailsBefore(
             ok=False,

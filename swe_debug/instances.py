@@ -215,6 +215,14 @@ def patch_files(patch: str) -> list[str]:
 # ---------------------------------------------------------------------------- loading
 
 
+def dataset_name(dataset: Any) -> str:
+    """A short name for results and the run registry: the file stem, dir or hub name."""
+    if isinstance(dataset, (str, Path)):
+        p = Path(dataset)
+        return p.stem if p.suffix else p.name
+    return type(dataset).__name__
+
+
 def _row_error(index: int, row: Mapping[str, Any], exc: ValidationError) -> RowError:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first.get("loc", ())) or "<row>"

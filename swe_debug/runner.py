@@ -24,9 +24,7 @@ from pydantic import BaseModel, Field
 
 from sandboxes import RetryPolicy, SandboxBackend, UsageError, find_infra_error, retry_infra
 
-from .debug import DebugOptions, DebugOutcome, run_debug
-from .grading import FailsBefore, check_fails_before
-from .parsers import ParseResult, TestStatus
+from .debug import DebugOptions, DebugOutcome, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
 
 log = logging.getLogger(__name__)
@@ -171,15 +169,10 @@ class BatchRunner:
                 row["attempts"] = 1
                 return row
             image_s = round(time.perf_counter() - t_img, 4)
-            before: FailsBefore | None = None
-            before_row: dict[str, Any] | None = None
+            before: DebugOutcome | None = None
             if self.cfg.check_fails_before:
-                ob, n = await self._rollout(inst, "none", prepared)
+                before, n = await self._rollout(inst, "none", prepared)
                 attempts_total += n
-                parse = ParseResult(parser="-", statuses={k: TestStatus(v) for k, v in ob.parsed.items()})
-                before = check_fails_before(parse, self.taskset.fail_to_pass(inst))
-                before_row = {"ok": before.ok, "passing_before": before.passing_before[:50], "reason": ob.reason,
-                              "test_exit_code": ob.test_exit_code, "timings": ob.timings.model_dump()}
             outcomes: list[DebugOutcome] = []
             for _ in range(self.cfg.repeat):
                 o, n = await self._rollout(inst, None, prepared)
@@ -195,14 +188,15 @@ class BatchRunner:
                         next(o for o in outcomes if not o.valid).detail)
                 elif not final.valid:
                     final = outcomes[0]
-            if before is not None and not before.ok and final.valid:
-                final = final.model_copy()
-                final.valid, final.reason, final.detail = False, "test_failed", before.detail
+            fb = None
+            if before is not None:
+                final, fb = with_fails_before(final, before, self.taskset.fail_to_pass(inst))
             final.timings.image_s = image_s
             row = outcome_row(index, info, final)
             row["attempts"] = attempts_total
-            if before_row is not None:
-                row["fails_before"] = before_row
+            if before is not None and fb is not None:
+                row["fails_before"] = {"ok": fb.ok, "passing_before": fb.passing_before[:50], "reason": before.reason,
+                                       "test_exit_code": before.test_exit_code, "timings": before.timings.model_dump()}
             if len(outcomes) > 1:
                 row["repeats"] = [{"valid": o.valid, "reason": o.reason, "tests_s": o.timings.tests_s} for o in outcomes]
             return row

@@ -163,14 +163,6 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
             self.name = name
         self.cpu_cores, self.memory_gb, self.disk_size_gb = cpu_cores, memory_gb, disk_size_gb
 
-    @classmethod
-    def from_dataset(cls, dataset: Any, **kw: Any) -> tuple["SWETaskSet", list]:
-        """(taskset, row errors) from anything `load_instances` accepts."""
-        from .instances import load_instances
-
-        report = load_instances(dataset)
-        return cls(report.instances, name=kw.pop("name", None) or _dataset_name(dataset), **kw), report.errors
-
     def instances(self) -> list[SWEInstance]:
         return self._instances
 
@@ -263,12 +255,3 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
 
     def grade(self, inst: SWEInstance, parse: ParseResult, exit_code: int | None) -> Grade:
         return grade(parse, exit_code, inst.FAIL_TO_PASS, inst.PASS_TO_PASS)
-
-
-def _dataset_name(dataset: Any) -> str:
-    from pathlib import Path
-
-    if isinstance(dataset, (str, Path)):
-        p = Path(dataset)
-        return p.stem if p.suffix else p.name
-    return type(dataset).__name__

@@ -266,20 +266,23 @@ def test_resume_after_sigkill(examples, tmp_path):
                                   capture_output=True, text=True).stdout.split()
         if leftover:
             subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
-    before = [json.loads(x) for x in results.read_text().splitlines()]  # every line is whole JSON
-    assert 2 <= len(before) < 4, "the run finished before it could be killed"
+    text = results.read_text()
+    before = [json.loads(x) for x in text.splitlines()]  # every line is whole JSON
+    assert text.endswith("\n")
+    assert 2 <= len(before) < 4, [(r["instance_id"], r["reason"]) for r in before]
     done = {r["instance_id"]: r["finished_at"] for r in before}
 
     res = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", ids, "-c", "2", "-o", str(out), "--resume", "-q"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
-    assert res.returncode == 1, res.stdout + res.stderr  # the bad-gold instance is invalid
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # the bad-gold instance is invalid
     after = [json.loads(x) for x in results.read_text().splitlines()]
-    assert sorted(r["instance_id"] for r in after) == sorted(ids.split(","))  # nothing ran twice
+    seen = [(r["instance_id"], r["reason"], r.get("detail", "")[:200]) for r in after]
+    assert sorted(r["instance_id"] for r in after) == sorted(ids.split(",")), seen  # nothing ran twice
     for r in after:
         if r["instance_id"] in done:
-            assert r["finished_at"] == done[r["instance_id"]]
+            assert r["finished_at"] == done[r["instance_id"]], seen
     reasons = {r["instance_id"]: r["reason"] for r in after}
-    assert reasons == {IDNA: "pass", BAD_GOLD: "gold_apply_failed", DATEUTIL: "pass", MORE: "pass"}
+    assert reasons == {IDNA: "pass", BAD_GOLD: "gold_apply_failed", DATEUTIL: "pass", MORE: "pass"}, seen
 
 
 async def test_swe_debug_env_rewards_valid_and_retries_infra_errors(examples):

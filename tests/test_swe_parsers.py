@@ -141,7 +141,8 @@ def test_grade_forged_pass_lines_with_failing_exit_code():
 
 
 def test_check_fails_before():
-    assert check_fails_before(_res(t__a="FAILED"), ["t::a"]).ok
-    assert check_fails_before(ParseResult(parser="pytest"), ["t::a"]).ok  # absent before = not passing
-    fb = check_fails_before(_res(t__a="PASSED"), ["t::a"])
+    assert check_fails_before({"t::a": "FAILED"}, ["t::a"]).ok
+    assert check_fails_before({}, ["t::a"]).ok  # absent before = not passing
+    assert not check_fails_before({"t::a": "XFAIL"}, ["t::a"]).ok
+    fb = check_fails_before({"t::a": "PASSED", "t::b": "ERROR"}, ["t::a", "t::b"])
     assert not fb.ok and fb.passing_before == ["t::a"]
