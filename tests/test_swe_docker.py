@@ -253,7 +253,7 @@ def test_resume_after_sigkill(examples, tmp_path):
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
-            if results.exists() and len(results.read_text().splitlines()) >= 2:
+            if results.exists() and results.read_text().count("\n") >= 2:  # two whole rows
                 break
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -267,8 +267,8 @@ def test_resume_after_sigkill(examples, tmp_path):
         if leftover:
             subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
     text = results.read_text()
-    before = [json.loads(x) for x in text.splitlines()]  # every line is whole JSON
-    assert text.endswith("\n")
+    whole = text[: text.rfind("\n") + 1]  # a kill mid-write may leave a torn last line: --resume drops it
+    before = [json.loads(x) for x in whole.splitlines()]  # every whole line is valid JSON
     assert 2 <= len(before) < 4, [(r["instance_id"], r["reason"]) for r in before]
     done = {r["instance_id"]: r["finished_at"] for r in before}
 
