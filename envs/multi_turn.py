@@ -109,6 +109,10 @@ class MultiTurnEnv(Environment):
         last = state["trajectory"][-1]
         messages = concat_messages([last["prompt"], last["completion"]])
         response = await self.env_response(messages, state)
+        if isinstance(response, tuple) and len(response) == 2 and isinstance(response[1], dict):
+            response, new_state = response  # older verifiers envs return (messages, state)
+            if new_state is not state:
+                state.update(new_state)
         return concat_messages([messages, response or []])
 
     async def render_completion(self, state: State) -> None:

@@ -402,3 +402,15 @@ async def test_no_interleave_scoring_scores_after_generation(server):
     env = Tracked(dataset=rows(4), rubric=vf.Rubric(funcs=[scored]))
     out = await env.generate(env.get_eval_inputs(4, 1), client_for(server), "m", interleave_scoring=False, max_concurrent_scoring=1)
     assert order == ["gen"] * 4 + ["score"] * 4 and all(o["reward"] == 1.0 for o in out["outputs"])
+
+
+async def test_legacy_env_response_tuple_is_accepted(server):
+    class Legacy(vf.MultiTurnEnv):
+        async def env_response(self, messages, state, **kw):
+            state["legacy"] = True
+            return [{"role": "user", "content": "What is 2 + 2?"}], state
+
+    env = Legacy(dataset=rows(1), max_turns=2, rubric=vf.Rubric(funcs=[lambda completion: float(len(completion))]))
+    out = await env.evaluate(client_for(server), "m", num_examples=1, rollouts_per_example=1, state_columns=["legacy"])
+    o = out["outputs"][0]
+    assert [m["role"] for m in o["completion"]] == ["assistant", "user", "assistant"] and o["legacy"] is True

@@ -389,3 +389,30 @@ def test_env_install(workdir, tmp_path):
     res = subprocess.run([sys.executable, "-m", "envs.cli.app", "env", "install", "absent", "-p", str(workdir / "environments")],
                          cwd=workdir, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "e2e_basic" in res.stderr
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("env_id,client_type", [("math-single", "openai_chat_completions"), ("tool-calc", "openai_chat_completions"),
+                                                ("tool-calc", "anthropic_messages"), ("math-single", "openai_completions")])
+def test_example_environments_end_to_end(workdir, env_id, client_type):
+    from envs.testing.model_server import auto
+
+    with ModelServer(auto()).run_in_thread() as srv:
+        cmd = [sys.executable, "-m", "envs.cli.app", "eval", env_id, "-p", str(ROOT / "environments"), "-e", str(workdir / "none.toml"),
+               "-m", "local-model", "-b", srv.base_url, "-k", "VF_E2E_KEY", "--api-client-type", client_type,
+               "-n", "3", "-r", "2", "-s", "-d", "-A"]
+        if client_type == "openai_completions":
+            cmd += ["-x", '{"message_type": "completion"}']
+        res = subprocess.run(cmd, cwd=workdir, env=cli_env(workdir), capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        apis = {r.api for r in srv.requests}
+    expected_api = {"openai_chat_completions": "chat", "anthropic_messages": "anthropic", "openai_completions": "completions"}[client_type]
+    assert apis == {expected_api}
+    rows = read_rows(next((workdir / "outputs" / "evals" / f"{env_id}--local-model").iterdir()))
+    assert len(rows) == 6 and all(r["error"] is None for r in rows)
+    if client_type != "openai_completions":
+        assert all(r["reward"] == 1.0 for r in rows)
+    if env_id == "tool-calc":
+        assert all(r["metrics"]["calculator_calls"] == 1.0 for r in rows)
