@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .parsers import strip_ansi
+
 _XML_BAD = re.compile(r"[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def _clean(s: Any) -> str:
     """Text XML 1.0 can hold: ANSI sequences and control characters removed."""
-    return _XML_BAD.sub("", _ANSI.sub("", str(s or "")))
+    return _XML_BAD.sub("", strip_ansi(str(s or "")))
 
 
 def write_junit(path: str | Path, rows: Sequence[dict[str, Any]], suite: str = "vf-swe-debug",
