@@ -179,15 +179,10 @@ class BatchRunner:
                 attempts_total += n
                 outcomes.append(o)
             final = outcomes[0]
-            if len(outcomes) > 1:
-                verdicts = {o.valid for o in outcomes}
-                if verdicts == {True, False}:
-                    final = next(o for o in outcomes if not o.valid).model_copy()
-                    final.valid, final.reason = False, "flaky"
-                    final.detail = f"valid in {sum(o.valid for o in outcomes)}/{len(outcomes)} runs; " + (
-                        next(o for o in outcomes if not o.valid).detail)
-                elif not final.valid:
-                    final = outcomes[0]
+            if len({o.valid for o in outcomes}) > 1:  # valid only sometimes: flaky, shown by a failing run
+                bad = next(o for o in outcomes if not o.valid)
+                n_ok = sum(o.valid for o in outcomes)
+                final = bad.model_copy(update={"reason": "flaky", "detail": f"valid in {n_ok}/{len(outcomes)} runs; {bad.detail}"})
             fb = None
             if before is not None:
                 final, fb = with_fails_before(final, before, self.taskset.fail_to_pass(inst))
