@@ -42,7 +42,18 @@ teardown = _marker("teardown")
 
 
 def discover(obj: object, kind: str) -> list[Callable[..., Any]]:
-    """Bound methods of `obj` marked with `kind`, highest priority first, then by name."""
+    """Bound methods of `obj` marked with `kind`, highest priority first, then by name.
+    Cached per object (handlers are class members, fixed once the object exists)."""
+    cache = getattr(obj, "__dict__", {}).get("_vf_handlers")
+    if cache is not None and kind in cache:
+        return cache[kind]
+    result = _discover(obj, kind)
+    if hasattr(obj, "__dict__"):
+        obj.__dict__.setdefault("_vf_handlers", {})[kind] = result
+    return result
+
+
+def _discover(obj: object, kind: str) -> list[Callable[..., Any]]:
     found: dict[str, Callable[..., Any]] = {}
     for klass in type(obj).__mro__:
         for name, attr in vars(klass).items():
