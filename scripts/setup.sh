@@ -59,4 +59,7 @@ fi
 # 4. Images (offline: debootstrap base, then local builds; cached) ------------
 images/base/build.sh
 .venv/bin/vf-sandbox images build
+for project in environments/openenv_echo/openenv_echo/echo_env environments/openenv_mcp/openenv_mcp/arith_mcp; do
+  .venv/bin/vf-sandbox openenv build "$project" >/dev/null
+done
 log "ready"
