@@ -119,6 +119,11 @@ def with_fails_before(out: DebugOutcome, before: DebugOutcome, fail_to_pass: lis
     return out, fb
 
 
+def _last_line(s: str) -> str:
+    lines = [x for x in s.strip().splitlines() if x.strip()]
+    return f": {lines[-1][:300]}" if lines else ""
+
+
 def _tail(s: str, n: int) -> str:
     return s[-n:] if n > 0 else ""
 
@@ -199,7 +204,7 @@ async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOpti
         out.timings.setup_s = clock.lap()
         if not r.ok:
             out.reason = "timeout" if r.timed_out else "setup_failed"
-            out.detail = f"setup {'timed out' if r.timed_out else f'exited {r.exit_code}'}"
+            out.detail = f"setup {'timed out' if r.timed_out else f'exited {r.exit_code}'}{_last_line(r.stderr)}"
             out.stdout_tail, out.stderr_tail = _tail(r.stdout, n), _tail(r.stderr, n)
             return
     if step == "gold_patch":

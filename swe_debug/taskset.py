@@ -205,11 +205,16 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
 
     async def setup(self, sandbox: Sandbox, inst: SWEInstance, timeout: float) -> StepResult:
         """Check the tree is the clean base snapshot, then run the instance's setup commands."""
+        base = shlex.quote(inst.base_commit)
         script = "\n".join(
             [
                 "set -euo pipefail",
                 "git config --global --add safe.directory '*' 2>/dev/null || true",
-                'test -z "$(git status --porcelain)" || { echo "working tree is not clean:" >&2; git status --porcelain >&2; exit 3; }',
+                f"git rev-parse --is-inside-work-tree >/dev/null || {{ echo 'no git work tree in {inst.workdir}' >&2; exit 3; }}",
+                f"test -z {base} || git rev-parse -q --verify {base}^{{commit}} >/dev/null"
+                f" || {{ echo 'base_commit {inst.base_commit} is not in this repository' >&2; exit 3; }}",
+                'status=$(git status --porcelain)',
+                'test -z "$status" || { echo "working tree is not clean:" >&2; echo "$status" >&2; exit 3; }',
                 *inst.setup_commands,
             ]
         )

@@ -211,12 +211,18 @@ async def test_prebuilt_image_and_missing_image(instances, tmp_path):
     data = instances[IDNA].model_dump(exclude={"source", "environment"})
     pre = SWEInstance.model_validate({**data, "instance_id": "prebuilt", "image_name": tag})
     gone = SWEInstance.model_validate({**data, "instance_id": "gone", "image_name": "vf-swe/does-not-exist:1"})
+    # an image that is not this instance's repo: setup refuses it instead of testing the wrong code
+    other = SWEInstance.model_validate({**data, "instance_id": "other", "image_name": tag, "base_commit": "f" * 40})
+    norepo = SWEInstance.model_validate({**data, "instance_id": "norepo", "image_name": "vf-sandbox/base:bookworm",
+                                         "workdir": "/tmp"})
     from swe_debug.taskset import SWETaskSet
 
-    ts = SWETaskSet([pre, gone])
+    ts = SWETaskSet([pre, gone, other, norepo])
     rows = await _run(instances, [], taskset=ts)
     assert rows["prebuilt"]["reason"] == "pass" and rows["prebuilt"]["image"] == tag
     assert rows["gone"]["reason"] == "setup_failed" and "cannot be pulled" in rows["gone"]["detail"]
+    assert rows["other"]["reason"] == "setup_failed" and "not in this repository" in rows["other"]["detail"]
+    assert rows["norepo"]["reason"] == "setup_failed" and "no git work tree" in rows["norepo"]["detail"]
 
 
 def test_cli_exit_code_and_junit(examples, tmp_path):
