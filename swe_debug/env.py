@@ -43,6 +43,8 @@ class SWEDebugEnv(MultiTurnEnv):
     sandbox, optionally runs task setup, runs one debug step (none, gold_patch,
     command, or script), and optionally runs tests and scores the result."""
 
+    requires_model = False  # for runners: no model endpoint is needed (nothing is ever sent to one)
+
     def __init__(
         self,
         taskset: SandboxTaskSet,
