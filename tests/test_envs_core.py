@@ -414,3 +414,13 @@ async def test_legacy_env_response_tuple_is_accepted(server):
     out = await env.evaluate(client_for(server), "m", num_examples=1, rollouts_per_example=1, state_columns=["legacy"])
     o = out["outputs"][0]
     assert [m["role"] for m in o["completion"]] == ["assistant", "user", "assistant"] and o["legacy"] is True
+
+
+async def test_evaluate_save_results_api(server, tmp_path):
+    env = vf.SingleTurnEnv(dataset=rows(3), rubric=boxed_rubric())
+    run_dir = tmp_path / "run"
+    out = await env.evaluate(client_for(server), "m", num_examples=3, rollouts_per_example=2, results_path=run_dir, save_results=True)
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0])["reward"] == 1.0
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["avg_reward"] == out["metadata"]["avg_reward"] == 1.0 and meta["path_to_save"] == str(run_dir)
