@@ -174,6 +174,8 @@ def test_rollout_errors_do_not_kill_the_run(workdir):
     assert all(r["error_type"] == "ValueError" and r["error_kind"] == "task" for r in errs)
     assert "broken example" in res.stderr
     assert "samples" not in res.stdout  # -A
+    rec = [r for r in registry_rows(workdir) if r.env_id == "e2e-basic"][0]
+    assert rec.errors == 2 and "broken example" in Path(rec.log_path).read_text()  # the run's log file
 
 
 def test_toml_config_runs_several_envs(workdir):
