@@ -19,6 +19,22 @@ import pytest
 from envs.testing.model_server import ModelServer, PolicyRequest, Reply, compute, fail
 
 ENV_SOURCES = {
+    "e2e_nomodel": '''
+        import envs as vf
+
+        def load_environment():
+            class Env(vf.MultiTurnEnv):
+                requires_model = False
+
+                async def env_response(self, messages, state, **kw):
+                    return []
+
+                async def setup_state(self, state):
+                    state["final_env_response"] = [{"role": "user", "content": "done without a model"}]
+                    return state
+
+            return Env(dataset=[{"question": "q", "answer": "a"}], rubric=vf.Rubric(funcs=[lambda completion: 1.0]))
+    ''',
     "e2e_basic": '''
         import os
         import envs as vf
@@ -259,6 +275,13 @@ def test_model_endpoint_down(workdir):
         port = s.getsockname()[1]
     res = run_cli(workdir, "e2e-basic", "-d", "-s", base_url=f"http://127.0.0.1:{port}/v1")
     assert res.returncode == 1 and "not reachable" in res.stderr and f"127.0.0.1:{port}" in res.stderr
+
+
+def test_env_without_model_needs_no_key_or_endpoint(workdir):
+    res = run_cli(workdir, "e2e-nomodel", "-n", "1", "-r", "1", "-s", "-d", key="VF_E2E_UNSET_KEY", base_url="http://127.0.0.1:9/v1")
+    assert res.returncode == 0, res.stderr
+    (row,) = read_rows(run_dirs(workdir, "e2e-nomodel")[0])
+    assert row["reward"] == 1.0 and row["stop_condition"] == "has_final_env_response"
 
 
 def test_auth_error_fails_fast(workdir):

@@ -159,9 +159,13 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             env.set_kwargs(**cfg.extra_env_kwargs)
         if "concurrency" not in cfg.extra_env_kwargs:
             env.set_concurrency(cfg.max_concurrent if cfg.max_concurrent > 0 else cfg.num_examples * cfg.rollouts_per_example)
-        clients = [make_client(c) for c in cfg.client_config.replicas()]  # resolves API keys (MissingKeyError)
-        for replica in cfg.client_config.replicas():
-            check_endpoint(replica.api_base_url)
+        replicas = cfg.client_config.replicas()
+        if getattr(env, "requires_model", True):
+            clients = [make_client(c) for c in replicas]  # resolves API keys (MissingKeyError)
+            for replica in replicas:
+                check_endpoint(replica.api_base_url)
+        else:  # the env never calls a model (e.g. SWE debugging): no key or live endpoint needed
+            clients = [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
         todo = inputs
         save = cfg.save_results or cfg.resume
