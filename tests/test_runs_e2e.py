@@ -111,6 +111,20 @@ def test_completed_eval_is_recorded_with_metrics(env, fast_server):
     assert f"run {r.id} completed" in log and "HTTP Request" not in log  # chatty libraries filtered
 
 
+def test_eval_failing_before_it_starts_is_recorded(env):
+    """An unreachable endpoint fails the run before any rollout: it is still in the registry."""
+    tmp, e = env
+
+    class Down:  # a port nothing listens on
+        base_url = "http://127.0.0.1:9/v1"
+
+    p = run_eval(env, Down, "-n", "2", "-r", "1")
+    assert p.returncode != 0
+    [r] = registry.list_runs()
+    assert r.status == "failed" and "not reachable" in r.error
+    assert r.env_id == "math-single"
+
+
 def test_failed_eval_records_the_error(env, fast_server):
     p = run_eval(env, fast_server, "-n", "2", "-r", "1", env_id="broken-env")
     assert p.returncode != 0

@@ -154,6 +154,26 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     clients: list[Any] = []
     beats: list[asyncio.Future[Any]] = []
     try:
+        # Where the run goes is settled first, so that the registry records even a run
+        # that dies while loading its environment or checking its endpoint.
+        save = cfg.save_results or cfg.resume
+        resumed = False
+        if cfg.resume:
+            if cfg.resume_path:
+                run_dir = Path(cfg.resume_path)
+            else:
+                run_dir = find_resumable(cfg.output_dir, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples)
+                if run_dir is None:
+                    log.info("%s: no incomplete run to resume; starting a new one", cfg.env_id)
+            if run_dir is not None:
+                rows, old_meta = load_existing(run_dir)
+                check_compatible(old_meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
+                prior_ms = float(old_meta.get("time_ms", 0.0))
+                resumed = True
+        if run_dir is None:
+            run_dir = new_run_dir(cfg.output_dir, cfg.env_id, cfg.model)
+        result.run_dir = run_dir
+        rec = _recorder(cfg, run_dir)
         env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
         if cfg.extra_env_kwargs:
             env.set_kwargs(**cfg.extra_env_kwargs)
@@ -168,23 +188,9 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             clients = [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
         todo = inputs
-        save = cfg.save_results or cfg.resume
-        if cfg.resume:
-            if cfg.resume_path:
-                run_dir = Path(cfg.resume_path)
-            else:
-                run_dir = find_resumable(cfg.output_dir, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples)
-                if run_dir is None:
-                    log.info("%s: no incomplete run to resume; starting a new one", cfg.env_id)
-            if run_dir is not None:
-                rows, old_meta = load_existing(run_dir)
-                check_compatible(old_meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
-                prior_ms = float(old_meta.get("time_ms", 0.0))
-                todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
-                log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
-        if run_dir is None:
-            run_dir = new_run_dir(cfg.output_dir, cfg.env_id, cfg.model)
-        result.run_dir = run_dir
+        if resumed:
+            todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
+            log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
         progress.total = len(rows) + len(todo)
         progress.done = progress.resumed = len(rows)
         progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows)
@@ -193,7 +199,6 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         progress.status = "running"
         progress.started = time.time()
         display.update(idx)
-        rec = _recorder(cfg, run_dir)
         if save:
             writer = ResultsWriter(run_dir)
             writer.open()
