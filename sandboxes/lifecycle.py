@@ -184,3 +184,11 @@ def reap_sync(backend: str | None = None, *, quiet: bool = True, **kw) -> list[t
             raise
         log.debug("reaper skipped: %s", exc)
         return []
+
+
+def reap_in_background(backend: str | None = None) -> threading.Thread:
+    """Start `reap_sync` on a daemon thread: CLIs clear what killed runs left behind
+    without delaying their own start (a run never waits for it)."""
+    thread = threading.Thread(target=reap_sync, args=(backend,), name="vf-reaper", daemon=True)
+    thread.start()
+    return thread

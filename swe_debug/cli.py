@@ -111,6 +111,9 @@ def _main(**a) -> int:
         console.print(f"[red]error:[/] {exc}")
         return 2
 
+    from sandboxes.lifecycle import reap_in_background
+
+    reap_in_background(a["backend"])  # sandboxes of runs that were SIGKILLed or expired
     recorder = _start_recorder(a, ds_name, out_dir)
     t0 = time.perf_counter()
     status, err, rows = "failed", None, []

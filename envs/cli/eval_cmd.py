@@ -160,6 +160,9 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
     from ..eval.display import make_display, print_summary
     from ..eval.runner import run_evals
 
+    from sandboxes.lifecycle import reap_in_background
+
+    reap_in_background()  # sandboxes of runs that were SIGKILLed or expired
     plain = disable_tui or not sys.stdout.isatty()
     display = make_display(plain, fullscreen)
     with display:
