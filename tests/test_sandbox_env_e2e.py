@@ -40,44 +40,17 @@ def results(tmp_path: Path, env_id: str) -> tuple[list[dict], dict]:
 
 
 def python_math_policy():
-    """Looks the question up in the env's own dataset and solves it in two cells:
-    everything but the last line first, then the final expression (namespace kept)."""
     sys.path.insert(0, str(ENVS / "python_math"))
     import python_math
 
-    code_of = {}
-    for row in python_math.load_environment(num_eval=20, pool_size=0).get_eval_dataset():
-        code_of[row["question"]] = row["info"]["reference_code"]
-
-    def policy(req: PolicyRequest) -> Reply:
-        code = code_of[req.last_user_text().strip()]
-        lines = code.split("\n")
-        turn = req.n_tool_turns()
-        if turn == 0:
-            return Reply(tool_calls=[ToolCallSpec("python", {"code": "\n".join(lines[:-1]) or "pass"})])
-        if turn == 1:
-            return Reply(tool_calls=[ToolCallSpec("python", {"code": lines[-1]})])
-        out = req.tool_results()[-1]
-        value = out.split("Out[", 1)[1].split("]: ", 1)[1].strip()
-        return Reply(content=f"The answer is \\boxed{{{value}}}.")
-
-    return policy
+    return python_math.scripted_policy()
 
 
 def bash_files_policy():
-    """cd in one call, count in the next (relies on the persistent shell), then box the number."""
-    count = ("grep -r --include='*.log' -c ERROR . | awk -F: '{s += $2} END {print s}' > answer.txt; "
-             "cat answer.txt")
+    sys.path.insert(0, str(ENVS / "bash_files"))
+    import bash_files
 
-    def policy(req: PolicyRequest) -> Reply:
-        turn = req.n_tool_turns()
-        if turn == 0:
-            return Reply(tool_calls=[ToolCallSpec("bash", {"command": "cd /task && ls"})])
-        if turn == 1:
-            return Reply(tool_calls=[ToolCallSpec("bash", {"command": count})])
-        return Reply(content=f"\\boxed{{{req.tool_results()[-1].strip()}}}")
-
-    return policy
+    return bash_files.scripted_policy()
 
 
 def test_python_math_end_to_end(tmp_path):

@@ -92,3 +92,23 @@ def load_environment(
         pool_size=pool_size,
         **kwargs,
     )
+
+
+def scripted_policy():
+    """A scripted solver for the offline demo and the end-to-end tests (serve it with
+    `python -m envs.testing.model_server --policy py:bash_files:scripted_policy`):
+    cd in one call, count in the next (relies on the persistent shell), then box the number."""
+    from envs.testing.model_server import Reply, ToolCallSpec
+
+    count = ("grep -r --include='*.log' -c ERROR . | awk -F: '{s += $2} END {print s}' > answer.txt; "
+             "cat answer.txt")
+
+    def policy(req):
+        turn = req.n_tool_turns()
+        if turn == 0:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": "cd /task && ls"})])
+        if turn == 1:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": count})])
+        return Reply(content=f"\\boxed{{{req.tool_results()[-1].strip()}}}")
+
+    return policy

@@ -360,8 +360,15 @@ def fail_first(n: int, status: int = 500, then: Policy | None = None) -> Policy:
 
 def policy_from_spec(spec: str) -> Policy:
     """Parse a CLI policy: auto | tool-compute[:NAME[:ARG]] | echo | compute | fixed:TEXT | fail:STATUS | stall:SECONDS
-    | tool:NAME:JSON_ARGS (call once, then answer the tool output)."""
+    | tool:NAME:JSON_ARGS (call once, then answer the tool output)
+    | py:MODULE:FACTORY (an importable zero-argument function returning a policy, e.g. an
+    example environment's `scripted_policy`)."""
     kind, _, rest = spec.partition(":")
+    if kind == "py":
+        import importlib
+
+        module, _, attr = rest.partition(":")
+        return getattr(importlib.import_module(module), attr or "scripted_policy")()
     if kind == "auto":
         return auto()
     if kind == "tool-compute":
@@ -380,7 +387,7 @@ def policy_from_spec(spec: str) -> Policy:
     if kind == "tool":
         name, _, args = rest.partition(":")
         return tool_then_answer(name, json.loads(args or "{}"))
-    raise ValueError(f"unknown policy {spec!r} (echo, compute, fixed:TEXT, fail:STATUS, stall:S, tool:NAME:JSON)")
+    raise ValueError(f"unknown policy {spec!r} (echo, compute, fixed:TEXT, fail:STATUS, stall:S, tool:NAME:JSON, py:MODULE:FACTORY)")
 
 
 async def _call_policy(policy: Policy, req: PolicyRequest) -> Reply:
