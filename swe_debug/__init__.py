@@ -13,3 +13,20 @@ def load_environment(**kwargs):
     from .env import load_environment as _load
 
     return _load(**kwargs)
+
+
+_LAZY = {
+    "SWEDebugEnv": "swe_debug.env",
+    "SandboxTaskSet": "swe_debug.taskset",
+    "SWETaskSet": "swe_debug.taskset",
+    "SWEInstance": "swe_debug.instances",
+}
+
+
+def __getattr__(name: str):
+    """`from swe_debug import SWEDebugEnv` etc. without importing the env stack up front."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'swe_debug' has no attribute {name!r}")
