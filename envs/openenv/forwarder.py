@@ -230,13 +230,7 @@ class Forwarder:
         """Upload the relay into `sandbox`, start it and check it answers."""
         await sandbox.write_file(RELAY_REMOTE_PATH, RELAY_SOURCE.read_bytes())
         proc = await sandbox.start_process([python, "-u", RELAY_REMOTE_PATH, str(port), str(chunk)])
-        fwd = cls(ProcessChannel(proc), chunk=chunk)
-        try:
-            await fwd.ping()
-        except BaseException:
-            await fwd.close()
-            raise
-        return fwd
+        return await cls._checked(ProcessChannel(proc), chunk)
 
     @classmethod
     async def start_local(
@@ -253,7 +247,12 @@ class Forwarder:
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             limit=64 * 1024 * 1024,
         )
-        fwd = cls(LocalChannel(proc), chunk=chunk)
+        return await cls._checked(LocalChannel(proc), chunk)
+
+    @classmethod
+    async def _checked(cls, channel: Channel, chunk: int) -> "Forwarder":
+        """A Forwarder over `channel` once the relay answers a ping (closed if it does not)."""
+        fwd = cls(channel, chunk=chunk)
         try:
             await fwd.ping()
         except BaseException:
