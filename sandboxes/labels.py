@@ -42,6 +42,17 @@ def process_start_time(pid: int) -> str:
         return ""
 
 
+def pid_exists(pid: int) -> bool:
+    """Signal-0 probe: True while `pid` exists (a zombie included) or belongs to another user."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def lifecycle_labels(spec: SandboxSpec) -> dict[str, str]:
     """Labels naming the owner process, run, creation and expiry time."""
     now = time.time()

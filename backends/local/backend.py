@@ -147,7 +147,7 @@ class LocalBackend:
             _kill_group(channel.proc.pid)
             await channel.close()
             raise
-        meta.agent_pids = [p for p in meta.agent_pids if _pid_alive(p)] + [channel.proc.pid]
+        meta.agent_pids = [p for p in meta.agent_pids if lc.pid_exists(p)] + [channel.proc.pid]
         self._write_meta(meta)
         return sb
 
@@ -199,7 +199,7 @@ class LocalBackend:
                 continue
             if labels and any(meta.labels.get(k) != v for k, v in labels.items()):
                 continue
-            running = any(_pid_alive(p) for p in meta.agent_pids)
+            running = any(lc.pid_exists(p) for p in meta.agent_pids)
             out.append(SandboxInfo(id=meta.id, name=meta.name, backend=self.name,
                                    status="running" if running else "idle", image="(host)",
                                    labels=meta.labels, created_at=meta.created_at))
@@ -241,16 +241,6 @@ class LocalBackend:
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:40] or "sandbox"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _rmtree(path: Path) -> None:

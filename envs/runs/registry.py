@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sandboxes.labels import process_start_time, run_id as sandbox_run_id
+from sandboxes.labels import pid_exists, process_start_time, run_id as sandbox_run_id
 
 log = logging.getLogger(__name__)
 
@@ -189,13 +189,7 @@ def pid_alive(pid: int, start: str = "") -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # no /proc (not Linux): fall back to a signal probe
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_exists(pid)
     if fields and fields[0] in ("Z", "X"):
         return False
     return not start or (len(fields) > 19 and fields[19] == start)
