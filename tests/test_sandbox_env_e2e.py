@@ -97,3 +97,21 @@ def test_bash_files_wrong_answer_scores_zero(tmp_path):
     rows, _ = results(tmp_path, "bash-files")
     assert [r["reward"] for r in rows] == [0.0, 0.0]
     assert wait_gone({"vf-test-case": label}) == []
+
+
+def test_same_env_unchanged_on_the_local_backend(tmp_path):
+    """`--backend` moves a sandbox env to another backend without touching the env:
+    bash-files solved through the persistent shell of local (bubblewrap) sandboxes."""
+    with ModelServer(bash_files_policy()).run_in_thread() as srv:
+        res = run_eval(tmp_path, "bash-files", srv.base_url, "-n", "2", "-r", "1", "--backend", "local", "-C", "sandbox_id")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, _ = results(tmp_path, "bash-files")
+    assert [r["reward"] for r in rows] == [1.0, 1.0]
+    for r in rows:  # local ids are "<name>-<hex10>", Docker's are 64-hex container ids
+        assert r["sandbox_id"].startswith("bash-files-") and len(r["sandbox_id"]) < 64, r["sandbox_id"]
+
+
+def test_unknown_backend_is_a_clear_error(tmp_path):
+    res = run_eval(tmp_path, "bash-files", "http://127.0.0.1:9/v1", "--backend", "nope")
+    assert res.returncode != 0
+    assert "unknown sandbox backend 'nope'" in res.stderr and "docker" in res.stderr

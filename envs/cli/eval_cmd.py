@@ -4,6 +4,8 @@ happens in `envs.eval` (imported inside the commands to keep startup cheap)."""
 
 from __future__ import annotations
 
+import os
+
 import sys
 from pathlib import Path
 from typing import Optional
@@ -75,6 +77,7 @@ def eval_command(
     heartbeat_url: Optional[str] = typer.Option(None, "--heartbeat-url", help="URL to GET every 30 s while the eval runs (uptime monitoring)"),
     eval_name: Optional[str] = typer.Option(None, "--eval-name", help="Name recorded for this run in the run registry"),
     timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="Stop cleanly after this many minutes"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend of sandbox-backed envs: docker | local | kubernetes | prime \\[default: $VF_SANDBOX_BACKEND or docker]"),
 ) -> None:
     """Evaluate a model on one or more environments (or a TOML config)."""
     import logging
@@ -146,6 +149,13 @@ def eval_command(
             configs = configs_from_cli(env_id_or_path, cli)
         if resume_path is not None and len(configs) != 1:
             raise ConfigError("--resume PATH applies to exactly one eval")
+        if backend is not None:
+            from sandboxes.registry import backend_names
+
+            if backend not in backend_names():
+                raise ConfigError(f"unknown sandbox backend {backend!r}; known: {', '.join(backend_names())}")
+            # envs resolve their backend through sandboxes.get_backend(None), which reads this
+            os.environ["VF_SANDBOX_BACKEND"] = backend
     except (ConfigError, UsageError, MissingKeyError) as exc:
         _fail(str(exc))
         return
@@ -162,7 +172,7 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
 
     from sandboxes.lifecycle import reap_in_background
 
-    reap_in_background()  # sandboxes of runs that were SIGKILLed or expired
+    reap_in_background(os.environ.get("VF_SANDBOX_BACKEND"))  # sandboxes of runs that were SIGKILLed or expired
     plain = disable_tui or not sys.stdout.isatty()
     display = make_display(plain, fullscreen)
     with display:
