@@ -8,10 +8,11 @@ KeyboardInterrupt and the namespace survives; a worker that dies (or ignores
 the interrupt) is restarted and the model is told its state was lost. Every
 request and response carries an id, so a timeout never desynchronises them.
 
-`pip_install_packages` are baked into a derived image once (cached by
-content, wheels downloaded on the host) on the docker backend; on other
-backends they are pip-installed at boot, as the reference does. `python`
-replaces `bash` as the model's tool unless `expose_bash=True`.
+`pip_install_packages` are baked into a derived image once when the backend
+offers the `SupportsDerivedImages` capability (docker: cached by content,
+wheels downloaded on the host); on other backends they are pip-installed at
+boot, as the reference does. `python` replaces `bash` as the model's tool
+unless `expose_bash=True`.
 
 Metric added: `python_ready_wait_time`.
 """
@@ -26,11 +27,18 @@ from typing import Any
 from sandboxes import SandboxSpec, UsageError
 
 from .sandbox_env import SandboxEnv, SandboxRollout
-from .sandbox_tools.derived_image import ensure_derived_image, normalize_packages
 from .sandbox_tools.repl_session import ReplSession
 from .types import State
 
 log = logging.getLogger("envs.sandbox")
+
+
+def normalize_packages(packages: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """"numpy sympy" or ["numpy", "sympy"] -> sorted unique requirement strings."""
+    if not packages:
+        return []
+    items = packages.split() if isinstance(packages, str) else [p for item in packages for p in str(item).split()]
+    return sorted(set(items))
 
 
 class PythonEnv(SandboxEnv):
@@ -58,9 +66,14 @@ class PythonEnv(SandboxEnv):
         self.add_tool(self.python, args_to_skip=["sandbox_id"])
 
     # ------------------------------------------------------------------ image with packages
+    def _derive_image(self) -> Any:
+        """The backend's `derive_image` (SupportsDerivedImages), or None."""
+        return getattr(self.backend, "derive_image", None)
+
     async def resolve_spec(self, spec: SandboxSpec) -> SandboxSpec:
         spec = await super().resolve_spec(spec)
-        if not self.pip_install_packages or getattr(self.backend, "name", "") != "docker":
+        derive = self._derive_image()
+        if not self.pip_install_packages or derive is None:
             return spec
         if self._image_lock is None:
             self._image_lock = asyncio.Lock()
@@ -72,7 +85,7 @@ class PythonEnv(SandboxEnv):
             if image is None:
                 t0 = time.monotonic()
                 try:
-                    image = await ensure_derived_image(self.backend, spec.image, self.pip_install_packages)
+                    image = await derive(spec.image, self.pip_install_packages)
                 except UsageError as exc:
                     self._image_failures[spec.image] = exc
                     raise
@@ -85,7 +98,7 @@ class PythonEnv(SandboxEnv):
         state = await super().setup_state(state)
         live = self._live(state["sandbox_id"])
         sandbox = live.sandbox
-        if self.pip_install_packages and getattr(self.backend, "name", "") != "docker":
+        if self.pip_install_packages and self._derive_image() is None:
             await self._pip_install_at_boot(live)
         repl = ReplSession(
             lambda argv, env: sandbox.start_process(list(argv), env=env),

@@ -1,6 +1,8 @@
 """The sandbox contract: an async `Sandbox` handle and the `SandboxBackend`
 protocol. Backends translate it to one substrate each; everything above
-(envs, swe_debug, CLIs) uses only this.
+(envs, swe_debug, CLIs) uses only this. Optional backend capabilities are
+small protocols of their own (`SupportsDerivedImages`); callers test for them
+with `getattr(backend, "<method>", None)` and fall back when absent.
 
 Limits and errors, for every backend:
 
@@ -32,9 +34,23 @@ Command = str | Sequence[str]
 
 
 class BackgroundProcess(abc.ABC):
-    """A process started with `Sandbox.start_process`, running detached from any exec."""
+    """A process started with `Sandbox.start_process`, running detached from any exec.
+
+    Its stdout and stderr wait in bounded buffers (the output limit, 1 MiB by
+    default) until `read_output` takes them. A buffer that fills keeps the
+    NEWEST bytes: the oldest are dropped and counted, never silently:
+
+    * `dropped_bytes` — (stdout, stderr) bytes dropped before the output the
+      latest `read_output` returned (i.e. since the read before it); (0, 0)
+      when nothing was lost. Updated by every `read_output` call.
+    * `total_dropped_bytes` — the same, summed over the process's lifetime.
+
+    A non-zero count means the returned text starts after a gap.
+    """
 
     pid: int
+    dropped_bytes: tuple[int, int] = (0, 0)
+    total_dropped_bytes: tuple[int, int] = (0, 0)
 
     @abc.abstractmethod
     async def poll(self) -> ProcessStatus:
@@ -42,7 +58,8 @@ class BackgroundProcess(abc.ABC):
 
     @abc.abstractmethod
     async def read_output(self, until: str | None = None, timeout: float | None = None) -> tuple[str, str]:
-        """(stdout, stderr) produced since the previous call (each bounded by the output limit).
+        """(stdout, stderr) produced since the previous call (each bounded by the output limit;
+        what overflowed is counted in `dropped_bytes`, set by this call).
 
         With `until`, wait (inside the sandbox, one round trip) until stdout contains
         that marker, the process exits or `timeout` seconds pass, whichever is first;
@@ -172,4 +189,21 @@ class SandboxBackend(Protocol):
 
     async def close(self) -> None:
         """Release connections; sandboxes stay."""
+        ...
+
+
+@runtime_checkable
+class SupportsDerivedImages(Protocol):
+    """Optional backend capability: bake Python packages into an image ahead of time.
+
+    A backend offering it builds (once, cached by content) an image that is
+    `base` with `packages` pip-installed, without network inside the sandbox,
+    and returns its name to use as `SandboxSpec.image`. Backends without it
+    leave callers to install at boot (`python3 -m pip install` in the sandbox).
+    """
+
+    async def derive_image(self, base: str, packages: Sequence[str]) -> str:
+        """The image to run for `base` + `packages`. Raises ImageNotFound
+        (UsageError) for a missing base or a package that cannot be installed,
+        BackendUnavailable (InfraError) when the substrate does not answer."""
         ...

@@ -176,6 +176,29 @@ async def test_background_process(sb):
     assert err == "done\n"
 
 
+async def test_background_overflow_reports_dropped_bytes_per_stream(sb):
+    """A full background buffer keeps the newest bytes; each read says how many
+    of the oldest it lost, per stream, and a later read that lost none says 0."""
+    limit = 64 * 1024  # the fixture's output_limit_bytes
+    p = await sb.start_process(
+        "head -c 200000 /dev/zero | tr '\\0' a; head -c 100000 /dev/zero | tr '\\0' b >&2; echo END"
+    )
+    assert p.dropped_bytes == (0, 0) and p.total_dropped_bytes == (0, 0)
+    assert (await p.wait(10)).exit_code == 0
+    out, err = await p.read_output()
+    assert len(out) == limit and out.endswith("aEND\n") and set(out[:-4]) == {"a"}
+    assert len(err) == limit and set(err) == {"b"}
+    assert p.dropped_bytes == (200000 + 4 - limit, 100000 - limit)
+    assert p.total_dropped_bytes == p.dropped_bytes
+    out, err = await p.read_output()
+    assert (out, err) == ("", "") and p.dropped_bytes == (0, 0)
+    assert p.total_dropped_bytes == (200000 + 4 - limit, 100000 - limit)
+
+    q = await sb.start_process("echo small; echo tiny >&2")
+    await q.wait(5)
+    assert await q.read_output() == ("small\n", "tiny\n") and q.dropped_bytes == (0, 0)
+
+
 async def test_background_kill_group(sb):
     p = await sb.start_process("sleep 100 & echo $!; wait")
     out, _ = await p.read_output(until="\n", timeout=5)

@@ -82,3 +82,59 @@ def test_images_cli_ls():
     assert out.exit_code == 0, out.output
     line = next(ln for ln in out.output.splitlines() if ln.startswith("vf-sandbox/python:3.11"))
     assert "python:3.11-slim" in line and line.split()[1] in ("ok", "stale", "missing")
+
+
+async def test_derive_image_builds_once_then_cache_hit_and_bad_package_is_clear(python_image):
+    """`DockerBackend.derive_image` (the SupportsDerivedImages capability): a
+    fresh base + package builds offline once; asking again is a tag lookup; an
+    unknown package is an ImageNotFound (UsageError) naming it."""
+    import docker
+
+    from backends.docker import DockerBackend
+    from backends.local import LocalBackend
+    from sandboxes.errors import ImageNotFound, InfraError, UsageError
+    from sandboxes.interface import SupportsDerivedImages
+
+    api = docker.APIClient(version="1.41")
+    base = f"vf-sandbox-test/derive-base-{uuid.uuid4().hex[:8]}:1"  # a new image id: the first derive must build
+    for chunk in api.build(fileobj=__import__("io").BytesIO(f"FROM {python_image}\nLABEL t={base}\n".encode()),
+                           tag=base, rm=True, decode=True, network_mode="none"):
+        assert "error" not in chunk, chunk
+    backend = DockerBackend()
+    assert isinstance(backend, SupportsDerivedImages)
+    assert getattr(LocalBackend(), "derive_image", None) is None
+    tag = ""
+    try:
+        t0 = time.monotonic()
+        tag = await backend.derive_image(base, ["six", "six"])
+        built_in = time.monotonic() - t0
+        assert tag.startswith("vf-sandbox/python-env:")
+        info = api.inspect_image(tag)
+        assert info["Config"]["Labels"]["vf-sandbox.python-env"] == "six"
+        out = docker.from_env().containers.run(tag, ["python3", "-c", "import six; print(six.__name__)"],
+                                               remove=True, network_mode="none", labels={"vf-sandbox.test": "1"})
+        assert out.decode().strip() == "six"
+
+        fresh = DockerBackend()  # no in-process memo: the hit is the content-hash tag
+        t0 = time.monotonic()
+        again = await fresh.derive_image(base, ["six"])
+        hit_in = time.monotonic() - t0
+        await fresh.close()
+        assert again == tag and api.inspect_image(again)["Id"] == info["Id"]
+        assert hit_in < 1.0 and hit_in < built_in / 3, (hit_in, built_in)
+
+        with pytest.raises(ImageNotFound) as bad:
+            await backend.derive_image(base, ["six", "vf-sandbox-no-such-package-xyz"])
+        assert "vf-sandbox-no-such-package-xyz" in str(bad.value)
+        assert isinstance(bad.value, UsageError) and not isinstance(bad.value, InfraError)
+
+        with pytest.raises(ImageNotFound):
+            await backend.derive_image("vf-sandbox-test/no-such-base:1", ["six"])
+    finally:
+        await backend.close()
+        for name in (tag, base):
+            if name:
+                try:
+                    api.remove_image(name, force=True)
+                except docker.errors.ImageNotFound:
+                    pass

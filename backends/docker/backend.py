@@ -238,6 +238,20 @@ class DockerBackend:
             self._images[image] = built
             return built
 
+    async def derive_image(self, base: str, packages: Sequence[str]) -> str:
+        """A local image = `base` + pip `packages` (the `SupportsDerivedImages`
+        capability), built once from wheels downloaded on the host with
+        networking off and found by its content-hash tag afterwards.
+
+        Raises ImageNotFound when the base is missing or has no python3, or a
+        package cannot be downloaded or installed; BackendUnavailable when the
+        daemon does not answer.
+        """
+        resolved = await self.resolve_image(base)
+        from . import images as image_recipes
+
+        return await asyncio.to_thread(image_recipes.derive_image, resolved, list(packages), self.url)
+
     # ---------------------------------------------------------- create
     async def _network_mode(self) -> str:
         if self.network_mode is None:

@@ -7,6 +7,12 @@ milliseconds by reading that label back. A `script` recipe (the debootstrap
 base) is run only when its image is absent. A recipe's `FROM` naming another
 recipe builds that one first; a public image is pulled by the daemon where
 the machine can.
+
+Derived images (`derive_image`, behind `DockerBackend.derive_image`): a base
+image plus Python packages, `FROM base; COPY wheelhouse; RUN pip install
+--no-index`, built with networking off from wheels downloaded on the host.
+The tag `vf-sandbox/python-env:<hash>` hashes the base image id and the sorted
+package list, so an unchanged request is found by tag in milliseconds.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +30,7 @@ import tempfile
 import threading
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -35,7 +43,14 @@ IMAGES_ROOT = Path(os.environ.get("VF_SANDBOX_IMAGES", Path(__file__).resolve().
 WHEEL_CACHE = Path(os.environ.get("VF_SANDBOX_CACHE", Path.home() / ".cache" / "vf-sandbox")) / "wheelhouse"
 HASH_LABEL = "vf-sandbox.recipe-hash"
 RECIPE_LABEL = "vf-sandbox.recipe"
+DERIVED_REPO = "vf-sandbox/python-env"
+DERIVED_LABEL = "vf-sandbox.python-env"
+PROBE_LABEL = "vf-sandbox.probe"
+RECIPE_PLATFORMS = ("manylinux2014", "manylinux_2_28", "any")
+DERIVED_PLATFORMS = ("manylinux_2_36", "manylinux2014", "any")  # bases are bookworm-like (glibc 2.36)
 _build_lock = threading.Lock()
+_derive_locks: dict[str, threading.Lock] = {}
+_derive_locks_guard = threading.Lock()
 
 
 class Recipe(BaseModel):
@@ -230,20 +245,33 @@ def _pip() -> list[str]:
     raise ImageNotFound("no pip on the host to download the recipe's wheels (install pip or uv)")
 
 
-def fetch_wheels(requirements: Path, python_version: str = "3.11") -> Path:
-    """Download the wheels of `requirements` for Linux/CPython `python_version` on the host, cached by content."""
-    key = hashlib.sha256(requirements.read_bytes() + python_version.encode()).hexdigest()[:16]
+def fetch_wheels(
+    requirements: Path | Sequence[str],
+    python_version: str = "3.11",
+    platforms: Sequence[str] = RECIPE_PLATFORMS,
+) -> Path:
+    """Download the wheels of `requirements` (a requirements file or a list of
+    requirement strings) and their dependencies for Linux/CPython
+    `python_version` on the host, cached by content."""
+    if isinstance(requirements, Path):
+        content, args, what = requirements.read_bytes(), ["-r", str(requirements)], str(requirements)
+    else:
+        args = sorted(set(requirements))
+        content, what = "\n".join(args).encode(), " ".join(args)
+    if tuple(platforms) != RECIPE_PLATFORMS:  # recipes keep their historical cache keys
+        content += ("|" + ",".join(platforms)).encode()
+    key = hashlib.sha256(content + python_version.encode()).hexdigest()[:16]
     house = WHEEL_CACHE / key
     if (house / ".complete").exists():
         return house
     house.mkdir(parents=True, exist_ok=True)
     arch = platform.machine() or "x86_64"
-    argv = [*_pip(), "download", "-q", "-d", str(house), "-r", str(requirements), "--only-binary=:all:",
-            "--python-version", python_version, "--implementation", "cp",
-            "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_28_{arch}", "--platform", "any"]
+    plat_args = [a for p in platforms for a in ("--platform", p if p == "any" else f"{p}_{arch}")]
+    argv = [*_pip(), "download", "-q", "-d", str(house), *args, "--only-binary=:all:",
+            "--python-version", python_version, "--implementation", "cp", *plat_args]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ImageNotFound(f"downloading wheels for {requirements} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+        raise ImageNotFound(f"downloading wheels for {what} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
     (house / ".complete").write_text("ok\n")
     return house
 
@@ -251,3 +279,76 @@ def fetch_wheels(requirements: Path, python_version: str = "3.11") -> Path:
 def ensure_image(name: str, url: str | None = None, force: bool = False) -> str:
     """Build the recipe for `name` if needed; returns the image name to run."""
     return ImageBuilder(url).ensure(name, force=force).name
+
+
+# ---------------------------------------------------------------- derived images
+def derived_tag(base_id: str, packages: Sequence[str]) -> str:
+    """The content-addressed tag of `base_id` + `packages` (order and duplicates ignored)."""
+    digest = hashlib.sha256((base_id + "\n" + "\n".join(sorted(set(packages)))).encode()).hexdigest()[:16]
+    return f"{DERIVED_REPO}:{digest}"
+
+
+def derive_image(base: str, packages: Sequence[str], url: str | None = None) -> str:
+    """The tag of an image = local image `base` + pip `packages`, building it
+    if absent (blocking: call from a thread). ImageNotFound when the base is
+    missing, has no python3, or a package cannot be downloaded or installed."""
+    packages = sorted(set(packages))
+    builder = ImageBuilder(url)
+    base_info = builder.image(base)
+    if base_info is None:
+        raise ImageNotFound(f"base image {base} for the Python packages is not present locally")
+    if not packages:
+        return base
+    tag = derived_tag(base_info["Id"], packages)
+    with _derive_locks_guard:
+        lock = _derive_locks.setdefault(tag, threading.Lock())
+    with lock:
+        if builder.image(tag) is not None:
+            return tag
+        house = fetch_wheels(packages, _python_version(builder.url, base), DERIVED_PLATFORMS)
+        with tempfile.TemporaryDirectory(prefix="vf-python-env-") as tmp:
+            ctx = Path(tmp)
+            shutil.copytree(house, ctx / "wheelhouse", ignore=shutil.ignore_patterns(".complete"))
+            reqs = " ".join(shlex.quote(p) for p in packages)
+            (ctx / "Dockerfile").write_text(
+                f"FROM {base}\n"
+                "COPY wheelhouse /tmp/vf-wheelhouse\n"
+                f"RUN python3 -m pip install -q --no-index --find-links /tmp/vf-wheelhouse {reqs} "
+                "&& rm -rf /tmp/vf-wheelhouse /root/.cache/pip\n"
+            )
+            log.warning("building %s (FROM %s + %s)", tag, base, " ".join(packages))
+            lines: list[str] = []
+            for chunk in builder.api.build(path=str(ctx), tag=tag, network_mode="none", rm=True, forcerm=True,
+                                           decode=True,
+                                           labels={DERIVED_LABEL: " ".join(packages), f"{DERIVED_LABEL}.base": base}):
+                if "stream" in chunk:
+                    lines.append(chunk["stream"])
+                if "error" in chunk:
+                    raise ImageNotFound(
+                        f"building {tag} (FROM {base} + {' '.join(packages)}) failed: {chunk['error']}\n"
+                        + "".join(lines)[-3000:]
+                    )
+        return tag
+
+
+def _python_version(url: str, image: str) -> str:
+    """'3.11' for an image whose python3 is CPython 3.11 (a throwaway container, networking off)."""
+    import uuid
+
+    import docker
+    import requests
+
+    probe = uuid.uuid4().hex[:12]
+    client = docker.DockerClient(base_url=url, version="1.41")
+    try:
+        out = client.containers.run(image, ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                    remove=True, network_mode="none", labels={PROBE_LABEL: probe})
+    except (docker.errors.ContainerError, docker.errors.APIError) as exc:  # exits non-zero / python3 not found
+        for c in client.containers.list(all=True, filters={"label": f"{PROBE_LABEL}={probe}"}):
+            c.remove(force=True)
+        raise ImageNotFound(f"image {image} has no usable python3 for the packages: {exc}") from exc
+    except (docker.errors.DockerException, requests.ConnectionError) as exc:
+        raise BackendUnavailable(f"Docker daemon at {url} failed probing {image}'s python3: {exc}") from exc
+    finally:
+        client.close()
+    return out.decode().strip()

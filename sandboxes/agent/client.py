@@ -420,9 +420,12 @@ class AgentProcess(BackgroundProcess):
         return raw[0].decode("utf-8", "replace"), raw[1].decode("utf-8", "replace")
 
     async def read_output_bytes(self, until: str | None = None, timeout: float | None = None) -> tuple[bytes, bytes]:
-        """Like `read_output`, undecoded."""
+        """Like `read_output`, undecoded (also updates `dropped_bytes` / `total_dropped_bytes`)."""
         guard = None if (until and timeout is None) else (timeout or 0) + EXEC_GRACE
         r = await self._call("read", guard=guard, until=until, timeout=timeout)
+        dropped = (int(r.get("stdout_dropped", 0)), int(r.get("stderr_dropped", 0)))
+        self.dropped_bytes = dropped
+        self.total_dropped_bytes = (self.total_dropped_bytes[0] + dropped[0], self.total_dropped_bytes[1] + dropped[1])
         return unb64(r["stdout"]), unb64(r["stderr"])
 
     async def write_stdin(self, data: bytes | str) -> None:
