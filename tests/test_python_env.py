@@ -118,6 +118,33 @@ async def test_packages_baked_into_cached_derived_image():
     assert wait_gone(labels) == []
 
 
+async def test_backend_without_derived_images_keeps_the_image_and_installs_at_boot(monkeypatch):
+    """Packages go into a derived image only through the backend capability
+    (SupportsDerivedImages); a backend without it keeps the spec's image and
+    PythonEnv pip-installs at boot instead."""
+    from sandboxes.interface import SupportsDerivedImages
+
+    env = vf.PythonEnv(dataset=dataset(), backend="local", pip_install_packages="six", max_turns=2)
+    assert not isinstance(env.backend, SupportsDerivedImages) and env._derive_image() is None
+    spec = await env.resolve_spec(env.sandbox_spec)
+    assert spec.image == env.sandbox_spec.image and env._image_cache == {}
+
+    docker_env = py_env(unique_labels(), pip_install_packages="six")
+    assert isinstance(docker_env.backend, SupportsDerivedImages)
+    asked: list[tuple[str, list[str]]] = []
+
+    async def derive(base, packages):
+        asked.append((base, list(packages)))
+        return "derived:tag"
+
+    monkeypatch.setattr(docker_env.backend, "derive_image", derive)
+    spec = await docker_env.resolve_spec(docker_env.sandbox_spec)
+    again = await docker_env.resolve_spec(docker_env.sandbox_spec)
+    assert spec.image == again.image == "derived:tag" and asked == [(docker_env.sandbox_spec.image, ["six"])]
+    await docker_env.teardown()
+    await env.teardown()
+
+
 async def test_sandbox_killed_mid_rollout_is_retried():
     import docker
 
