@@ -154,6 +154,13 @@ def reapable(info: SandboxInfo, now: float | None = None, include_expired: bool 
     return None
 
 
+def reap_due(info: SandboxInfo, now: float, max_age_seconds: float | None = None) -> bool:
+    """A backend's own `reap(max_age_seconds=...)` test: the sandbox expired, its owner
+    died, or it is older than `max_age_seconds`."""
+    return (expired(info.labels, now) or not owner_alive(info.labels)
+            or (max_age_seconds is not None and info.created_at is not None and now - info.created_at > max_age_seconds))
+
+
 async def reap(backend=None, *, dry_run: bool = False, include_expired: bool = True) -> list[tuple[SandboxInfo, str]]:
     """Remove managed sandboxes whose owner process is dead or that expired.
     Returns (sandbox, reason) for each one removed (or that would be, with dry_run)."""

@@ -32,19 +32,19 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sandboxes import labels as lc
 from sandboxes import lifecycle
-from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
-from sandboxes.agent.protocol import bootstrap_argv, bootstrap_payload
+from sandboxes.agent.protocol import bootstrap_argv
 from sandboxes.ratelimit import RateLimiter
 from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError
-from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
+from sandboxes.results import SandboxInfo
 from sandboxes.spec import SandboxSpec
 
+from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
 from . import manifest as mf
 from .api import Connection, ExecChannel, KubeApi
 from .config import KubernetesConfig
@@ -83,12 +83,12 @@ class KubeAgentChannel(AgentChannel):
         return tail
 
 
-class KubeSandbox(AgentSandbox):
+class KubeSandbox(RemoteAgentSandbox):
     backend_name = "kubernetes"
+    _backend: "KubernetesBackend"
 
     def __init__(self, *args, backend: "KubernetesBackend", **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._backend = backend
+        super().__init__(*args, backend=backend, **kwargs)
         self._reconnects = 0
         self._reconnect_lock = asyncio.Lock()
 
@@ -117,37 +117,6 @@ class KubeSandbox(AgentSandbox):
                 return pod_error(pod, self.id)
         return exc
 
-    async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
-        await self._ensure()
-        try:
-            return await super()._call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
-        except AgentError as e:
-            err = await self._classified(e)
-            if err is e:
-                raise
-            raise err from e
-
-    async def _run_stream(self, msg: dict[str, Any], inbound=None, sink=None) -> dict:
-        await self._ensure()
-        try:
-            return await super()._run_stream(msg, inbound, sink)
-        except AgentError as e:
-            err = await self._classified(e)
-            if err is e:
-                raise
-            raise err from e
-
-    async def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None) -> AsyncIterator[OutputChunk | ExecResult]:
-        await self._ensure()
-        try:
-            async for item in super().exec_stream(cmd, timeout=timeout, env=env, cwd=cwd):
-                yield item
-        except AgentError as e:
-            err = await self._classified(e)
-            if err is e:
-                raise
-            raise err from e
-
     async def alive(self) -> bool:
         if self._deleted:
             return False
@@ -162,9 +131,6 @@ class KubeSandbox(AgentSandbox):
         except InfraError:
             return False
         return await super().alive()
-
-    async def _destroy(self) -> None:
-        await self._backend.delete(self.id)
 
 
 class KubernetesBackend:
@@ -207,21 +173,8 @@ class KubernetesBackend:
         if not spec.network and self.config.create_network_policy and not self._policy_ready:
             await api.ensure_network_policy(mf.deny_all_network_policy(self.config))
             self._policy_ready = True
-        task = asyncio.ensure_future(self._create_and_wait(manifest, spec))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # The caller gave up; the pod may exist: make sure it does not leak.
-            task.add_done_callback(lambda t: asyncio.ensure_future(self._discard(t, name)))
-            raise
-
-    async def _discard(self, task: asyncio.Future, name: str) -> None:
-        with contextlib.suppress(BaseException):
-            sb = task.result()
-            await sb.delete()
-            return
-        with contextlib.suppress(Exception):
-            await self.api.delete_pod(name)
+        # If the caller gives up, the pod may still come to exist: make sure it does not leak.
+        return await shielded_create(self._create_and_wait(manifest, spec), lambda: self.api.delete_pod(name))
 
     async def _create_and_wait(self, manifest: dict[str, Any], spec: SandboxSpec) -> KubeSandbox:
         name = manifest["metadata"]["name"]
@@ -232,16 +185,13 @@ class KubernetesBackend:
             if getattr(e, "status", None) != 409:
                 raise SandboxCreateError(f"cannot create pod {name}: {e}") from e
             log.info("pod %s already exists (idempotent create): adopting it", name)
-        try:
+        async def start() -> AgentConnection:
             await self._wait_running(name)
-            conn = await self._start_agent(name)
-        except BaseException as e:
-            with contextlib.suppress(Exception):
-                await self.api.delete_pod(name)
-            if isinstance(e, InfraError) and not isinstance(e, (SandboxCreateError, BackendUnavailable)):
-                # e.g. PodOOMKilled or an agent that never said hello: creation failed (cause kept)
-                raise SandboxCreateError(f"pod {name} failed while starting: {e}") from e
-            raise
+            return await self._start_agent(name)
+
+        # e.g. PodOOMKilled or an agent that never said hello: creation failed (cause kept)
+        conn = await started_or_deleted(start, lambda: self.api.delete_pod(name), f"pod {name} failed while starting",
+                                        keep=(SandboxCreateError, BackendUnavailable))
         lifecycle.track(name, functools.partial(self.api.delete_pod_sync, name), backend=self.name)
         return KubeSandbox(conn, id=name, name=name, spec=spec, backend_name=self.name, backend=self)
 
@@ -277,17 +227,10 @@ class KubernetesBackend:
     async def _start_agent(self, name: str) -> AgentConnection:
         """Open the exec websocket, bootstrap the agent, wait for its hello (the readiness probe)."""
         ch = await self.api.exec_channel(name, bootstrap_argv(self.config.python))
-        channel = KubeAgentChannel(ch)
-        conn = AgentConnection(channel)
         try:
-            await channel.send(bootstrap_payload())
-            await conn.start(timeout=min(60.0, self.config.ready_timeout))
-        except BaseException as e:
-            await conn.close()
-            if isinstance(e, AgentError):
-                raise AgentError(f"pod {name}: agent did not start (is {self.config.python} in the image?): {e}") from e
-            raise
-        return conn
+            return await start_bootstrapped(KubeAgentChannel(ch), timeout=min(60.0, self.config.ready_timeout))
+        except AgentError as e:
+            raise AgentError(f"pod {name}: agent did not start (is {self.config.python} in the image?): {e}") from e
 
     # -- the rest of the contract
     async def get(self, sandbox_id: str) -> KubeSandbox:
@@ -342,11 +285,7 @@ class KubernetesBackend:
     async def reap(self, *, max_age_seconds: float | None = None) -> list[str]:
         """Delete sandboxes whose owner process died, that expired, or are older than `max_age_seconds`."""
         now = time.time()
-        doomed = [
-            i.id for i in await self.list()
-            if lc.expired(i.labels, now) or not lc.owner_alive(i.labels)
-            or (max_age_seconds is not None and i.created_at is not None and now - i.created_at > max_age_seconds)
-        ]
+        doomed = [i.id for i in await self.list() if lifecycle.reap_due(i, now, max_age_seconds)]
         await asyncio.gather(*(self.delete(d) for d in doomed))
         return doomed
 

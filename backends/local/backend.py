@@ -228,9 +228,7 @@ class LocalBackend:
         now = time.time()
         gone = []
         for info in await self.list():
-            if lc.expired(info.labels, now) or not lc.owner_alive(info.labels) or (
-                max_age_seconds is not None and info.created_at is not None and now - info.created_at > max_age_seconds
-            ):
+            if lifecycle.reap_due(info, now, max_age_seconds):
                 await self.delete(info.id)
                 gone.append(info.id)
         return gone

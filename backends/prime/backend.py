@@ -33,21 +33,21 @@ import os
 import shlex
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import labels as lc
 from sandboxes import lifecycle
-from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentChannel, AgentConnection
-from sandboxes.errors import AgentError, ConfigError, Error, InfraError, SandboxCreateError, SandboxNotRunning
-from sandboxes.results import ExecResult, OutputChunk, SandboxInfo
+from sandboxes.agent.protocol import bootstrap_argv
+from sandboxes.errors import AgentError, ConfigError, Error, SandboxNotRunning
+from sandboxes.ratelimit import RateLimiter
+from sandboxes.results import SandboxInfo
 from sandboxes.spec import SandboxSpec
 
-from sandboxes.agent.protocol import bootstrap_argv, bootstrap_payload
-from sandboxes.ratelimit import RateLimiter
+from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
 from .errors import is_not_found, map_error
 
 log = logging.getLogger(__name__)
@@ -123,12 +123,9 @@ class PrimeAgentChannel(AgentChannel):
         return bytes(self._stderr[-4000:]).decode("utf-8", "replace")
 
 
-class PrimeSandbox(AgentSandbox):
+class PrimeSandbox(RemoteAgentSandbox):
     backend_name = "prime"
-
-    def __init__(self, *args, backend: "PrimeBackend", **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._backend = backend
+    _backend: "PrimeBackend"
 
     async def _classified(self, exc: AgentError) -> BaseException:
         """A broken agent stream on a sandbox that died becomes Prime's typed error."""
@@ -138,34 +135,6 @@ class PrimeSandbox(AgentSandbox):
             return err
         return exc
 
-    async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
-        try:
-            return await super()._call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
-        except AgentError as e:
-            err = await self._classified(e)
-            if err is e:
-                raise
-            raise err from e
-
-    async def _run_stream(self, msg: dict[str, Any], inbound=None, sink=None) -> dict:
-        try:
-            return await super()._run_stream(msg, inbound, sink)
-        except AgentError as e:
-            err = await self._classified(e)
-            if err is e:
-                raise
-            raise err from e
-
-    async def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None) -> AsyncIterator[OutputChunk | ExecResult]:
-        try:
-            async for item in super().exec_stream(cmd, timeout=timeout, env=env, cwd=cwd):
-                yield item
-        except AgentError as e:
-            err = await self._classified(e)
-            if err is e:
-                raise
-            raise err from e
-
     async def alive(self) -> bool:
         if self._deleted:
             return False
@@ -174,9 +143,6 @@ class PrimeSandbox(AgentSandbox):
         except Error:
             return False
         return await super().alive()
-
-    async def _destroy(self) -> None:
-        await self._backend.delete(self.id)
 
 
 class PrimeBackend:
@@ -255,30 +221,18 @@ class PrimeBackend:
 
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> PrimeSandbox:
         request = self._request(spec, idempotency_key or uuid.uuid4().hex)
-        task = asyncio.ensure_future(self._create_and_wait(request, spec))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(lambda t: asyncio.ensure_future(self._discard(t)))
-            raise
-
-    async def _discard(self, task: asyncio.Future) -> None:
-        with contextlib.suppress(BaseException):
-            await task.result().delete()
+        return await shielded_create(self._create_and_wait(request, spec))
 
     async def _create_and_wait(self, request: Any, spec: SandboxSpec) -> PrimeSandbox:
         await self.limiter.acquire()
         created = await self._sdk("create sandbox", self.client.create(request))
         sid = created.id
-        try:
+
+        async def start() -> AgentConnection:
             await self._sdk(f"wait for {sid}", self.client.wait_for_creation(sid, max_attempts=self.config.wait_max_attempts))
-            conn = await self._start_agent(sid, spec)
-        except BaseException as e:
-            with contextlib.suppress(Exception):
-                await self.client.delete(sid)
-            if isinstance(e, InfraError) and not isinstance(e, SandboxCreateError):
-                raise SandboxCreateError(f"prime sandbox {sid} never became ready: {e}") from e
-            raise
+            return await self._start_agent(sid, spec)
+
+        conn = await started_or_deleted(start, lambda: self.client.delete(sid), f"prime sandbox {sid} never became ready")
         lifecycle.track(sid, functools.partial(self._delete_sync, sid), backend=self.name)
         return PrimeSandbox(conn, id=sid, name=created.name, spec=spec, backend_name=self.name, backend=self)
 
@@ -302,15 +256,7 @@ class PrimeBackend:
             self.client.open_process(sid, shlex.join(bootstrap_argv(self.config.python)),
                                      working_dir=spec.workdir or None, user=spec.user),
         )
-        channel = PrimeAgentChannel(proc, sid)
-        conn = AgentConnection(channel)
-        try:
-            await channel.send(bootstrap_payload())
-            await conn.start(timeout=self.config.hello_timeout)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
+        return await start_bootstrapped(PrimeAgentChannel(proc, sid), timeout=self.config.hello_timeout)
 
     # -- the rest of the contract
     async def get(self, sandbox_id: str) -> PrimeSandbox:
@@ -371,8 +317,7 @@ class PrimeBackend:
     async def reap(self, *, max_age_seconds: float | None = None) -> list[str]:
         """Delete sandboxes whose owner process died, that expired, or are older than `max_age_seconds`."""
         now = time.time()
-        doomed = [i.id for i in await self.list() if lc.expired(i.labels, now) or not lc.owner_alive(i.labels)
-                  or (max_age_seconds is not None and i.created_at is not None and now - i.created_at > max_age_seconds)]
+        doomed = [i.id for i in await self.list() if lifecycle.reap_due(i, now, max_age_seconds)]
         if doomed:
             await self.delete_many(ids=doomed)
         return doomed
