@@ -1,12 +1,14 @@
 """Shared pieces of the host-side drivers: the process starter signature,
-bounded head+tail text, and the guard that turns a silent sandbox into an
-`AgentError`."""
+bounded head+tail text, the guard that turns a silent sandbox into an
+`AgentError`, and the source of the in-sandbox programs (prelude included)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
 
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess
@@ -19,6 +21,14 @@ DEFAULT_OUTPUT_LIMIT = 16384
 
 GUARD_SECONDS = 30.0
 """Extra seconds granted to the backend beyond a wait it was asked to bound itself."""
+
+
+@lru_cache(maxsize=None)
+def in_sandbox_source(program: str) -> str:
+    """Source of the in-sandbox program `program` (a file beside this module, e.g.
+    "repl_worker.py") with `prelude.py` in front of it, ready for `python3 -c`."""
+    here = Path(__file__).parent
+    return (here / "prelude.py").read_text() + "\n\n" + (here / program).read_text()
 
 
 def cap_text(text: str, limit: int) -> tuple[str, int]:

@@ -19,8 +19,6 @@ import asyncio
 import json
 import signal
 import time
-from functools import lru_cache
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
@@ -28,15 +26,14 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
-from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, find_frame, guarded, kill_process, send_and_read
+from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, find_frame, guarded, in_sandbox_source, kill_process, send_and_read
 
 FRAME_END = "\x1e"
 
 
-@lru_cache(maxsize=1)
 def worker_source() -> str:
     """The worker program's source text (shipped beside this module)."""
-    return (Path(__file__).with_name("repl_worker.py")).read_text()
+    return in_sandbox_source("repl_worker.py")
 
 
 class CellResult(BaseModel):

@@ -42,21 +42,8 @@ DEFAULT_MAX_OUTPUT = 16384  # bytes kept per stream per cell (head + tail)
 FRAME_END = "\x1e"
 _WORKER_GLOBALS = globals()
 
-OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-
-
-def oom_kills():
-    """The sandbox cgroup's oom_kill counter (cgroup v2 or v1), None where not exposed."""
-    for path in OOM_FILES:
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
+# OOM_FILES and oom_kills() come from prelude.py, put in front of this source when it is
+# loaded (common.in_sandbox_source).
 
 
 class BoundedSink:
@@ -270,7 +257,7 @@ class Worker:
         self.out.sync()
         self.err.sync()
         resp = {"status": status, "result": result, "traceback": tb, "execution_count": n,
-                "duration": round(duration, 6), "oom_kills": oom_kills()}
+                "duration": round(duration, 6), "oom_kills": oom_kills()}  # noqa: F821 (prelude.py)
         for key, cap in (("stdout", self.out), ("stderr", self.err)):
             head, tail, dropped = cap.sink.take()
             if dropped:

@@ -27,21 +27,8 @@ import sys
 
 FRAME_END = "\x1e"
 
-OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-
-
-def oom_kills():
-    """The sandbox cgroup's oom_kill counter (cgroup v2 or v1), None where not exposed."""
-    for path in OOM_FILES:
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
+# OOM_FILES and oom_kills() come from prelude.py, put in front of this source when it is
+# loaded (common.in_sandbox_source).
 
 
 def _write_all(fd, data):
@@ -148,7 +135,7 @@ def main():
             cap.add(bytes(pending))
             code = shell.wait()
         send({"id": rid, "output": cap.text(), "dropped": cap.dropped, "exit_code": code, "exited": exited,
-              "oom_kills": oom_kills()})
+              "oom_kills": oom_kills()})  # noqa: F821 (prelude.py)
         if exited:
             return
 

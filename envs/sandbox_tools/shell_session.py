@@ -35,8 +35,6 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from functools import lru_cache
-from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -50,6 +48,7 @@ from .common import (
     cap_text,
     find_frame,
     guarded,
+    in_sandbox_source,
     kill_process,
     send_and_read,
 )
@@ -65,10 +64,9 @@ def ansi_c_quote(text: str) -> str:
     return "$'" + text.translate(_QUOTE) + "'"
 
 
-@lru_cache(maxsize=1)
 def host_source() -> str:
     """Source of the in-sandbox shell host (shipped beside this module)."""
-    return Path(__file__).with_name("shell_host.py").read_text()
+    return in_sandbox_source("shell_host.py")
 
 
 class ShellResult(BaseModel):
