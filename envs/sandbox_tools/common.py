@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess
+from sandboxes.results import ProcessStatus
 
 ProcessStarter = Callable[[Sequence[str], "dict[str, str] | None"], Awaitable[BackgroundProcess]]
 """`start(argv, env) -> BackgroundProcess`: `sandbox.start_process` or `LocalProcess.start`."""
@@ -60,8 +63,6 @@ async def start_local(argv: Sequence[str], env: dict[str, str] | None = None) ->
 
 async def kill_process(proc: BackgroundProcess) -> None:
     """SIGKILL the process group and reap it; never raises (the sandbox may be gone already)."""
-    import signal
-
     try:
         await guarded(proc.kill(signal.SIGKILL, group=True), 10, "kill")
         await guarded(proc.wait(5), 10, "wait")
@@ -73,6 +74,44 @@ async def kill_process(proc: BackgroundProcess) -> None:
             await close()
         except Exception:
             pass
+
+
+class ProcessSession:
+    """Base of the persistent-process sessions (ReplSession, ShellSession): the
+    process handle, killing it and closing."""
+
+    _proc: BackgroundProcess | None = None
+
+    @property
+    def process(self) -> BackgroundProcess | None:
+        return self._proc
+
+    async def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            await kill_process(proc)
+
+    async def close(self) -> None:
+        await self._kill()
+
+
+async def status_after_missing_reply(proc: BackgroundProcess, t0: float, timeout: float, program: str) -> ProcessStatus:
+    """The process's status once a read for its reply (started at `t0`, bounded by
+    `timeout`) ended without it. A read that ended well before its timeout means the
+    process is exiting: it gets 2 s to finish."""
+    status = await guarded(proc.poll(), GUARD_SECONDS, f"poll {program}")
+    if status.running and time.monotonic() - t0 < timeout * 0.9:
+        # the read ended early: the process is exiting; let it finish
+        status = await guarded(proc.wait(2.0), GUARD_SECONDS, f"wait {program}")
+    return status
+
+
+async def interrupt_and_read(proc: BackgroundProcess, until: str, grace: float, *, group: bool) -> str:
+    """SIGINT the process (its whole group with `group`) and read its stdout up to
+    `until` for at most `grace` seconds."""
+    await guarded(proc.kill(signal.SIGINT, group=group), GUARD_SECONDS, "interrupt")
+    more, _ = await guarded(proc.read_output(until=until, timeout=grace), grace + GUARD_SECONDS, "interrupt")
+    return more
 
 
 async def send_and_read(proc: BackgroundProcess, data: str, until: str, timeout: float, what: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from typing import Literal
 
@@ -26,7 +25,19 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
-from .common import DEFAULT_OUTPUT_LIMIT, GUARD_SECONDS, ProcessStarter, cap_text, find_frame, guarded, in_sandbox_source, kill_process, send_and_read
+from .common import (
+    DEFAULT_OUTPUT_LIMIT,
+    GUARD_SECONDS,
+    ProcessSession,
+    ProcessStarter,
+    cap_text,
+    find_frame,
+    guarded,
+    in_sandbox_source,
+    interrupt_and_read,
+    send_and_read,
+    status_after_missing_reply,
+)
 
 FRAME_END = "\x1e"
 
@@ -68,7 +79,7 @@ class CellResult(BaseModel):
         return "\n".join(parts) or "(no output)"
 
 
-class ReplSession:
+class ReplSession(ProcessSession):
     """One persistent Python worker driven through a `BackgroundProcess`."""
 
     def __init__(
@@ -93,10 +104,6 @@ class ReplSession:
         self.restarts = 0
         self.ready_wait = 0.0
 
-    @property
-    def process(self) -> BackgroundProcess | None:
-        return self._proc
-
     async def start(self) -> None:
         """Start (or restart) the worker and wait for its ready frame."""
         await self._kill()
@@ -116,14 +123,6 @@ class ReplSession:
                 raise ConfigError(f"no {self._python} in the sandbox image: {detail}")
             raise ServerStartError(f"the Python worker did not start: {detail!r}")
         self.ready_wait = time.monotonic() - t0
-
-    async def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            await kill_process(proc)
-
-    async def close(self) -> None:
-        await self._kill()
 
     @staticmethod
     def _find(out: str, rid: int) -> dict | None:
@@ -147,18 +146,10 @@ class ReplSession:
             timed_out = restarted = False
             note = None
             if resp is None:
-                status = await guarded(proc.poll(), GUARD_SECONDS, "poll python")
-                if status.running and time.monotonic() - t0 < timeout * 0.9:
-                    # the read ended early: the process is exiting; let it finish
-                    status = await guarded(proc.wait(2.0), GUARD_SECONDS, "wait python")
+                status = await status_after_missing_reply(proc, t0, timeout, "python")
                 if status.running:
                     timed_out = True
-                    await guarded(proc.kill(signal.SIGINT, group=False), GUARD_SECONDS, "interrupt")
-                    more, _ = await guarded(
-                        proc.read_output(until=until, timeout=self.interrupt_grace),
-                        self.interrupt_grace + GUARD_SECONDS,
-                        "interrupt",
-                    )
+                    more = await interrupt_and_read(proc, until, self.interrupt_grace, group=False)
                     resp = self._find(more, rid)
                     if resp is not None:
                         note = f"cell timed out after {timeout:g}s and was interrupted; variables are kept"

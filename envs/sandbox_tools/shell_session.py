@@ -32,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 
@@ -44,13 +43,15 @@ from sandboxes.interface import BackgroundProcess
 from .common import (
     DEFAULT_OUTPUT_LIMIT,
     GUARD_SECONDS,
+    ProcessSession,
     ProcessStarter,
     cap_text,
     find_frame,
     guarded,
     in_sandbox_source,
-    kill_process,
+    interrupt_and_read,
     send_and_read,
+    status_after_missing_reply,
 )
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class ShellResult(BaseModel):
 _INIT = "trap 'builtin break 1000000 2>/dev/null; builtin return 130 2>/dev/null' INT; unset HISTFILE; "
 
 
-class ShellSession:
+class ShellSession(ProcessSession):
     """One persistent bash driven through a `BackgroundProcess`."""
 
     def __init__(
@@ -126,10 +127,6 @@ class ShellSession:
         self.restarts = 0
         self.hosted = python is not None  # False after falling back to direct mode
         self._last_oom: int | None = None
-
-    @property
-    def process(self) -> BackgroundProcess | None:
-        return self._proc
 
     # ------------------------------------------------------------------ wire format
     def _end(self, seq: int) -> str:
@@ -214,14 +211,6 @@ class ShellSession:
                 raise ConfigError(f"no bash in the sandbox image ({text.strip()[-200:]})")
             raise ServerStartError(f"bash did not start in the sandbox: {(text or out).strip()[-500:]!r}")
 
-    async def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            await kill_process(proc)
-
-    async def close(self) -> None:
-        await self._kill()
-
     # ------------------------------------------------------------------ commands
     async def run(self, command: str, timeout: float) -> ShellResult:
         """Run `command` in the shell; never raises for what the command did.
@@ -247,10 +236,7 @@ class ShellSession:
                     "working directory, variables and functions were reset"
                 )
             elif not complete:
-                status = await guarded(proc.poll(), GUARD_SECONDS, "poll bash")
-                if status.running and time.monotonic() - t0 < timeout * 0.9:
-                    # the read ended early: the process is exiting; let it finish
-                    status = await guarded(proc.wait(2.0), GUARD_SECONDS, "wait bash")
+                status = await status_after_missing_reply(proc, t0, timeout, "bash")
                 if not status.running:
                     res.restarted = True
                     res.exit_code = status.exit_code
@@ -260,12 +246,7 @@ class ShellSession:
                     )
                 else:
                     res.timed_out = True
-                    await guarded(proc.kill(signal.SIGINT, group=True), GUARD_SECONDS, "interrupt")
-                    more, _ = await guarded(
-                        proc.read_output(until=until, timeout=self.interrupt_grace),
-                        self.interrupt_grace + GUARD_SECONDS,
-                        "interrupt",
-                    )
+                    more = await interrupt_and_read(proc, until, self.interrupt_grace, group=True)
                     complete, tail, code, exited, dropped = self._parse(out + more if not self.hosted else more, seq)
                     if complete and not exited:
                         text = tail
