@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +38,8 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from backends.local.isolation import Isolation, find_bwrap, prepare_root
+
+from .sandbox_host import SANDBOX_PATH, FakeServer, kill_groups, spawn
 
 API = "/api/v1/namespaces/{ns}"
 NET = "/apis/networking.k8s.io/v1/namespaces/{ns}"
@@ -140,20 +141,16 @@ class FakePod:
         for ws in list(self.sockets):
             with contextlib.suppress(Exception):
                 await ws.close()
-        for p in list(self.procs):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-        for p in list(self.procs):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(p.wait(), 5)
+        await kill_groups(self.procs)
         self.procs.clear()
 
 
-class FakeKubernetes:
+class FakeKubernetes(FakeServer):
     """An in-process fake API server on 127.0.0.1. `async with FakeKubernetes() as k8s:`"""
 
     def __init__(self, namespace: str = "default", token: str = "fake-token", start_delay: float = 0.05,
                  use_bwrap: bool = True, protocols: tuple[str, ...] = ("v5.channel.k8s.io", "v4.channel.k8s.io")) -> None:
+        super().__init__("vf-fake-k8s-")
         self.namespace = namespace
         self.protocols = protocols  # exec subprotocols offered, in order of preference (older servers: v4 only)
         self.token = token
@@ -166,20 +163,13 @@ class FakeKubernetes:
         self.empty_stdin_frames = 0  # keepalive frames seen on exec streams
         self.create_times: list[float] = []  # monotonic time of each pod create request
         self.delete_bodies: list[dict[str, Any]] = []  # DeleteOptions received
-        self._dir = Path(tempfile.mkdtemp(prefix="vf-fake-k8s-"))
-        self._runner: web.AppRunner | None = None
         self._rv = itertools.count(1)
-        self.url = ""
 
-    # lifecycle ----------------------------------------------------------------
-    async def __aenter__(self) -> "FakeKubernetes":
-        await self.start()
-        return self
+    # lifecycle (start, stop, `async with`: FakeServer) ----------------------------
+    def _boxes(self) -> list[FakePod]:
+        return list(self.pods.values())
 
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
-
-    async def start(self) -> str:
+    def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_mw], client_max_size=64 * 1024 * 1024)
         ns = "/api/v1/namespaces/{ns}"
         app.router.add_post(ns + "/pods", self._create_pod)
@@ -194,20 +184,7 @@ class FakeKubernetes:
         app.router.add_get(net, self._list_np)
         app.router.add_get(net + "/{name}", self._get_np)
         app.router.add_delete(net + "/{name}", self._delete_np)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        for pod in list(self.pods.values()):
-            await pod.kill_all()
-        if self._runner:
-            await self._runner.cleanup()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        return app
 
     def write_kubeconfig(self, path: str | Path, context: str = "fake") -> Path:
         """A kubeconfig pointing at this server (what the backend loads, like kubectl would)."""
@@ -399,8 +376,7 @@ class FakeKubernetes:
         if not ws.can_prepare(request).ok:
             return _error(400, "BadRequest", "exec needs a websocket upgrade in this fake")
         await ws.prepare(request)
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-               "HOSTNAME": pod.name}
+        env = {"PATH": SANDBOX_PATH, "HOME": "/root", "HOSTNAME": pod.name}
         env.update({e["name"]: e.get("value", "") for e in pod.container.get("env") or []})
         workdir = pod.container.get("workingDir") or "/"
         # A deny-all NetworkPolicy selecting the pod is "enforced" by a fresh network namespace (bwrap only).
@@ -411,11 +387,7 @@ class FakeKubernetes:
         )
         iso = pod.isolation.model_copy(update={"network": not isolated})
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *iso.argv(argv, cwd=workdir), cwd=iso.host_cwd(workdir), env=env,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
+            proc = await spawn(iso, argv, workdir, env)
         except OSError as e:
             st = status_obj(500, "InternalError", f"failed to exec in container: {e}")
             await ws.send_bytes(b"\x03" + json.dumps(st).encode())

@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import struct
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,8 @@ from typing import Any
 from aiohttp import web
 
 from backends.local.isolation import Isolation, find_bwrap, prepare_root
+
+from .sandbox_host import SANDBOX_PATH, FakeServer, kill_groups, spawn
 
 try:
     from prime_sandboxes._proto.command_session import command_session_pb2 as pb
@@ -100,20 +101,16 @@ class FakeSandbox:
         }
 
     async def kill_all(self) -> None:
-        for s in list(self.sessions.values()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(s.proc.pid, signal.SIGKILL)
-        for s in list(self.sessions.values()):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.proc.wait(), 5)
+        await kill_groups(s.proc for s in list(self.sessions.values()))
 
 
-class FakePrime:
+class FakePrime(FakeServer):
     """In-process fake on 127.0.0.1. Point the SDK at it with PRIME_API_BASE_URL=fake.url."""
 
     def __init__(self, api_key: str = "fake-prime-key", start_delay: float = 0.0, use_bwrap: bool = True) -> None:
         if pb is None:
             raise RuntimeError("the fake Prime API needs the prime-sandboxes package (its protobuf messages)")
+        super().__init__("vf-fake-prime-")
         self.api_key = api_key
         self.start_delay = start_delay
         self.bwrap = find_bwrap() if use_bwrap else None
@@ -122,18 +119,12 @@ class FakePrime:
         self.tokens: dict[str, str] = {}  # gateway token -> sandbox id
         self.requests: list[tuple[str, str]] = []
         self.payment_required = False
-        self._dir = Path(tempfile.mkdtemp(prefix="vf-fake-prime-"))
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
-    async def __aenter__(self) -> "FakePrime":
-        await self.start()
-        return self
+    # lifecycle (start, stop, `async with`: FakeServer) ----------------------------
+    def _boxes(self) -> list[FakeSandbox]:
+        return list(self.sandboxes.values())
 
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
-
-    async def start(self) -> str:
+    def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._mw], client_max_size=256 * 1024 * 1024)
         r = app.router
         r.add_post("/api/v1/sandbox", self._create)
@@ -145,20 +136,7 @@ class FakePrime:
         r.add_get("/api/v1/sandbox/{id}/error-context", self._error_context)
         r.add_post("/api/v1/sandbox/{id}/auth", self._auth)
         r.add_post("/gw/{ns}/{job}/" + SERVICE + "/{method}", self._rpc)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        for sb in list(self.sandboxes.values()):
-            await sb.kill_all()
-        if self._runner:
-            await self._runner.cleanup()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        return app
 
     # test hooks -----------------------------------------------------------
     async def oom_kill(self, sid: str) -> None:
@@ -340,15 +318,12 @@ class FakePrime:
             return await self._attach(request, sb.sessions[key])
         spec = req.command
         cwd = spec.cwd if spec.HasField("cwd") and spec.cwd else "/"
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+        env = {"PATH": SANDBOX_PATH, "HOME": "/root"}
         env.update(sb.body.get("environment_vars") or {})
         env.update(dict(spec.envs))
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *sb.isolation.argv([spec.cmd, *spec.args], cwd=cwd), cwd=sb.isolation.host_cwd(cwd), env=env,
-                stdin=asyncio.subprocess.PIPE if req.stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            )
+            proc = await spawn(sb.isolation, [spec.cmd, *spec.args], cwd, env,
+                               stdin=asyncio.subprocess.PIPE if req.stdin else asyncio.subprocess.DEVNULL)
         except OSError as e:
             return await _stream_error(request, "invalid_argument", f"cannot start {spec.cmd}: {e}")
         session = Session(key, proc)
