@@ -8,6 +8,9 @@ backend kind that yields `(backend, base_spec)` and cleans up after itself.
   kubernetes         against tests/fakes/k8s_server.py (a CONTRACT FAKE) through a kubeconfig
   prime              against tests/fakes/prime_server.py (a CONTRACT FAKE) through the real SDK
   kubernetes-real    a real cluster: VF_K8S_CONTEXT (required), VF_K8S_NAMESPACE, VF_K8S_IMAGE
+
+Also checks that the backend test files (test_backend_kubernetes.py,
+test_backend_prime.py) make against their fakes alike.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -121,3 +125,22 @@ KINDS = {
 
 def open_backend(kind: str):
     return KINDS[kind]()
+
+
+async def check_cancelled_create_does_not_leak(backend: Any, requested: Callable[[], Any], live: Callable[[], dict]) -> None:
+    """Cancel `backend.create()` once the fake saw the request (`requested()` truthy) but
+    before the sandbox is ready; then the fake's `live()` sandboxes must drain to {}."""
+    task = asyncio.ensure_future(backend.create(SandboxSpec()))
+    for _ in range(400):  # cancel once the sandbox was requested, before it is ready
+        if requested():
+            break
+        await asyncio.sleep(0.005)
+    assert requested() and not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if not live():
+            break
+        await asyncio.sleep(0.05)
+    assert live() == {}

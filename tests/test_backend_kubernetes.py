@@ -23,6 +23,7 @@ from backends.kubernetes import (
 from backends.kubernetes import manifest as mf
 from sandboxes.ratelimit import RateLimiter
 from backends.kubernetes.status import PodTerminated, classify
+from backend_harness import check_cancelled_create_does_not_leak
 from fakes.k8s_server import FakeKubernetes
 from sandboxes import (
     AgentError,
@@ -256,20 +257,7 @@ async def test_idempotent_create_adopts_the_first_pod(backend, k8s):
 
 
 async def test_cancelled_create_does_not_leak(backend, k8s):
-    task = asyncio.ensure_future(backend.create(SandboxSpec()))
-    for _ in range(400):  # cancel once the pod was requested, before the sandbox is ready
-        if k8s.create_times:
-            break
-        await asyncio.sleep(0.005)
-    assert k8s.create_times and not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    for _ in range(100):
-        if not k8s.pods:
-            break
-        await asyncio.sleep(0.05)
-    assert k8s.pods == {}
+    await check_cancelled_create_does_not_leak(backend, lambda: k8s.create_times, lambda: k8s.pods)
 
 
 async def test_deletes_use_grace_zero_and_network_policy_is_created_once(backend, k8s):

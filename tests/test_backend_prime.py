@@ -25,6 +25,7 @@ from backends.prime import (  # noqa: E402
     map_error,
 )
 from backends.prime.backend import _labels_in, _labels_out  # noqa: E402
+from backend_harness import check_cancelled_create_does_not_leak  # noqa: E402
 from fakes.prime_server import FakePrime  # noqa: E402
 from sandboxes import (  # noqa: E402
     BackendUnavailable,
@@ -148,20 +149,7 @@ async def test_idempotent_create(backend, fake):
 
 
 async def test_cancelled_create_does_not_leak(backend, fake):
-    task = asyncio.ensure_future(backend.create(SandboxSpec()))
-    for _ in range(400):  # cancel once the sandbox was requested, before it is ready
-        if fake.sandboxes:
-            break
-        await asyncio.sleep(0.005)
-    assert fake.sandboxes and not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    for _ in range(100):
-        if not fake.sandboxes:
-            break
-        await asyncio.sleep(0.05)
-    assert fake.sandboxes == {}
+    await check_cancelled_create_does_not_leak(backend, lambda: fake.sandboxes, lambda: fake.sandboxes)
 
 
 async def test_creation_rate_limit(fake):
