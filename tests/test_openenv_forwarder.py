@@ -260,12 +260,7 @@ async def test_relay_inside_container_over_docker_exec():
         subprocess.run(["docker", "cp", str(RELAY_SOURCE), f"{name}:/tmp/relay.py"], check=True)
         f = await Forwarder.start_subprocess(["docker", "exec", "-i", name, "python3", "-u", "/tmp/relay.py", "8000"])
         try:
-            for _ in range(50):
-                try:
-                    r = await f.request("GET", "/blob")
-                    break
-                except ServerUnreachable:
-                    await asyncio.sleep(0.1)
+            r = await _request_when_up(f, "GET", "/blob", tries=50)
             assert r.status == 200 and len(r.body) == 3_000_000
             digest = subprocess.run(["docker", "exec", name, "sha256sum", "/srv/blob"], capture_output=True,
                                     text=True, check=True).stdout.split()[0]
@@ -283,48 +278,7 @@ async def test_relay_inside_container_over_docker_exec():
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
-
-@pytest.mark.docker
-async def test_relay_through_the_docker_backend_agent(docker_sandbox):
-    """The production channel: relay as a BackgroundProcess of a Docker sandbox
-    (networking off), a 5 MiB binary body both ways through the agent's
-    bounded output buffers, a WebSocket-less server, and a port nobody serves."""
-    sb = docker_sandbox
-    assert not sb.spec.network
-    server_py = (
-        "import http.server, hashlib\n"
-        "class H(http.server.BaseHTTPRequestHandler):\n"
-        "    def do_POST(self):\n"
-        "        body = self.rfile.read(int(self.headers['Content-Length']))\n"
-        "        out = body[::-1]\n"
-        "        self.send_response(200); self.send_header('Content-Length', str(len(out))); self.end_headers()\n"
-        "        self.wfile.write(out)\n"
-        "    def log_message(self, *a): pass\n"
-        "http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()\n"
-    )
-    await sb.write_file("/tmp/srv.py", server_py)
-    await sb.start_process(["python3", "/tmp/srv.py"])
-    f = await Forwarder.start_in_sandbox(sb, 8000)
-    try:
-        data = _blob(5 * 1024 * 1024 + 3)
-        for _ in range(100):
-            try:
-                r = await f.request("POST", "/rev", content=data)
-                break
-            except ServerUnreachable:
-                await asyncio.sleep(0.1)
-        assert r.status == 200 and r.body == data[::-1]
-        assert (await f.request("POST", "/rev", content=b"\x00\xff\n")).body == b"\n\xff\x00"
-    finally:
-        await f.close()
-    down = await Forwarder.start_in_sandbox(sb, 8009)
-    try:
-        with pytest.raises(ServerUnreachable):
-            await down.request("GET", "/health")
-    finally:
-        await down.close()
-
-
+# A server for the sandbox: answers a POST with its body reversed, on port argv[1].
 _REVERSE_SERVER = (
     "import http.server, sys\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -335,6 +289,42 @@ _REVERSE_SERVER = (
     "    def log_message(self, *a): pass\n"
     "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
 )
+
+
+async def _request_when_up(f: Forwarder, method: str, path: str, *, content: bytes | None = None,
+                           tries: int = 100, delay: float = 0.1):
+    """The first answer of a server that may still be starting (None if it never answered)."""
+    for _ in range(tries):
+        try:
+            return await f.request(method, path, content=content)
+        except ServerUnreachable:
+            await asyncio.sleep(delay)
+    return None
+
+
+@pytest.mark.docker
+async def test_relay_through_the_docker_backend_agent(docker_sandbox):
+    """The production channel: relay as a BackgroundProcess of a Docker sandbox
+    (networking off), a 5 MiB binary body both ways through the agent's
+    bounded output buffers, a WebSocket-less server, and a port nobody serves."""
+    sb = docker_sandbox
+    assert not sb.spec.network
+    await sb.write_file("/tmp/srv.py", _REVERSE_SERVER)
+    await sb.start_process(["python3", "/tmp/srv.py", "8000"])
+    f = await Forwarder.start_in_sandbox(sb, 8000)
+    try:
+        data = _blob(5 * 1024 * 1024 + 3)
+        r = await _request_when_up(f, "POST", "/rev", content=data)
+        assert r.status == 200 and r.body == data[::-1]
+        assert (await f.request("POST", "/rev", content=b"\x00\xff\n")).body == b"\n\xff\x00"
+    finally:
+        await f.close()
+    down = await Forwarder.start_in_sandbox(sb, 8009)
+    try:
+        with pytest.raises(ServerUnreachable):
+            await down.request("GET", "/health")
+    finally:
+        await down.close()
 
 
 @pytest.mark.parametrize("kind", ["local", "local-nobwrap", "kubernetes", "prime"])
@@ -354,12 +344,7 @@ async def test_relay_over_other_backends_channels(kind):
             f = await Forwarder.start_in_sandbox(sb, port, chunk=128 * 1024)
             try:
                 data = _blob(2 * 1024 * 1024 + 5)
-                for _ in range(100):
-                    try:
-                        r = await f.request("POST", "/", content=data)
-                        break
-                    except ServerUnreachable:
-                        await asyncio.sleep(0.1)
+                r = await _request_when_up(f, "POST", "/", content=data)
                 assert r.status == 200 and r.body == data[::-1]
             finally:
                 await f.close()
