@@ -207,6 +207,16 @@ def test_timeout_minutes_stops_cleanly(env, slow_server):
     assert 0 < r.completed < 80
 
 
+def _goto_when_up(page, url: str) -> None:
+    """Open `url` once the dashboard started by the test answers (100 tries, 0.1 s apart)."""
+    for _ in range(100):
+        try:
+            page.goto(url)
+            break
+        except Exception:
+            time.sleep(0.1)
+
+
 @pytest.mark.browser
 def test_dashboard_shows_real_eval_runs(env, fast_server):
     from test_dashboard_browser import ARTIFACTS, CHROMIUM, FLAGS, _free_port, _need_browser
@@ -226,12 +236,7 @@ def test_dashboard_shows_real_eval_runs(env, fast_server):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            for _ in range(100):
-                try:
-                    page.goto(f"http://127.0.0.1:{port}/")
-                    break
-                except Exception:
-                    time.sleep(0.1)
+            _goto_when_up(page, f"http://127.0.0.1:{port}/")
             row = page.locator(f'tr[data-run-id="{ok.id}"]')
             row.wait_for(timeout=10_000)
             assert row.locator(".badge").inner_text() == "completed"
@@ -274,12 +279,7 @@ def test_start_a_run_from_the_dashboard(env, fast_server):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            for _ in range(100):
-                try:
-                    page.goto(f"http://127.0.0.1:{port}/")
-                    break
-                except Exception:
-                    time.sleep(0.1)
+            _goto_when_up(page, f"http://127.0.0.1:{port}/")
             page.locator("#launch-slot summary").click()
             page.fill('#launch input[name="env"]', "math-single")
             page.select_option('#launch select[name="endpoint"]', "local-toy")
