@@ -53,29 +53,30 @@ def bash_files_policy():
     return bash_files.scripted_policy()
 
 
-def test_python_math_end_to_end(tmp_path):
+def eval_four_solved(tmp_path: Path, env_id: str, policy) -> tuple[list[dict], dict, str]:
+    """`vf-sandbox eval ENV -n 4 -r 1 -c 4` against the scripted `policy`, in sandboxes
+    labelled for this test: it exits 0 and all 4 rollouts score 1.
+    Returns (rows, metadata, the sandboxes' `vf-test-case` label)."""
     label = uuid.uuid4().hex[:12]
-    with ModelServer(python_math_policy()).run_in_thread() as srv:
-        res = run_eval(tmp_path, "python-math", srv.base_url, "-n", "4", "-r", "1", "-c", "4",
+    with ModelServer(policy).run_in_thread() as srv:
+        res = run_eval(tmp_path, env_id, srv.base_url, "-n", "4", "-r", "1", "-c", "4",
                        "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows, meta = results(tmp_path, "python-math")
+    rows, meta = results(tmp_path, env_id)
     assert len(rows) == 4
     assert [r["reward"] for r in rows] == [1.0] * 4, [r.get("error") or r["completion"][-1] for r in rows]
+    return rows, meta, label
+
+
+def test_python_math_end_to_end(tmp_path):
+    rows, meta, label = eval_four_solved(tmp_path, "python-math", python_math_policy())
     assert all(r["metrics"]["python_calls"] == 2 for r in rows)
     assert meta["avg_reward"] == 1.0 and "python_ready_wait_time" in meta["avg_metrics"]
     assert wait_gone({"vf-test-case": label}) == []
 
 
 def test_bash_files_end_to_end(tmp_path):
-    label = uuid.uuid4().hex[:12]
-    with ModelServer(bash_files_policy()).run_in_thread() as srv:
-        res = run_eval(tmp_path, "bash-files", srv.base_url, "-n", "4", "-r", "1", "-c", "4",
-                       "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows, meta = results(tmp_path, "bash-files")
-    assert len(rows) == 4
-    assert [r["reward"] for r in rows] == [1.0] * 4, [r.get("error") or r["completion"][-1] for r in rows]
+    rows, meta, label = eval_four_solved(tmp_path, "bash-files", bash_files_policy())
     assert all(r["metrics"]["boxed_answer"] == 1.0 and r["metrics"]["bash_calls"] == 2 for r in rows)
     assert meta["avg_metrics"]["sandbox_command_count"] == 2.0
     assert wait_gone({"vf-test-case": label}) == []
