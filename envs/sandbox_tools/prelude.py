@@ -1,7 +1,9 @@
 """Stdlib-only code shared by the programs that run INSIDE a sandbox
-(`repl_worker.py`, `shell_host.py`; Python 3.7+, no imports). It is put in
+(`repl_worker.py`, `shell_host.py`; Python 3.7+). It is put in
 front of their source by `common.in_sandbox_source`, so each still runs as one
 `python3 -c <source>` string."""
+
+import os
 
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
@@ -18,3 +20,14 @@ def oom_kills():
         except (OSError, ValueError):
             continue
     return None
+
+
+def _write_all(fd, data):
+    """os.write until all of `data` is written (retrying on EINTR)."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[n:]

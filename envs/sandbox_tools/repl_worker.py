@@ -42,8 +42,8 @@ DEFAULT_MAX_OUTPUT = 16384  # bytes kept per stream per cell (head + tail)
 FRAME_END = "\x1e"
 _WORKER_GLOBALS = globals()
 
-# OOM_FILES and oom_kills() come from prelude.py, put in front of this source when it is
-# loaded (common.in_sandbox_source).
+# OOM_FILES, oom_kills() and _write_all() come from prelude.py, put in front of this
+# source when it is loaded (common.in_sandbox_source).
 
 
 class BoundedSink:
@@ -134,19 +134,9 @@ class PipeCapture:
         with self._cv:
             self._token = token
             self._seen = False
-        _write_all(self.fd, token)
+        _write_all(self.fd, token)  # noqa: F821 (prelude.py)
         with self._cv:
             self._cv.wait_for(lambda: self._seen, timeout)
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except InterruptedError:
-            continue
-        view = view[n:]
 
 
 class Worker:
@@ -186,7 +176,7 @@ class Worker:
 
     def send(self, obj):
         line = json.dumps(obj, ensure_ascii=True) + FRAME_END + str(obj["id"]) + "\n"
-        _write_all(self.proto_out, line.encode("ascii"))
+        _write_all(self.proto_out, line.encode("ascii"))  # noqa: F821 (prelude.py)
 
     def run(self):
         self.send({"id": 0, "ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})

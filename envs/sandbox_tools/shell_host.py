@@ -27,18 +27,8 @@ import sys
 
 FRAME_END = "\x1e"
 
-# OOM_FILES and oom_kills() come from prelude.py, put in front of this source when it is
-# loaded (common.in_sandbox_source).
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except InterruptedError:
-            continue
-        view = view[n:]
+# OOM_FILES, oom_kills() and _write_all() come from prelude.py, put in front of this
+# source when it is loaded (common.in_sandbox_source).
 
 
 class Capture(object):
@@ -81,7 +71,7 @@ def main():
 
     def send(obj):
         line = json.dumps(obj, ensure_ascii=True) + FRAME_END + str(obj["id"]) + "\n"
-        _write_all(proto_out, line.encode("ascii"))
+        _write_all(proto_out, line.encode("ascii"))  # noqa: F821 (prelude.py)
 
     send({"id": 0, "ready": True, "pid": shell.pid})
     while True:
