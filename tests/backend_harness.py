@@ -144,3 +144,15 @@ async def check_cancelled_create_does_not_leak(backend: Any, requested: Callable
             break
         await asyncio.sleep(0.05)
     assert live() == {}
+
+
+async def check_reaper_deletes_expired_and_old(backend: Any, live: Callable[[], dict]) -> None:
+    """`reap()` deletes the sandbox that expired and keeps the other; `reap(max_age_seconds=0)`
+    then deletes that one too; the fake's `live()` sandboxes follow."""
+    short = await backend.create(SandboxSpec(timeout_minutes=0.001))
+    keep = await backend.create(SandboxSpec())
+    await asyncio.sleep(0.1)
+    assert await backend.reap() == [short.id]
+    assert set(live()) == {keep.id}
+    assert await backend.reap(max_age_seconds=0) == [keep.id]
+    assert live() == {}
