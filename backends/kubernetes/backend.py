@@ -53,8 +53,6 @@ from .status import classify, pod_error
 
 log = logging.getLogger(__name__)
 
-# Reads a length line then exactly that many bytes of agent source from stdin, and runs it.
-# The agent then keeps reading the same buffered stdin, so nothing is lost.
 MAX_RECONNECTS = 3  # per sandbox handle; each drop gets one attempt
 
 
@@ -294,4 +292,4 @@ class KubernetesBackend:
             await self._api.close()
 
 
-__all__ = ["KubernetesBackend", "KubeSandbox", "KubeAgentChannel", "BOOTSTRAP"]
+__all__ = ["KubernetesBackend", "KubeSandbox", "KubeAgentChannel"]

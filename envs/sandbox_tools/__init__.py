@@ -9,6 +9,5 @@ On the host (over `Sandbox.start_process`: stdin writes and marker-waited reads,
 one round trip per call):
   shell_session.py  `ShellSession` — persistent bash (`SandboxEnv.bash`)
   repl_session.py   `ReplSession` — the Python worker (`PythonEnv.python`)
-  derived_image.py  images with pip packages baked in (cached by content)
   local_process.py  `LocalProcess`: the same contract over a host subprocess (tests, benchmarks)
 """

@@ -122,6 +122,10 @@ class LocalProcess(BackgroundProcess):
             del self._out.data[:cut]
             err = bytes(self._err.data)
             self._err.data.clear()
+            total = (self._out.dropped, self._err.dropped)
+        seen = self.total_dropped_bytes
+        self.dropped_bytes = (total[0] - seen[0], total[1] - seen[1])
+        self.total_dropped_bytes = total
         return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     async def write_stdin(self, data: bytes | str) -> None:

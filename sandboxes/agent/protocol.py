@@ -150,7 +150,9 @@ def agent_argv(python: str = "python3") -> list[str]:
 
 
 # Backends whose exec URL or command line must stay short (pods/exec, remote APIs)
-# start a tiny bootstrap and then send the agent's source on its stdin.
+# start a tiny bootstrap and then send the agent's source on its stdin: it reads a
+# length line then exactly that many bytes and runs them; the agent then keeps
+# reading the same buffered stdin, so nothing is lost.
 BOOTSTRAP = (
     "import sys;b=sys.stdin.buffer;n=int(b.readline());"
     "exec(compile(b.read(n),'vf-sandbox-agent','exec'))"
