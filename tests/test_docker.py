@@ -317,7 +317,7 @@ def nopython_image(python_image):
     import docker
 
     name = "vf-sandbox-test/nopython:1"
-    api = docker.APIClient(version="1.41")
+    api = docker.from_env(version="1.41").api
     dockerfile = b"FROM vf-sandbox/base:bookworm\nRUN rm -f /usr/bin/python3*\n"
     for _ in api.build(fileobj=io.BytesIO(dockerfile), tag=name, network_mode="none", rm=True, decode=True):
         pass

@@ -48,7 +48,7 @@ def test_build_cache_hit_and_rebuild_on_change(tmp_path, python_image):
     finally:
         import docker
 
-        client = docker.APIClient(version="1.41")
+        client = docker.from_env(version="1.41").api
         for _ in range(2):
             try:
                 client.remove_image(tag, force=True)
@@ -70,7 +70,7 @@ def test_build_runs_without_network(tmp_path, python_image):
         out = docker.from_env().containers.run(tag, ["cat", "/nets"], remove=True, network_mode="none")
         assert out.decode().split() == ["lo"]
     finally:
-        docker.APIClient(version="1.41").remove_image(tag, force=True)
+        docker.from_env(version="1.41").api.remove_image(tag, force=True)
 
 
 def test_images_cli_ls():
@@ -95,7 +95,7 @@ async def test_derive_image_builds_once_then_cache_hit_and_bad_package_is_clear(
     from sandboxes.errors import ImageNotFound, InfraError, UsageError
     from sandboxes.interface import SupportsDerivedImages
 
-    api = docker.APIClient(version="1.41")
+    api = docker.from_env(version="1.41").api
     base = f"vf-sandbox-test/derive-base-{uuid.uuid4().hex[:8]}:1"  # a new image id: the first derive must build
     for chunk in api.build(fileobj=__import__("io").BytesIO(f"FROM {python_image}\nLABEL t={base}\n".encode()),
                            tag=base, rm=True, decode=True, network_mode="none"):
