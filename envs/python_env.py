@@ -134,11 +134,7 @@ class PythonEnv(SandboxEnv):
         try:  # InfraError (sandbox gone) propagates: the rollout is retried
             res = await repl.run(code, self.timeout_per_command_seconds)
         finally:
-            if state is not None:
-                state["sandbox_command_count"] = state.get("sandbox_command_count", 0) + 1
-                state["sandbox_command_execution_time"] = (
-                    state.get("sandbox_command_execution_time", 0.0) + time.monotonic() - t0
-                )
+            self._count_command(state, t0)
         if state is not None:
             if res.timed_out:
                 state["sandbox_timeout"] = True

@@ -182,11 +182,7 @@ class SandboxEnv(StatefulToolEnv):
             else:
                 text, timed_out, code = await self._exec_once(live, command, state)
         finally:
-            if state is not None:
-                state["sandbox_command_count"] = state.get("sandbox_command_count", 0) + 1
-                state["sandbox_command_execution_time"] = (
-                    state.get("sandbox_command_execution_time", 0.0) + time.monotonic() - t0
-                )
+            self._count_command(state, t0)
         if state is not None:
             if timed_out:
                 state["sandbox_timeout"] = True
@@ -195,6 +191,15 @@ class SandboxEnv(StatefulToolEnv):
             elif code in (137, -9, None) and not timed_out:
                 await self._check_oom(live, state)
         return text
+
+    @staticmethod
+    def _count_command(state: State | None, started: float) -> None:
+        """Per-rollout command metrics: one more command, its time added (also when it raised)."""
+        if state is not None:
+            state["sandbox_command_count"] = state.get("sandbox_command_count", 0) + 1
+            state["sandbox_command_execution_time"] = (
+                state.get("sandbox_command_execution_time", 0.0) + time.monotonic() - started
+            )
 
     def _live(self, sandbox_id: str) -> SandboxRollout:
         live = self._rollouts.get(sandbox_id)

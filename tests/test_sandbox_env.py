@@ -41,8 +41,10 @@ def containers_with(labels: dict[str, str]) -> list[str]:
 
     client = docker.from_env()
     try:
-        found = client.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
-        return [c.name for c in found]
+        # the low-level list: the high-level one inspects each container afterwards and
+        # raises NotFound when one is auto-removed in between
+        found = client.api.containers(all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+        return [c["Names"][0].lstrip("/") for c in found]
     finally:
         client.close()
 
