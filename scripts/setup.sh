@@ -21,6 +21,9 @@ apt_install() {  # apt_install PKG... (only the missing ones)
 }
 
 # 1. Python environment ------------------------------------------------------
+# uv trusts the system's CA store (as pip does here), also where an intercepting
+# proxy's CA is installed there rather than in uv's bundled roots
+export UV_NATIVE_TLS=${UV_NATIVE_TLS:-1}
 if ! command -v uv >/dev/null 2>&1; then
   log "installing uv"; python3 -m pip install -q uv
 fi
@@ -41,7 +44,8 @@ fi
 # 2. Docker engine -----------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   command -v dockerd >/dev/null 2>&1 || apt_install docker.io
-  if ! pgrep -x dockerd >/dev/null; then
+  # a daemon already starting writes its pid here; any other dockerd (another data-root) is not ours
+  if ! { [ -f /var/run/docker.pid ] && kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; }; then
     log "starting dockerd (no bridge network: sandboxes run with networking off)"
     setsid nohup dockerd --bridge=none --iptables=false --ip-masq=false >/tmp/vf-dockerd.log 2>&1 < /dev/null &
   fi
