@@ -116,7 +116,6 @@ def main() -> None:
     ts = SWETaskSet(chosen, builder=warm_builder)
     # c=1 interleaved with the baseline (same instance, back to back) so that load drift hits both
     results["warm"][1] = []
-    t0 = time.perf_counter()
     for _ in range(args.reps):
         for inst in chosen:
             results["warm"][1] += asyncio.run(gold_runs(ts, [inst], 1, 1))

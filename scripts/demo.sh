@@ -28,7 +28,10 @@ trap 'kill "${SERVERS[@]}" 2>/dev/null || true' EXIT
 serve() {  # serve PORT POLICY
   .venv/bin/python -m envs.testing.model_server --port "$1" --policy "$2" >"/tmp/vf-demo-model-$1.log" 2>&1 &
   SERVERS+=($!)
-  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.1; done
+  for _ in $(seq 1 100); do
+    .venv/bin/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=1)" 2>/dev/null && return 0
+    sleep 0.1
+  done
   echo "model server on port $1 did not start" >&2; return 1
 }
 serve "$PORT" auto

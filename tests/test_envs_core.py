@@ -7,7 +7,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import envs as vf
-from envs.testing.model_server import ModelServer, PolicyRequest, Reply, ToolCallSpec, compute, fixed, stall, tool_script, tool_then_answer
+from envs.testing.model_server import ModelServer, PolicyRequest, Reply, compute, fixed, stall, tool_script, tool_then_answer
 from envs.types import State
 
 

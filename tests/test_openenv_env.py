@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from envs.openenv.build import ensure_built
 from envs.openenv.contract import ContractMismatch
 from envs.openenv.env import OpenEnvEnv
 from envs.openenv.manifest import read_manifest, write_manifest
-from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fixed
+from envs.testing.model_server import ModelServer, Reply, fixed
 from sandboxes.errors import ConfigError, ServerStartError, is_infra_error
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]  # the first test may build the images
@@ -82,18 +81,11 @@ def echo_render(observation, context, reward=None):
 
 
 def mcp_policy(req):
-    """Solve the arith task with the tools: multiply, add, submit (wrong by `off`)."""
-    text = " ".join(m.get("content") or "" for m in req.messages if m["role"] == "user")
-    a, b, c = map(int, re.search(r"Compute (\d+) \* (\d+) \+ (\d+)", text).groups())
-    results = [m.get("content") for m in req.messages if m["role"] == "tool"]
-    off = int(req.model == "wrong")
-    if not results:
-        return Reply(tool_calls=[ToolCallSpec("multiply", {"a": a, "b": b})])
-    if len(results) == 1:
-        return Reply(tool_calls=[ToolCallSpec("add", {"a": int(results[0]), "b": c})])
-    if len(results) == 2:
-        return Reply(tool_calls=[ToolCallSpec("submit", {"answer": int(results[1]) + off})])
-    return Reply(content="done")
+    """The openenv-mcp environment's own scripted solver (multiply, add, submit;
+    off by one for the model named "wrong")."""
+    from openenv_mcp import scripted_policy
+
+    return scripted_policy()(req)
 
 
 async def _rollout(env: OpenEnvEnv, srv: ModelServer, model: str = "scripted"):

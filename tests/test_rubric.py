@@ -1,6 +1,5 @@
 """Rubric scoring: weights, metrics, group functions, signature-based arguments."""
 
-import asyncio
 
 import pytest
 

@@ -5,7 +5,6 @@ left behind after a normal run, an exception, SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import envs as vf
-from envs.testing.model_server import ModelServer, PolicyRequest, Reply, ToolCallSpec, stall, tool_script
+from envs.testing.model_server import ModelServer, PolicyRequest, tool_script
 
 pytestmark = pytest.mark.docker
 

@@ -28,7 +28,6 @@ import time
 import tomllib
 import uuid
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 

@@ -28,3 +28,28 @@ def load_environment(max_turns: int = 8, num_train_examples: int = 100, num_eval
         max_turns=max_turns,
         **kwargs,
     )
+
+
+def scripted_policy():
+    """A scripted solver for the offline demo and the end-to-end tests (serve it with
+    `python -m envs.testing.model_server --policy py:openenv_mcp:scripted_policy`):
+    multiply, add, then submit, all through the project's MCP tools. A request for the
+    model named "wrong" submits an answer off by one (a failing rollout on purpose)."""
+    import re
+
+    from envs.testing.model_server import Reply, ToolCallSpec
+
+    def policy(req):
+        text = " ".join(m.get("content") or "" for m in req.messages if m["role"] == "user")
+        a, b, c = map(int, re.search(r"Compute (\d+) \* (\d+) \+ (\d+)", text).groups())
+        results = [m.get("content") for m in req.messages if m["role"] == "tool"]
+        off = int(req.model == "wrong")
+        if not results:
+            return Reply(tool_calls=[ToolCallSpec("multiply", {"a": a, "b": b})])
+        if len(results) == 1:
+            return Reply(tool_calls=[ToolCallSpec("add", {"a": int(results[0]), "b": c})])
+        if len(results) == 2:
+            return Reply(tool_calls=[ToolCallSpec("submit", {"answer": int(results[1]) + off})])
+        return Reply(content="done")
+
+    return policy
