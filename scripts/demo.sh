@@ -37,12 +37,13 @@ serve() {  # serve PORT POLICY
 serve "$PORT" auto
 serve $((PORT + 1)) py:python_math:scripted_policy
 serve $((PORT + 2)) py:bash_files:scripted_policy
+serve $((PORT + 3)) py:openenv_mcp:scripted_policy
 EVAL=($VF eval -d -s -k VF_LOCAL_API_KEY)
 $VF eval configs/eval/local-demo.toml -d -s                            # single-turn + tool env
 "${EVAL[@]}" python-math -m local-model -b "http://127.0.0.1:$((PORT + 1))/v1" -n 4 -r 2   # PythonEnv in Docker
 "${EVAL[@]}" bash-files -m local-model -b "http://127.0.0.1:$((PORT + 2))/v1" -n 4 -r 2    # SandboxEnv in Docker
 "${EVAL[@]}" openenv-echo -m local -n 2 -r 1                                                # OpenEnv gym project
-"${EVAL[@]}" openenv-mcp -m local -n 2 -r 1                                                 # OpenEnv MCP project
+"${EVAL[@]}" openenv-mcp -m local-model -b "http://127.0.0.1:$((PORT + 3))/v1" -n 2 -r 1   # OpenEnv MCP project
 
 step "3. SWE gold-patch verification on the example taskset (real PyPI releases)"
 # builds .cache/swe-examples/examples.jsonl and the images, then runs vf-swe-debug
