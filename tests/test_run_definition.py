@@ -28,7 +28,7 @@ from envs.testing.model_server import ModelServer, stall
 from sandboxes import get_backend
 from sandboxes.errors import ConfigError
 from sandboxes.labels import MANAGED, RUN_ID
-from test_sandbox_env import wait_gone
+from test_sandbox_env import containers_with, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 ENVS = REPO / "environments"
@@ -198,3 +198,50 @@ def test_runs_stop_cleans_up_on_the_recorded_backend(tmp_path):
             if proc.poll() is None:
                 proc.kill()
             asyncio.run(backend.delete_many(labels={MANAGED: "true"}))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig):
+    """SIGINT / SIGTERM at -c 8 mid-run of a SandboxEnv eval: in-flight rollouts are
+    cancelled, finished groups are saved, every sandbox is deleted, status `stopped`."""
+    label = uuid.uuid4().hex[:12]
+    from envs.testing.model_server import PolicyRequest
+
+    solver = bash_files_policy()
+
+    async def slow_after_first(req: PolicyRequest):
+        # the first examples finish quickly, the rest hang in a model call with their sandbox alive
+        if int(req.headers.get("X-Session-ID", "0")) >= 2:  # the eval sends example_id there by default
+            await asyncio.sleep(600)
+        return solver(req)
+
+    with ModelServer(slow_after_first).run_in_thread() as srv:
+        path = write_toml(tmp_path, srv.base_url, [
+            {"env_id": "bash-files", "num_examples": 12, "rollouts_per_example": 1, "max_concurrent": 8,
+             "env_args": {"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}},
+        ])
+        proc = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "eval", str(path), "-d"], cwd=tmp_path,
+                                env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 300  # sandbox starts on a loaded 2-core machine can be slow
+            rec = None
+            while time.time() < deadline:
+                runs = registry.list_runs(path=tmp_path / "runs.db")
+                if runs and runs[0].completed >= 2 and len(containers_with({"vf-test-case": label})) >= 6:
+                    rec = runs[0]
+                    break
+                time.sleep(0.2)
+            assert rec is not None, proc.stderr.read() if proc.poll() is not None else registry.list_runs(path=tmp_path / "runs.db")
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 128 + int(sig), err[-3000:]
+    assert containers_with({"vf-test-case": label}) == []  # gone before the process exited, no waiting
+    (rec,) = registry.list_runs(path=tmp_path / "runs.db")
+    assert rec.status == "stopped"
+    rows = [json.loads(x) for x in (Path(rec.output_dir) / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["example_id"] for r in rows) == [0, 1] and all(r["reward"] == 1.0 for r in rows)
+    assert json.loads((Path(rec.output_dir) / "metadata.json").read_text())["status"] == "stopped"
