@@ -76,7 +76,7 @@ def test_build_runs_without_network(tmp_path, python_image):
 def test_images_cli_ls():
     from typer.testing import CliRunner
 
-    from backends.docker.images_cli import app
+    from sandboxes.images_cli import app
 
     out = CliRunner().invoke(app, ["ls"])
     assert out.exit_code == 0, out.output
