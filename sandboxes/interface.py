@@ -207,3 +207,67 @@ class SupportsDerivedImages(Protocol):
         (UsageError) for a missing base or a package that cannot be installed,
         BackendUnavailable (InfraError) when the substrate does not answer."""
         ...
+
+
+# ---------------------------------------------------------------- image builds
+# (Capabilities callers test for with `isinstance(backend, SupportsImageBuild)`;
+# request/result models live in sandboxes/images.py.)
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .images import BuiltImage, ImageBuildRequest, RecipeStatus
+
+
+@runtime_checkable
+class SupportsImageBuild(Protocol):
+    """Optional backend capability: build images from a Dockerfile and a context.
+
+    Requests and results are `sandboxes.images.ImageBuildRequest` /
+    `BuiltImage`; tags are content-addressed (same inputs → same tag → no
+    rebuild) and builds target the host's architecture. Callers find it with
+    `sandboxes.images.image_builder(name)` (or `isinstance(backend,
+    SupportsImageBuild)`); backends that cannot build (local, kubernetes,
+    prime) do not implement it, and `image_builder` refuses them with a
+    UsageError naming the capability.
+    """
+
+    async def image_id(self, image: str) -> str | None:
+        """The local image's id, or None when absent. BackendUnavailable when the engine does not answer."""
+        ...
+
+    async def find_image(self, request: ImageBuildRequest) -> BuiltImage | None:
+        """The already built image for `request` (a cache hit), or None; never builds."""
+        ...
+
+    async def build_image(self, request: ImageBuildRequest, *, force: bool = False,
+                          on_log: Callable[[str], None] | None = None) -> BuiltImage:
+        """The image for `request`, built unless a matching one exists (or `force`).
+
+        `on_log` receives the build log as it streams. Raises ImageBuildFailed
+        (UsageError) naming the image with the log's last lines when the build
+        fails, ImageNotFound for a missing parent image, BackendUnavailable
+        (InfraError) when the engine does not answer.
+        """
+        ...
+
+    async def pull_image(self, image: str) -> str:
+        """Fetch `image` from a registry; returns its id. ImageNotFound when it cannot be pulled."""
+        ...
+
+
+@runtime_checkable
+class SupportsImageRecipes(Protocol):
+    """Optional backend capability: named image recipes (images/recipes.toml), built on demand.
+
+    What `vf-sandbox images build|ls` drives, whichever backend is named.
+    """
+
+    async def image_recipes(self) -> list[RecipeStatus]:
+        """Every recipe with the state of its image ('ok', 'stale' or 'missing')."""
+        ...
+
+    async def build_recipe(self, name: str, *, force: bool = False) -> BuiltImage:
+        """Build recipe `name` (or an alias) and the recipes it is FROM, unless up to date."""
+        ...

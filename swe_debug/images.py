@@ -1,18 +1,22 @@
 """Layered, content-addressed images for SWE instances, built offline.
 
-    vf-sandbox/base:bookworm          (images/base/build.sh, debootstrap)
-      └─ vf-swe/env:<key>             venv from a host-side wheelhouse   (images/swe/env.Dockerfile)
-           └─ vf-swe/inst-<id>:<key>  repo at base_commit in /testbed    (images/swe/instance.Dockerfile)
+    vf-sandbox/base:bookworm                    (images/base/build.sh, debootstrap)
+      └─ vf-swe/env.<arch>:<key>                venv from a host-side wheelhouse  (images/swe/env.Dockerfile)
+           └─ vf-swe/inst.<arch>.<id>:<key>     repo at base_commit in /testbed   (images/swe/instance.Dockerfile)
 
-Each key is a hash of everything that goes into the layer (the parent image
-id, the recipe text, the requirements or the source tree bytes, the install
-commands), so a changed input yields a new tag and an unchanged one is a
-cache hit (`docker image inspect`, ~50 ms). Wheels are fetched on the host with
-`pip download` for the image's Python and platform; every `docker build` runs
-with `--network none`. An instance that names a prebuilt `image_name` that
-exists locally uses it as is.
+`<arch>` is the host's architecture in SWE-bench's naming (x86_64, arm64;
+`sandboxes.images.host_arch`), which is also what the layers are built for
+and what the wheels are downloaded for. Each key is a hash of everything that
+goes into the layer (the parent image id, the recipe text, the requirements
+or the source tree bytes, the install commands, the platform), so a changed
+input yields a new tag and an unchanged one is a cache hit (one image lookup,
+~50 ms). Wheels are fetched on the host with `pip download` for the image's
+Python and platform; every build runs with networking off. An instance that
+names a prebuilt `image_name` that exists locally uses it as is.
 
-This module drives the docker CLI in subprocesses; it imports no backend.
+Images are built through a backend's image-build capability
+(`sandboxes.images.image_builder`, the Docker backend by default): this module
+imports no backend and runs no engine CLI.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, ImageNotFound
+from sandboxes.images import BuiltImage, ImageBuildRequest, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -58,7 +64,18 @@ class ImageRef(BaseModel):
 
 
 class ImageBuildError(ConfigError):
-    """A layer failed to build (the message carries the build log tail)."""
+    """Preparing a layer failed on the host (pip download); a failed build itself is
+    `sandboxes.images.ImageBuildFailed` (the message carries the build log tail)."""
+
+
+def env_repository() -> str:
+    """`vf-swe/env.<arch>`: the environment layers' repository on this host."""
+    return f"vf-swe/env.{host_arch().swebench}"
+
+
+def instance_repository(instance_id: str) -> str:
+    """`vf-swe/inst.<arch>.<id>`: an instance layer's repository on this host."""
+    return f"vf-swe/inst.{host_arch().swebench}.{_safe(instance_id)}"
 
 
 def _sha(*parts: str | bytes) -> str:
@@ -74,6 +91,7 @@ def _safe(name: str) -> str:
 
 
 async def _run(*argv: str, cwd: str | None = None, env: dict[str, str] | None = None, timeout: float = 1800) -> tuple[int, str]:
+    """Run a host program (pip) and return (exit code, combined output)."""
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -108,48 +126,64 @@ class ImageBuilder:
         base_image: str = BASE_IMAGE,
         cache_dir: Path | str = CACHE_DIR,
         recipes: Path | str = RECIPES,
-        docker: str = "docker",
+        backend: object | str = "docker",
         build_timeout: float = 1800,
         salt: str = "",
         no_cache: bool = False,
     ):
-        self.no_cache = no_cache  # docker build --no-cache: a truly cold build
+        self.no_cache = no_cache  # do not reuse the engine's layer cache: a truly cold build
         self.salt = salt  # mixed into every key: a separate set of tags (benchmarks' cold builds)
         self.base_image = base_image
         self.cache_dir = Path(cache_dir)
         self.recipes = Path(recipes)
-        self.docker = docker
+        self.backend = backend  # a backend name or instance with the SupportsImageBuild capability
         self.build_timeout = build_timeout
+        self._builder = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._image_ids: dict[str, str] = {}
+        self._found: dict[str, BuiltImage] = {}  # context digest -> image found or built
         self._tree_hashes: dict[tuple[str, float, int], str] = {}
 
-    # ------------------------------------------------------------------ docker helpers
+    # ------------------------------------------------------------------ the build capability
+
+    @property
+    def builder(self):
+        """The backend's image-build capability (UsageError naming it when the backend has none)."""
+        if self._builder is None:
+            self._builder = image_builder(self.backend)
+        return self._builder
 
     async def image_id(self, tag: str) -> str | None:
         """The image's id, or None when it does not exist locally."""
         if tag in self._image_ids:
             return self._image_ids[tag]
-        code, out = await _run(self.docker, "image", "inspect", "--format", "{{.Id}}", tag, timeout=60)
-        if code != 0:
-            return None
-        self._image_ids[tag] = out.strip()
-        return self._image_ids[tag]
+        image_id = await self.builder.image_id(tag)
+        if image_id is not None:
+            self._image_ids[tag] = image_id
+        return image_id
 
-    async def _build(self, tag: str, dockerfile: Path, context: Path, build_args: dict[str, str], labels: dict[str, str]) -> None:
-        argv = [self.docker, "build", "--network", "none", "--force-rm", "-q", "-f", str(dockerfile), "-t", tag]
-        if self.no_cache:
-            argv.append("--no-cache")
-        for k, v in build_args.items():
-            argv += ["--build-arg", f"{k}={v}"]
-        for k, v in labels.items():
-            argv += ["--label", f"{k}={v}"]
-        argv.append(str(context))
-        env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the legacy builder works offline with no frontend image
-        code, out = await _run(*argv, env=env, timeout=self.build_timeout)
-        if code != 0:
-            raise ImageBuildError(f"docker build of {tag} failed (exit {code}):\n{out[-3000:]}")
-        self._image_ids.pop(tag, None)
+    def _request(self, recipe: str, digest: str, build_args: dict[str, str], labels: dict[str, str],
+                 repository: str) -> ImageBuildRequest:
+        return ImageBuildRequest(
+            repository=repository, dockerfile=self._recipe(recipe), context_digest=digest, build_args=build_args,
+            labels=labels, no_cache=self.no_cache, timeout=self.build_timeout,
+        )
+
+    async def _ensure_layer(self, request: ImageBuildRequest, fill: Callable[[Path], Awaitable[None]]) -> BuiltImage:
+        """The image for `request`: found by its content key, else built from a context `fill` writes."""
+        digest = request.context_digest or ""
+        if digest in self._found:
+            return self._found[digest]
+        async with self._lock(digest):
+            if digest in self._found:  # another task of this builder made it meanwhile
+                return self._found[digest]
+            found = await self.builder.find_image(request)
+            if found is None:
+                with tempfile.TemporaryDirectory(prefix="vf-swe-build-") as ctx:
+                    await fill(Path(ctx))
+                    found = await self.builder.build_image(request.model_copy(update={"context": Path(ctx)}))
+            self._found[digest] = found.model_copy(update={"cached": True})  # later asks are cache hits
+            return found
 
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -203,14 +237,12 @@ class ImageBuilder:
             json.dumps([inst.source.strip_components, inst.source.verify_commit, inst.base_commit, inst.install]),
         )[:16]
 
-    def instance_tag(self, inst: SWEInstance, key: str) -> str:
-        return f"vf-swe/inst-{_safe(inst.instance_id)}:{key}"
-
     # ------------------------------------------------------------------ wheelhouse
 
     async def wheelhouse(self, env: EnvironmentSpec) -> Path:
         """Download (once) the wheels of `env` on the host for the image's Python."""
-        key = _sha(env.python_version, json.dumps(env.packages), json.dumps(env.no_deps_packages))[:16]
+        key = _sha(env.python_version, json.dumps(env.packages), json.dumps(env.no_deps_packages),
+                   *([host_arch().machine] if host_arch().machine != "x86_64" else []))[:16]
         dest = self.cache_dir / "wheels" / key
         if (dest / ".complete").exists():
             return dest
@@ -220,11 +252,12 @@ class ImageBuilder:
             tmp = Path(tempfile.mkdtemp(prefix="wheels-", dir=self._mkdir(self.cache_dir / "wheels")))
             pip = find_pip()
             pyver = env.python_version.replace(".", "")
+            arch = host_arch().machine
             target = [
                 "--only-binary=:all:", "--python-version", env.python_version, "--implementation", "cp",
                 "--abi", f"cp{pyver}", "--abi", "abi3", "--abi", "none",
-                "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-                "--platform", "manylinux_2_28_x86_64", "--platform", "linux_x86_64", "--platform", "any",
+                "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_17_{arch}",
+                "--platform", f"manylinux_2_28_{arch}", "--platform", f"linux_{arch}", "--platform", "any",
             ]
             for reqs, extra in ((env.packages, []), (env.no_deps_packages, ["--no-deps"])):
                 if not reqs:
@@ -257,22 +290,19 @@ class ImageBuilder:
         if base_id is None:
             raise ImageNotFound(f"base image {self.base_image} is missing: run images/base/build.sh")
         key = self.environment_key(env, base_id)
-        tag = f"vf-swe/env:{key}"
-        if await self.image_id(tag):
-            return tag, False
-        async with self._lock(tag):
-            if await self.image_id(tag):
-                return tag, False
+        request = self._request("env.Dockerfile", key, {"BASE_IMAGE": self.base_image},
+                                {"vf-sandbox.swe-layer": "env", "vf-sandbox.swe-key": key[:16]}, env_repository())
+
+        async def fill(c: Path) -> None:
             wheels = await self.wheelhouse(env)
-            with tempfile.TemporaryDirectory(prefix="vf-swe-env-") as ctx:
-                c = Path(ctx)
-                shutil.copytree(wheels, c / "wheels", ignore=shutil.ignore_patterns(".complete"))
-                (c / "requirements.txt").write_text("\n".join(env.packages) + "\n" if env.packages else "")
-                (c / "requirements-nodeps.txt").write_text("\n".join(env.no_deps_packages) + "\n" if env.no_deps_packages else "")
-                (c / "env-setup.sh").write_text("\n".join(["true", *env.setup]) + "\n")
-                await self._build(tag, self.recipes / "env.Dockerfile", c, {"BASE_IMAGE": self.base_image},
-                                  {"vf-sandbox.swe-layer": "env", "vf-sandbox.swe-key": key})
-            return tag, True
+            shutil.copytree(wheels, c / "wheels", ignore=shutil.ignore_patterns(".complete"))
+            (c / "requirements.txt").write_text("\n".join(env.packages) + "\n" if env.packages else "")
+            (c / "requirements-nodeps.txt").write_text("\n".join(env.no_deps_packages) + "\n" if env.no_deps_packages else "")
+            (c / "env-setup.sh").write_text("\n".join(["true", *env.setup]) + "\n")
+
+        image = await self._ensure_layer(request, fill)
+        self._image_ids[image.name] = image.image_id
+        return image.name, not image.cached
 
     async def ensure(self, inst: SWEInstance) -> ImageRef:
         """The image to run `inst` in: its prebuilt image, or the cached/built instance layer."""
@@ -280,11 +310,12 @@ class ImageBuilder:
         if inst.image_name and (inst.source is None or await self.image_id(inst.image_name)):
             if await self.image_id(inst.image_name):
                 return ImageRef(tag=inst.image_name, layer="prebuilt", seconds=time.perf_counter() - t0)
-            code, out = await _run(self.docker, "pull", inst.image_name, timeout=900)
-            if code == 0:
-                return ImageRef(tag=inst.image_name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
-            raise ImageNotFound(f"{inst.instance_id}: image {inst.image_name} is not present and cannot be pulled, "
-                                f"and the instance has no `source` to build it from")
+            try:
+                await self.builder.pull_image(inst.image_name)
+            except ImageNotFound as exc:
+                raise ImageNotFound(f"{inst.instance_id}: image {inst.image_name} is not present and cannot be "
+                                    f"pulled, and the instance has no `source` to build it from ({exc})") from exc
+            return ImageRef(tag=inst.image_name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
         assert inst.source is not None
         env_spec = inst.environment or EnvironmentSpec()
         built: list[str] = []
@@ -292,16 +323,13 @@ class ImageBuilder:
         if env_built:
             built.append("environment")
         env_id = await self.image_id(env_tag) or env_tag
-        key = self.instance_key(inst, env_id)
-        tag = self.instance_tag(inst, key)
-        if not await self.image_id(tag):
-            async with self._lock(tag):
-                if not await self.image_id(tag):
-                    await self._build_instance(inst, env_tag, tag, key)
-                    built.append("instance")
-        return ImageRef(tag=tag, layer="instance", built=built, env_tag=env_tag, seconds=time.perf_counter() - t0)
+        image = await self._ensure_instance(inst, env_tag, self.instance_key(inst, env_id))
+        if not image.cached:
+            built.append("instance")
+        return ImageRef(tag=image.name, layer="instance", built=built, env_tag=env_tag,
+                        seconds=time.perf_counter() - t0)
 
-    async def _build_instance(self, inst: SWEInstance, env_tag: str, tag: str, key: str) -> None:
+    async def _ensure_instance(self, inst: SWEInstance, env_tag: str, key: str) -> BuiltImage:
         assert inst.source is not None
         verify = inst.source.verify_commit and bool(re.fullmatch(r"[0-9a-f]{40}", inst.base_commit))
         script = (
@@ -310,13 +338,16 @@ class ImageBuilder:
             .replace("@VERIFY@", "1" if verify else "0")
             .replace("@INSTALL@", "\n".join(inst.install) or "true")
         )
-        with tempfile.TemporaryDirectory(prefix="vf-swe-inst-") as ctx:
-            c = Path(ctx)
+        request = self._request("instance.Dockerfile", key, {"ENV_IMAGE": env_tag},
+                                {"vf-sandbox.swe-layer": "instance", "vf-sandbox.swe-key": key[:16],
+                                 "vf-sandbox.swe-instance": _safe(inst.instance_id)},
+                                instance_repository(inst.instance_id))
+
+        async def fill(c: Path) -> None:
             await asyncio.to_thread(materialize_source, inst, c / "repo")
             (c / "setup-repo.sh").write_text(script)
-            await self._build(tag, self.recipes / "instance.Dockerfile", c, {"ENV_IMAGE": env_tag},
-                              {"vf-sandbox.swe-layer": "instance", "vf-sandbox.swe-key": key,
-                               "vf-sandbox.swe-instance": _safe(inst.instance_id)})
+
+        return await self._ensure_layer(request, fill)
 
 
 def materialize_source(inst: SWEInstance, dest: Path) -> None:

@@ -18,11 +18,10 @@ import contextlib
 import hashlib
 import http.client
 import logging
-import os
 import re
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -40,23 +39,20 @@ from sandboxes.errors import (
     SandboxCreateError,
     SandboxNotRunning,
 )
+from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, retry_infra
 from sandboxes.spec import SandboxSpec
 
+from .build import EngineImages
 from .channel import DockerExecChannel
+from .engine import DEFAULT_URL, resolve_url  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL = "unix:///var/run/docker.sock"
 NAME_PREFIX = "vf-"
 PYTHON_PROBE = "command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 7))'"
-
-
-def resolve_url(url: str | None = None) -> str:
-    """The Engine API address: explicit, else $DOCKER_HOST, else the default unix socket."""
-    return url or os.environ.get("DOCKER_HOST") or DEFAULT_URL
 
 
 def container_name(prefix: str, key: str) -> str:
@@ -160,6 +156,7 @@ class DockerBackend:
         self._images: dict[str, str] = {}  # requested image -> image to run
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._no_agent: set[str] = set()  # images without a usable python3
+        self._engine_images = EngineImages(self.url)
 
     # ---------------------------------------------------------- plumbing
     async def _client(self) -> aiodocker.Docker:
@@ -251,6 +248,37 @@ class DockerBackend:
         from . import images as image_recipes
 
         return await asyncio.to_thread(image_recipes.derive_image, resolved, list(packages), self.url)
+
+    # ---------------------------------------------------------- image builds (SupportsImageBuild)
+    async def image_id(self, image: str) -> str | None:
+        """The local image's id, or None when absent."""
+        return await asyncio.to_thread(self._engine_images.image_id, image)
+
+    async def find_image(self, request: ImageBuildRequest) -> BuiltImage | None:
+        """The already built image for `request`, or None (never builds)."""
+        return await asyncio.to_thread(self._engine_images.find, request)
+
+    async def build_image(self, request: ImageBuildRequest, *, force: bool = False,
+                          on_log: Callable[[str], None] | None = None) -> BuiltImage:
+        """Build `request` through the Engine API (see backends/docker/build.py) unless cached."""
+        return await asyncio.to_thread(self._engine_images.build, request, force=force, on_log=on_log)
+
+    async def pull_image(self, image: str) -> str:
+        """Pull `image` from its registry (ImageNotFound where there is none)."""
+        return await asyncio.to_thread(self._engine_images.pull, image)
+
+    # ---------------------------------------------------------- recipes (SupportsImageRecipes)
+    async def image_recipes(self) -> list[RecipeStatus]:
+        """images/recipes.toml with the state of each recipe's image."""
+        from . import images as image_recipes
+
+        return await asyncio.to_thread(image_recipes.ImageBuilder(self.url).statuses)
+
+    async def build_recipe(self, name: str, *, force: bool = False) -> BuiltImage:
+        """Build recipe `name` (or an alias) and its parents unless up to date."""
+        from . import images as image_recipes
+
+        return await asyncio.to_thread(image_recipes.ImageBuilder(self.url).ensure, name, force)
 
     # ---------------------------------------------------------- create
     async def _network_mode(self) -> str:

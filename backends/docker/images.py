@@ -1,9 +1,10 @@
 """Image recipes (`images/recipes.toml`) and the cached builder.
 
-A `dir` recipe is built with `docker build --network none` (the Engine API's
-classic builder, through docker-py) and labelled with a content hash of its
-context plus its parent image's id: an unchanged recipe is "built" in
-milliseconds by reading that label back. A `script` recipe (the debootstrap
+A `dir` recipe is built offline through the build capability's engine side
+(`build.EngineImages`: the Engine API's `/build` with a tar context, never the
+docker CLI) and labelled with a content hash of its context plus its parent
+image's id: an unchanged recipe is "built" in milliseconds by reading that
+label back. A `script` recipe (the debootstrap
 base) is run only when its image is absent. A recipe's `FROM` naming another
 recipe builds that one first; a public image is pulled by the daemon where
 the machine can.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -36,6 +36,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from sandboxes.errors import BackendUnavailable, ImageNotFound
+from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, host_arch
+
+from .build import EngineImages
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +78,7 @@ class Recipe(BaseModel):
         return [m.group(1) for m in re.finditer(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)", text)]
 
 
-class BuildOutcome(BaseModel):
-    name: str
-    cached: bool
-    seconds: float
-    image_id: str = ""
+BuildOutcome = BuiltImage  # the name this module used before the build capability
 
 
 def load_recipes(root: Path | None = None) -> list[Recipe]:
@@ -125,34 +124,15 @@ def recipe_hash(recipe: Recipe, parent_ids: list[str]) -> str:
 
 
 class ImageBuilder:
-    """Builds recipes through the Engine API (docker-py, blocking: call from a thread)."""
+    """Builds recipes through the engine's API (`EngineImages`, blocking: call from a thread)."""
 
     def __init__(self, url: str | None = None, root: Path | None = None):
-        from .backend import resolve_url
-
-        self.url = resolve_url(url)
+        self.engine = EngineImages(url)
+        self.url = self.engine.url
         self.root = root or IMAGES_ROOT
-        self._api = None
-
-    @property
-    def api(self):
-        if self._api is None:
-            import docker
-
-            try:
-                self._api = docker.APIClient(base_url=self.url, version="1.41", timeout=600)
-                self._api.ping()
-            except Exception as exc:
-                raise BackendUnavailable(f"Docker daemon at {self.url} does not answer: {exc}") from exc
-        return self._api
 
     def image(self, name: str) -> dict | None:
-        import docker
-
-        try:
-            return self.api.inspect_image(name)
-        except docker.errors.ImageNotFound:
-            return None
+        return self.engine.inspect(name)
 
     def status(self, recipe: Recipe) -> str:
         """'missing', 'stale' or 'ok'."""
@@ -166,7 +146,11 @@ class ImageBuilder:
         have = (info.get("Config") or {}).get("Labels") or {}
         return "ok" if have.get(HASH_LABEL) == want else "stale"
 
-    def ensure(self, name: str, force: bool = False) -> BuildOutcome:
+    def statuses(self) -> list[RecipeStatus]:
+        return [RecipeStatus(name=r.name, status=self.status(r), source=r.dir or r.script or "",
+                             aliases=r.aliases, description=r.description) for r in load_recipes(self.root)]
+
+    def ensure(self, name: str, force: bool = False) -> BuiltImage:
         """Build `name` (a recipe name or alias) unless an up-to-date image exists."""
         recipe = find_recipe(name, self.root)
         if recipe is None:
@@ -174,30 +158,33 @@ class ImageBuilder:
         with _build_lock:
             return self._ensure(recipe, force)
 
-    def _ensure(self, recipe: Recipe, force: bool) -> BuildOutcome:
+    def _ensure(self, recipe: Recipe, force: bool) -> BuiltImage:
         t0 = time.monotonic()
         if recipe.script:
             info = self.image(recipe.name)
-            if info is None or force:
+            cached = info is not None and not force
+            if not cached:
                 self._run_script(recipe)
                 info = self.image(recipe.name)
                 if info is None:
                     raise ImageNotFound(f"{recipe.script} finished but {recipe.name} does not exist")
-                return BuildOutcome(name=recipe.name, cached=False, seconds=time.monotonic() - t0, image_id=info["Id"])
-            return BuildOutcome(name=recipe.name, cached=True, seconds=time.monotonic() - t0, image_id=info["Id"])
+            digest = recipe_hash(recipe, [])
+            return BuiltImage(name=recipe.name, image_id=info["Id"], key=digest, cached=cached,
+                              seconds=time.monotonic() - t0)
         parent_ids = []
         for parent in recipe.parents():
-            if find_recipe(parent, self.root) is not None:
-                parent_ids.append(self._ensure(find_recipe(parent, self.root), False).image_id)
+            if (parent_recipe := find_recipe(parent, self.root)) is not None:
+                parent_ids.append(self._ensure(parent_recipe, False).image_id)
             else:
                 info = self.image(parent)
                 parent_ids.append(info["Id"] if info else parent)  # pulled by the build where possible
         want = recipe_hash(recipe, parent_ids)
         info = self.image(recipe.name)
         if info is not None and not force and ((info.get("Config") or {}).get("Labels") or {}).get(HASH_LABEL) == want:
-            return BuildOutcome(name=recipe.name, cached=True, seconds=time.monotonic() - t0, image_id=info["Id"])
-        image_id = self._build_dir(recipe, want)
-        return BuildOutcome(name=recipe.name, cached=False, seconds=time.monotonic() - t0, image_id=image_id)
+            return BuiltImage(name=recipe.name, image_id=info["Id"], key=want, cached=True,
+                              seconds=time.monotonic() - t0)
+        built = self._build_dir(recipe, want, force)
+        return built.model_copy(update={"cached": False, "seconds": time.monotonic() - t0})
 
     def _run_script(self, recipe: Recipe) -> None:
         script = recipe.root / recipe.script
@@ -207,7 +194,9 @@ class ImageBuilder:
             tail = (proc.stdout + proc.stderr)[-3000:]
             raise ImageNotFound(f"building {recipe.name} with {script} failed (exit {proc.returncode}):\n{tail}")
 
-    def _build_dir(self, recipe: Recipe, digest: str) -> str:
+    def _build_dir(self, recipe: Recipe, digest: str, force: bool) -> BuiltImage:
+        """Build a `dir` recipe through the build capability; its key stands on the recipe hash."""
+        repository, tag = split_name(recipe.name)
         with tempfile.TemporaryDirectory(prefix="vf-image-") as tmp:
             ctx = Path(tmp) / "ctx"
             shutil.copytree(recipe.context, ctx, symlinks=True)
@@ -216,22 +205,20 @@ class ImageBuilder:
                 house = fetch_wheels(wheels)
                 shutil.copytree(house, ctx / "wheelhouse")
                 shutil.copy(wheels, ctx / "wheelhouse" / "wheels.txt")
-            log.warning("building image %s from %s", recipe.name, recipe.context)
-            lines: list[str] = []
-            image_id = ""
-            for chunk in self.api.build(path=str(ctx), tag=recipe.name, network_mode="none", rm=True, forcerm=True,
-                                        decode=True, labels={HASH_LABEL: digest, RECIPE_LABEL: recipe.name}):
-                if "stream" in chunk:
-                    lines.append(chunk["stream"])
-                if "aux" in chunk and "ID" in chunk["aux"]:
-                    image_id = chunk["aux"]["ID"]
-                if "error" in chunk:
-                    tail = "".join(lines)[-3000:]
-                    raise ImageNotFound(f"building {recipe.name} failed: {chunk['error']}\n{tail}")
-            info = self.image(recipe.name)
-            if info is None:
-                raise ImageNotFound(f"building {recipe.name} produced no image:\n{''.join(lines)[-3000:]}")
-            return info["Id"] or image_id
+            request = ImageBuildRequest(
+                repository=repository, tag=tag, dockerfile=(ctx / "Dockerfile").read_text(), context=ctx,
+                context_digest=digest, labels={HASH_LABEL: digest, RECIPE_LABEL: recipe.name},
+            )
+            return self.engine.build(request, force=True)
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """'repo/name:tag' -> ('repo/name', 'tag'); no tag -> 'latest'."""
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        repository, _, tag = name.rpartition(":")
+        return repository, tag
+    return name, "latest"
 
 
 def _pip() -> list[str]:
@@ -265,7 +252,7 @@ def fetch_wheels(
     if (house / ".complete").exists():
         return house
     house.mkdir(parents=True, exist_ok=True)
-    arch = platform.machine() or "x86_64"
+    arch = host_arch().machine
     plat_args = [a for p in platforms for a in ("--platform", p if p == "any" else f"{p}_{arch}")]
     argv = [*_pip(), "download", "-q", "-d", str(house), *args, "--only-binary=:all:",
             "--python-version", python_version, "--implementation", "cp", *plat_args]
@@ -310,24 +297,24 @@ def derive_image(base: str, packages: Sequence[str], url: str | None = None) -> 
             ctx = Path(tmp)
             shutil.copytree(house, ctx / "wheelhouse", ignore=shutil.ignore_patterns(".complete"))
             reqs = " ".join(shlex.quote(p) for p in packages)
-            (ctx / "Dockerfile").write_text(
-                f"FROM {base}\n"
-                "COPY wheelhouse /tmp/vf-wheelhouse\n"
-                f"RUN python3 -m pip install -q --no-index --find-links /tmp/vf-wheelhouse {reqs} "
-                "&& rm -rf /tmp/vf-wheelhouse /root/.cache/pip\n"
+            repository, digest = split_name(tag)
+            request = ImageBuildRequest(
+                repository=repository, tag=digest, context=ctx, context_digest=digest,
+                dockerfile=(
+                    f"FROM {base}\n"
+                    "COPY wheelhouse /tmp/vf-wheelhouse\n"
+                    f"RUN python3 -m pip install -q --no-index --find-links /tmp/vf-wheelhouse {reqs} "
+                    "&& rm -rf /tmp/vf-wheelhouse /root/.cache/pip\n"
+                ),
+                labels={DERIVED_LABEL: " ".join(packages), f"{DERIVED_LABEL}.base": base},
             )
             log.warning("building %s (FROM %s + %s)", tag, base, " ".join(packages))
-            lines: list[str] = []
-            for chunk in builder.api.build(path=str(ctx), tag=tag, network_mode="none", rm=True, forcerm=True,
-                                           decode=True,
-                                           labels={DERIVED_LABEL: " ".join(packages), f"{DERIVED_LABEL}.base": base}):
-                if "stream" in chunk:
-                    lines.append(chunk["stream"])
-                if "error" in chunk:
-                    raise ImageNotFound(
-                        f"building {tag} (FROM {base} + {' '.join(packages)}) failed: {chunk['error']}\n"
-                        + "".join(lines)[-3000:]
-                    )
+            try:
+                builder.engine.build(request, force=True)
+            except ImageBuildFailed as exc:
+                raise ImageNotFound(
+                    f"building {tag} (FROM {base} + {' '.join(packages)}) failed: {exc.reason}\n{exc.tail}"
+                ) from exc
         return tag
 
 

@@ -19,7 +19,7 @@ app = typer.Typer(
 _MOUNTS: list[tuple[str, str, str | None]] = [
     ("envs.cli.eval_cmd", "app", None),          # vf-sandbox eval, vf-sandbox env install
     ("sandboxes.cli", "app", "sandboxes"),       # vf-sandbox sandboxes ls|reap
-    ("backends.docker.images_cli", "app", "images"),  # vf-sandbox images build|ls
+    ("sandboxes.images_cli", "app", "images"),    # vf-sandbox images build|ls (any backend with recipes)
     ("envs.runs.cli", "app", None),              # vf-sandbox runs ..., vf-sandbox dashboard
     ("envs.openenv.cli", "app", "openenv"),      # vf-sandbox openenv build
 ]

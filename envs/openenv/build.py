@@ -5,11 +5,15 @@ well under a second:
 
 * deps image `vf-sandbox/openenv-deps:<hash of the requirements + base>`: the
   base image plus `/app/.venv` with the project's dependencies installed from
-  a host wheelhouse (`pip download` on the host; `docker build --network
-  none` installs with `--no-index`). Shared by every project with the same
-  requirements.
+  a host wheelhouse (`pip download` on the host; the build runs with
+  networking off and installs with `--no-index`). Shared by every project
+  with the same requirements.
 * project image `vf-openenv/<env_id>:<hash of the project's files>`: the deps
   image plus the project copied to `/app/env`.
+
+Both are built through the backend's image-build capability
+(`sandboxes.images.image_builder`, `SupportsImageBuild`; the Docker backend by
+default): no engine CLI, no backend module imported here.
 
 Requirements come from `uv.lock` (via `uv export`) when present and uv is
 installed, else `[project].dependencies` of pyproject.toml, else
@@ -32,7 +36,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.errors import ConfigError, ImageNotFound, InfraError
+from sandboxes.errors import BackendUnavailable, ConfigError, ImageNotFound, InfraError
+from sandboxes.images import ImageBuildRequest, image_builder, run_sync
 
 from .contract import detect_contract
 from .manifest import (
@@ -51,8 +56,11 @@ _SKIP_PARTS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_c
 _SKIP_NAMES = {".build.json", ".DS_Store"}
 
 
+DEFAULT_BUILD_BACKEND = "docker"
+
+
 class BuildError(InfraError):
-    """docker or pip failed while building (message carries the output tail)."""
+    """pip or uv failed while preparing a build (message carries the output tail)."""
 
 
 class BuildResult(BaseModel):
@@ -131,21 +139,35 @@ def project_requirements(project: str | Path) -> list[str]:
     return [FALLBACK_REQUIREMENT]
 
 
-def docker_available() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(
-        ["docker", "version", "-f", "{{.Server.Version}}"], capture_output=True).returncode == 0
+def _builder(backend: object | str | None):
+    """The image-build capability of `backend` (a name or an instance; default docker)."""
+    return image_builder(backend or DEFAULT_BUILD_BACKEND)
 
 
-def _image_id(image: str) -> str | None:
+def _image_id(image: str, backend: object | str | None = None) -> str | None:
+    """The image's id on the build backend, or None when absent."""
+    builder = _builder(backend)
+    return run_sync(lambda: builder.image_id(image))
+
+
+def image_exists(image: str, backend: object | str | None = None) -> bool:
+    return _image_id(image, backend) is not None
+
+
+def builder_available(backend: object | str | None = None) -> bool:
+    """True when the build backend answers."""
     try:
-        proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image], capture_output=True, text=True)
-    except FileNotFoundError:
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
+        _image_id(BASE_IMAGE, backend)
+    except BackendUnavailable:
+        return False
+    return True
 
 
-def image_exists(image: str) -> bool:
-    return _image_id(image) is not None
+def _build(request: ImageBuildRequest, backend: object | str | None, log: Callable[[str], None]) -> str:
+    builder = _builder(backend)
+    built = run_sync(lambda: builder.build_image(request, force=True))
+    log(f"built {built.name} in {built.seconds:.1f}s")
+    return built.name
 
 
 def _pip() -> list[str]:
@@ -180,26 +202,22 @@ def collect_wheels(requirements: list[str], dest: Path, *, wheelhouse: Path | No
     _run(offline, what="pip download (offline, from the wheelhouse)")
 
 
-def _docker_build(context: Path, tag: str, *, what: str) -> None:
-    env = dict(os.environ, DOCKER_BUILDKIT="0")
-    _run(["docker", "build", "--network", "none", "-q", "-t", tag, str(context)], what=what, env=env)
-
-
 def ensure_deps_image(requirements: list[str], *, wheelhouse: Path | None = None,
-                      log: Callable[[str], None] = lambda s: None) -> tuple[str, bool]:
+                      log: Callable[[str], None] = lambda s: None,
+                      backend: object | str | None = None) -> tuple[str, bool]:
     """(image, built): the deps image for these requirements on the base image."""
-    base_id = _image_id(BASE_IMAGE)
+    base_id = _image_id(BASE_IMAGE, backend)
     if base_id is None:
         raise ImageNotFound(f"base image {BASE_IMAGE} not found locally: build it with images/base/build.sh")
     key = hashlib.sha256(("\n".join(requirements) + "\n" + base_id).encode()).hexdigest()[:16]
     tag = f"{DEPS_REPO}:{key}"
-    if image_exists(tag):
+    if image_exists(tag, backend):
         return tag, False
     log(f"building dependency image {tag} ...")
     with tempfile.TemporaryDirectory(prefix="vf-openenv-deps-") as tmp:
         ctx = Path(tmp)
         collect_wheels(requirements, ctx, wheelhouse=wheelhouse, log=log)
-        (ctx / "Dockerfile").write_text(
+        dockerfile = (
             f"FROM {BASE_IMAGE}\n"
             "COPY requirements.txt /tmp/vf-deps/requirements.txt\n"
             "COPY wheels /tmp/vf-deps/wheels\n"
@@ -209,7 +227,9 @@ def ensure_deps_image(requirements: list[str], *, wheelhouse: Path | None = None
             " && rm -rf /tmp/vf-deps\n"
             "ENV PATH=/app/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
         )
-        _docker_build(ctx, tag, what=f"docker build {tag}")
+        # the key covers the requirements and the base: the wheels are a function of them
+        _build(ImageBuildRequest(repository=DEPS_REPO, tag=key, dockerfile=dockerfile, context=ctx,
+                                 context_digest=key), backend, log)
     return tag, True
 
 
@@ -219,8 +239,12 @@ def _docker_name(name: str) -> str:
 
 
 def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path | None = None,
-                  log: Callable[[str], None] = lambda s: None) -> BuildResult:
-    """Build PROJECT's image (when its content changed) and write PROJECT/.build.json."""
+                  log: Callable[[str], None] = lambda s: None,
+                  backend: object | str | None = None) -> BuildResult:
+    """Build PROJECT's image (when its content changed) and write PROJECT/.build.json.
+
+    `backend` (a name or instance implementing SupportsImageBuild; default
+    docker) builds the images; UsageError when it cannot build."""
     import time
 
     t0 = time.monotonic()
@@ -237,13 +261,14 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
     except ConfigError:
         old = None
     if (not force and old is not None and old.content_hash == digest and old.image == image
-            and old.contract == contract and (image_exists(image) or not docker_available())):
-        # Up to date. Without a local Docker engine (a remote backend) the manifest is trusted as is.
+            and old.contract == contract and (not builder_available(backend) or image_exists(image, backend))):
+        # Up to date. Without an engine to build on (a remote backend) the manifest is trusted as is.
         return BuildResult(manifest=old, built=False, deps_built=False, seconds=time.monotonic() - t0)
 
-    deps_image, deps_built = ensure_deps_image(project_requirements(root), wheelhouse=wheelhouse, log=log)
+    deps_image, deps_built = ensure_deps_image(project_requirements(root), wheelhouse=wheelhouse, log=log,
+                                               backend=backend)
     built = False
-    if force or not image_exists(image):
+    if force or not image_exists(image, backend):
         log(f"building {image} ...")
         with tempfile.TemporaryDirectory(prefix="vf-openenv-build-") as tmp:
             ctx = Path(tmp)
@@ -251,7 +276,7 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
                 dst = ctx / "env" / path.relative_to(root)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, dst)
-            (ctx / "Dockerfile").write_text(
+            dockerfile = (
                 f"FROM {deps_image}\n"
                 "COPY env /app/env\n"
                 "ENV PYTHONPATH=/app/env ENABLE_WEB_INTERFACE=false PYTHONUNBUFFERED=1\n"
@@ -259,7 +284,8 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
                 f'LABEL vf-sandbox.openenv.id="{env_id}" vf-sandbox.openenv.content="{digest}"\n'
                 f'CMD ["sh", "-c", "{start}"]\n'
             )
-            _docker_build(ctx, image, what=f"docker build {image}")
+            _build(ImageBuildRequest(repository=image.rpartition(":")[0], tag=digest[:16], dockerfile=dockerfile,
+                                     context=ctx, context_digest=digest), backend, log)
         built = True
     manifest = BuildManifest(
         environment_id=env_id, image=image, port=cfg.port, app=cfg.app, contract=contract,
@@ -269,6 +295,7 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
     return BuildResult(manifest=manifest, built=built, deps_built=deps_built, seconds=time.monotonic() - t0)
 
 
-def ensure_built(project: str | Path, *, log: Callable[[str], None] = lambda s: None) -> BuildManifest:
+def ensure_built(project: str | Path, *, log: Callable[[str], None] = lambda s: None,
+                 backend: object | str | None = None) -> BuildManifest:
     """The project's manifest, building first when it is missing or stale."""
-    return build_project(project, log=log).manifest
+    return build_project(project, log=log, backend=backend).manifest
