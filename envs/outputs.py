@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
 from .errors import error_record
+from .pass_at_k import pass_at_k
 from .types import RolloutOutput, State
 
 # State keys that are never copied into an output row (live handles, internals).
@@ -54,34 +54,6 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
         elif col not in _INTERNAL:
             out[col] = state.get(col)
     return out
-
-
-def _comb(n: int, k: int) -> float:
-    return math.comb(n, k) if 0 <= k <= n else 0
-
-
-def pass_at_k(rewards_by_example: dict[Any, list[float]], threshold: float) -> tuple[dict[str, float], dict[str, float]]:
-    """Unbiased pass@k and pass-all-k over examples, for k = 1, 2, 4, ... <= rollouts."""
-    if not rewards_by_example:
-        return {}, {}
-    n_min = min(len(v) for v in rewards_by_example.values())
-    ks = []
-    k = 1
-    while k <= n_min:
-        ks.append(k)
-        k *= 2
-    p_any: dict[str, float] = {}
-    p_all: dict[str, float] = {}
-    for k in ks:
-        anys, alls = [], []
-        for rewards in rewards_by_example.values():
-            n = len(rewards)
-            c = sum(1 for r in rewards if r >= threshold)
-            anys.append(1.0 - _comb(n - c, k) / _comb(n, k))
-            alls.append(_comb(c, k) / _comb(n, k))
-        p_any[str(k)] = sum(anys) / len(anys)
-        p_all[str(k)] = sum(alls) / len(alls)
-    return p_any, p_all
 
 
 def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..pass_at_k import pass_at_k
 from .registry import RunRecord
 
 _cache: dict[str, tuple[tuple[float, int], list[dict]]] = {}
@@ -122,29 +123,6 @@ def histogram(values: list[float], bins: int = 10) -> dict[str, list[float]]:
     for x in values:
         counts[min(int((x - lo) / width), bins - 1)] += 1
     return {"edges": [lo + i * width for i in range(bins + 1)], "counts": counts}
-
-
-def pass_at_k(groups: dict[Any, list[float]], threshold: float) -> tuple[dict[str, float], dict[str, float]]:
-    """Unbiased pass@k (at least one of k correct) and pass^k (all k correct),
-    averaged over examples, for k = 1, 2, 4, ... up to the smallest group size."""
-    sizes = [len(v) for v in groups.values() if v]
-    if not sizes:
-        return {}, {}
-    n_min = min(sizes)
-    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n_min]
-    if n_min not in ks:
-        ks.append(n_min)
-    at, allk = {}, {}
-    for k in ks:
-        pa, pall = [], []
-        for rewards in groups.values():
-            n = len(rewards)
-            c = sum(1 for r in rewards if r >= threshold)
-            pa.append(1.0 - (math.comb(n - c, k) / math.comb(n, k) if n - c >= k else 0.0))
-            pall.append(math.comb(c, k) / math.comb(n, k))
-        at[str(k)] = sum(pa) / len(pa)
-        allk[str(k)] = sum(pall) / len(pall)
-    return at, allk
 
 
 def error_type(err: Any) -> str | None:
