@@ -593,7 +593,7 @@ class Environment(ABC):
         progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
         writer = None
         if save_results and results_path is not None:
-            from .eval.writer import ResultsWriter
+            from .results_file import ResultsWriter
 
             writer = ResultsWriter(results_path)
             writer.open()
