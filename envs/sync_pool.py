@@ -47,6 +47,13 @@ class SyncPool:
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (an env sent to a worker process): only the size and name travel."""
+        return {"_size": self._size, "_name": self._name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_size"], state["_name"])  # type: ignore[misc]
+
     @property
     def size(self) -> int:
         """Maximum number of sync callables running at once."""

@@ -166,6 +166,19 @@ async def test_teardown_stops_the_pool_and_it_restarts_on_use():
     env.sync_pool.shutdown()
 
 
+async def test_pool_pickles_without_its_threads():
+    import copy
+    import pickle
+
+    pool = SyncPool(3)
+    assert await pool.call(lambda: 1) == 1
+    clone = pickle.loads(pickle.dumps(pool))
+    assert clone.size == 3 and clone._executor is None and await clone.call(lambda: 2) == 2
+    assert copy.deepcopy(pool).size == 3
+    pool.shutdown()
+    clone.shutdown()
+
+
 async def test_is_async_callable_and_sync_returning_awaitable():
     import functools
 
