@@ -7,13 +7,19 @@ sorts them by descending priority, then name. Usable bare or with
 
     @vf.stop                    @vf.cleanup(priority=10)
     async def done(self, state): ...
+
+`call_with_named_args(fn, pool, **available)` calls user code (reward
+functions, handlers) with the arguments its signature names.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .sync_pool import SyncPool
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,14 +71,18 @@ def _discover(obj: object, kind: str) -> list[Callable[..., Any]]:
     return sorted(found.values(), key=lambda m: (-getattr(m, f"{kind}_priority", 0), m.__name__))
 
 
-async def call_with_named_args(fn: Callable[..., Any], **available: Any) -> Any:
+async def call_with_named_args(fn: Callable[..., Any], pool: SyncPool | None = None, /, **available: Any) -> Any:
     """Call `fn` with the subset of `available` its signature names (all of
-    them if it takes **kwargs); await the result if it is awaitable."""
+    them if it takes **kwargs); await the result if it is awaitable. With a
+    `pool`, a sync `fn` runs in that thread pool instead of on the event loop
+    (`pool` is positional-only, so `available` may hold a key named "pool")."""
     params = _params(fn)
     if params is None:
         kwargs = available
     else:
         kwargs = {k: v for k, v in available.items() if k in params}
+    if pool is not None:
+        return await pool.call(fn, **kwargs)
     result = fn(**kwargs)
     if inspect.isawaitable(result):
         result = await result

@@ -12,6 +12,9 @@ Hooks a subclass (e.g. a sandbox-backed env) can rely on:
 - Per-rollout metrics: put numbers in `state["metrics"]` (or call
   `self.record_metric(state, name, value)`) during the rollout; they appear in
   the row's `metrics` and in `avg_metrics` next to the rubric's.
+- Sync user code (reward functions, tools) runs in `self.sync_pool`, one
+  thread pool per env sized by `set_concurrency(n)` (initially `max_workers`)
+  and shut down by `teardown()`; see envs/sync_pool.py.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .outputs import aggregate, state_to_output
 from .parsers import Parser
 from .rubrics.group import RubricGroup
 from .rubrics.rubric import Rubric
+from .sync_pool import SyncPool
 from .types import (
     GenerateOutputs,
     Messages,
@@ -128,6 +132,7 @@ class Environment(ABC):
         self.sampling_args = dict(sampling_args or {})
         self.max_workers = max_workers
         self.concurrency = max_workers
+        self.sync_pool = SyncPool(max_workers)
         self.env_id = env_id or ""
         self.env_args = dict(env_args or {})
         self.max_seq_len = max_seq_len
@@ -274,7 +279,9 @@ class Environment(ABC):
         self.retry_policy = policy
 
     def set_concurrency(self, concurrency: int) -> None:
+        """Set the concurrency and size the sync-code thread pool to match."""
         self.concurrency = max(1, int(concurrency))
+        self.sync_pool.resize(self.concurrency)
 
     def add_rubric(self, rubric: Rubric) -> None:
         if self.rubric is None:
@@ -403,7 +410,8 @@ class Environment(ABC):
                 log.warning("cleanup %s failed: %s: %s", handler.__name__, type(exc).__name__, exc)
 
     async def teardown(self) -> None:
-        """Run the rubric's and then the env's @teardown handlers, once."""
+        """Run the rubric's and then the env's @teardown handlers, once; then stop
+        the sync-code thread pool."""
         if self._torn_down:
             return
         self._torn_down = True
@@ -416,6 +424,7 @@ class Environment(ABC):
                 await call_with_named_args(handler)
             except Exception as exc:
                 log.warning("teardown %s failed: %s: %s", handler.__name__, type(exc).__name__, exc)
+        self.sync_pool.shutdown()
 
     _teardown = teardown  # name used by verifiers
 
@@ -500,6 +509,7 @@ class Environment(ABC):
         return state
 
     async def _score_group(self, states: list[State]) -> None:
+        self.rubric.set_sync_pool(self.sync_pool)
         await self.rubric.score_group(states)
 
     async def _finish_states(self, states: list[State], scoring_sem: asyncio.Semaphore | None = None) -> None:
@@ -609,7 +619,7 @@ class Environment(ABC):
         progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
         writer = None
         if save_results and results_path is not None:
-            from .eval.writer import ResultsWriter
+            from .results_file import ResultsWriter
 
             writer = ResultsWriter(results_path)
             writer.open()

@@ -2,12 +2,18 @@
 
 `Error`, `InfraError` and `ModelError` are the very classes of
 `sandboxes.errors` (one hierarchy for the whole project); the env-level
-subclasses below add tool and prompt failures. `error_record(exc)` turns an
-exception into the JSON-able dict stored in a rollout's output.
+subclasses below add tool and prompt failures.
+
+In a results row an error appears twice, as the reference documents it:
+`error` is a string ("Type: message", `error_text`) or None, and
+`error_info` the typed details (`error_record`: type, kind, message, chain,
+traceback). `error_text` also reads rows written before `error_info`
+existed, whose `error` was that dict.
 """
 
 from __future__ import annotations
 
+import traceback as _traceback
 from typing import Any
 
 from sandboxes.errors import Error, InfraError, ModelError, UsageError, find_infra_error, is_infra_error, iter_causes
@@ -26,6 +32,7 @@ __all__ = [
     "UsageError",
     "error_kind",
     "error_record",
+    "error_text",
     "find_infra_error",
     "is_infra_error",
 ]
@@ -76,12 +83,34 @@ def error_kind(exc: BaseException) -> str:
     return "task"
 
 
+MESSAGE_LIMIT = 2000
+TRACEBACK_LIMIT = 8000
+
+
 def error_record(exc: BaseException) -> dict[str, Any]:
-    """{"type", "message", "kind", "chain"} for a rollout's output."""
+    """{"type", "message", "kind", "chain", "traceback"} for a rollout's
+    `error_info` (message and traceback bounded; the traceback keeps its end)."""
     chain = [type(c).__name__ for c in iter_causes(exc)]
+    tb = "".join(_traceback.format_exception(exc)) if exc.__traceback__ is not None or exc.__cause__ is not None else ""
     return {
         "type": type(exc).__name__,
-        "message": str(exc)[:2000],
+        "message": str(exc)[:MESSAGE_LIMIT],
         "kind": error_kind(exc),
         "chain": chain,
+        "traceback": tb[-TRACEBACK_LIMIT:] or None,
     }
+
+
+def error_text(err: Any) -> str | None:
+    """"Type: message" (or "Type") for an exception, an `error_record` dict
+    (also the old row shape) or a string (returned as is); None for no error."""
+    if err is None or err == "" or err == {}:
+        return None
+    if isinstance(err, BaseException):
+        msg = str(err)[:MESSAGE_LIMIT]
+        return f"{type(err).__name__}: {msg}" if msg else type(err).__name__
+    if isinstance(err, dict):
+        t = next((err[k] for k in ("type", "error", "error_type", "name") if isinstance(err.get(k), str) and err[k]), "error")
+        msg = err.get("message") or err.get("error_chain_str") or ""
+        return f"{t}: {msg}" if msg else t
+    return str(err)

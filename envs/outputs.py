@@ -3,22 +3,40 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
-from .errors import error_record
+from .errors import error_record, error_text
+from .pass_at_k import pass_at_k
 from .types import RolloutOutput, State
 
-# State keys that are never copied into an output row (live handles, internals).
+# State keys that are never copied into an output row (live handles, internals,
+# and the keys serialised explicitly below).
 _INTERNAL = frozenset({"client", "input", "sampling_args", "tool_defs", "timing", "trajectory", "error"})
+
+# Upper bound on a row's trajectory (characters of message text, roughly its JSON
+# size). Each step's prompt repeats the conversation so far, so a long multi-turn
+# rollout grows quadratically; past the bound the oldest steps are dropped (their
+# messages are still in the later steps' prompts) and `trajectory_dropped_steps`
+# says how many. The last step is always kept.
+TRAJECTORY_MAX_CHARS = 1_000_000
 
 
 def state_to_output(state: State, state_columns: list[str] | None = None) -> RolloutOutput:
-    """One JSON-able results row for a finished rollout."""
+    """One JSON-able results row for a finished rollout (fields as the reference's
+    RolloutOutput: `error` a string or None, `trajectory` a list of TrajectoryStep,
+    `tool_defs`; plus `error_info` with the typed details, `error_type`,
+    `error_kind`, `attempts`)."""
     err = state.get("error")
-    record = error_record(err) if isinstance(err, BaseException) else err
+    if isinstance(err, BaseException):
+        info: dict[str, Any] | None = error_record(err)
+    elif isinstance(err, dict):
+        info = err
+    else:
+        info = {"type": "error", "message": str(err), "kind": "task", "chain": [], "traceback": None} if err else None
     timing = state.get("timing")
+    trajectory, dropped = serialize_trajectory(state.get("trajectory") or [])
+    tool_defs = state.get("tool_defs")
     out = RolloutOutput(
         example_id=state.get("example_id"),
         prompt=state.get("prompt"),
@@ -32,56 +50,84 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
         is_completed=bool(state.get("is_completed", False)),
         is_truncated=bool(state.get("is_truncated", False)),
         stop_condition=state.get("stop_condition"),
-        error=record,
-        error_type=record["type"] if record else None,
-        error_kind=record["kind"] if record else None,
+        error=error_text(info) if info else None,
+        error_info=info,
+        error_type=info.get("type") if info else None,
+        error_kind=info.get("kind") if info else None,
         attempts=int(state.get("attempts", 1)),
         timing=timing.model_dump() if hasattr(timing, "model_dump") else timing,
         token_usage=dict(state.get("usage") or {}),
+        tool_defs=[_dump(t) for t in tool_defs] if tool_defs else None,
+        trajectory=trajectory,
     )
+    if dropped:
+        out["trajectory_dropped_steps"] = dropped
     for col in state_columns or ():
-        if col == "trajectory":
-            out["trajectory"] = [
-                {
-                    "prompt": step["prompt"],
-                    "completion": step["completion"],
-                    "reward": step.get("reward"),
-                    "is_truncated": step.get("is_truncated", False),
-                    "response": step["response"].model_dump() if hasattr(step.get("response"), "model_dump") else None,
-                }
-                for step in state.get("trajectory") or []
-            ]
-        elif col not in _INTERNAL:
+        if col not in _INTERNAL:
             out[col] = state.get(col)
     return out
 
 
-def _comb(n: int, k: int) -> float:
-    return math.comb(n, k) if 0 <= k <= n else 0
+def _dump(obj: Any) -> Any:
+    return obj.model_dump() if hasattr(obj, "model_dump") else obj
 
 
-def pass_at_k(rewards_by_example: dict[Any, list[float]], threshold: float) -> tuple[dict[str, float], dict[str, float]]:
-    """Unbiased pass@k and pass-all-k over examples, for k = 1, 2, 4, ... <= rollouts."""
-    if not rewards_by_example:
-        return {}, {}
-    n_min = min(len(v) for v in rewards_by_example.values())
-    ks = []
-    k = 1
-    while k <= n_min:
-        ks.append(k)
-        k *= 2
-    p_any: dict[str, float] = {}
-    p_all: dict[str, float] = {}
-    for k in ks:
-        anys, alls = [], []
-        for rewards in rewards_by_example.values():
-            n = len(rewards)
-            c = sum(1 for r in rewards if r >= threshold)
-            anys.append(1.0 - _comb(n - c, k) / _comb(n, k))
-            alls.append(_comb(c, k) / _comb(n, k))
-        p_any[str(k)] = sum(anys) / len(anys)
-        p_all[str(k)] = sum(alls) / len(alls)
-    return p_any, p_all
+def _jsonable(value: Any) -> Any:
+    """`value` if JSON can encode it, else its model_dump() / str()."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def _chars(messages: Any) -> int:
+    """Rough size of a Messages value (text, tool-call arguments)."""
+    if isinstance(messages, str):
+        return len(messages)
+    n = 0
+    for m in messages or ():
+        if isinstance(m, dict):
+            content = m.get("content")
+            n += len(content) if isinstance(content, str) else len(str(content or ""))
+            for tc in m.get("tool_calls") or ():
+                n += len(str(tc))
+        else:
+            n += len(str(m))
+    return n
+
+
+def serialize_trajectory(steps: list[Any], max_chars: int | None = None) -> tuple[list[dict[str, Any]], int]:
+    """(JSON-able TrajectoryStep dicts, number of oldest steps dropped to stay
+    within `max_chars`, default TRAJECTORY_MAX_CHARS)."""
+    if max_chars is None:
+        max_chars = TRAJECTORY_MAX_CHARS
+    keep_from, total = len(steps), 0
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        total += _chars(step.get("prompt")) + 2 * _chars(step.get("completion"))  # the response repeats the completion
+        if total > max_chars and i < len(steps) - 1:
+            break
+        keep_from = i
+    out = []
+    for step in steps[keep_from:]:
+        tokens = step.get("tokens")
+        out.append({
+            "prompt": step.get("prompt"),
+            "completion": step.get("completion"),
+            "response": _dump(step.get("response")),
+            "tokens": _jsonable(tokens) if tokens is not None else None,
+            "reward": step.get("reward"),
+            "advantage": step.get("advantage"),
+            "is_truncated": bool(step.get("is_truncated", False)),
+            "trajectory_id": step.get("trajectory_id"),
+            "extras": _jsonable(step.get("extras") or {}),
+        })
+    return out, keep_from
 
 
 def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dict[str, Any]:

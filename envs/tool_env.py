@@ -5,6 +5,9 @@ A tool that raises produces a tool message (`error_formatter(exc)`) and the
 rollout continues — except for exceptions in `stop_errors` (the rollout ends
 with a ToolCallError) and InfraErrors anywhere in the cause chain (they
 propagate as the rollout's error, so `--max-retries` re-runs it).
+
+A sync tool runs in the env's thread pool (`self.sync_pool`, sized by
+`set_concurrency`), an async one on the event loop.
 """
 
 from __future__ import annotations
@@ -117,9 +120,7 @@ class ToolEnv(MultiTurnEnv):
         fn = self.tool_map.get(tool_name)
         if fn is None:
             raise KeyError(f"unknown tool {tool_name!r}; available: {sorted(self.tool_map)}")
-        result = fn(**tool_args)
-        if inspect.isawaitable(result):
-            result = await result
+        result = await self.sync_pool.call(fn, **tool_args)
         return {"role": "tool", "content": result if isinstance(result, str) else str(result), "tool_call_id": tool_call_id}
 
     async def _prepare_args(self, tool_name: str, tool_args: dict[str, Any], messages: Messages, state: State, **kwargs: Any) -> dict[str, Any]:

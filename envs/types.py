@@ -192,9 +192,12 @@ class TrajectoryStep(TypedDict):
 class RolloutOutput(dict):
     """Serialised rollout (one line of results.jsonl). Known keys: example_id,
     prompt, completion, answer, info, reward, metrics, timing, is_completed,
-    is_truncated, stop_condition, error (`{"type", "message", "kind",
-    "chain"}` or None), error_type, error_kind ("infra" | "model" | "task"),
-    attempts, token_usage, trajectory (opt-in), tool_defs, plus state columns."""
+    is_truncated, stop_condition, error ("Type: message" or None, as the
+    reference documents it), error_info (`{"type", "message", "kind", "chain",
+    "traceback"}` or None), error_type, error_kind ("infra" | "model" |
+    "task"), attempts, token_usage, trajectory (list of TrajectoryStep dicts,
+    bounded: see envs.outputs.TRAJECTORY_MAX_CHARS; trajectory_dropped_steps
+    when the oldest were dropped), tool_defs, plus state columns."""
 
 
 class RolloutScore(TypedDict):

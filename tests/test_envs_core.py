@@ -174,7 +174,8 @@ async def test_rollout_error_recorded_cleanup_runs_run_continues(server, where):
     out = await env.evaluate(client_for(server), "m", num_examples=3, rollouts_per_example=1)
     assert len(out["outputs"]) == 3
     for o in out["outputs"]:
-        assert o["error"]["type"] == ("RuntimeError" if where == "setup" else "ValueError")
+        assert o["error_info"]["type"] == ("RuntimeError" if where == "setup" else "ValueError")
+        assert o["error"].startswith(o["error_info"]["type"] + ": ")
         assert o["error_kind"] == "task" and o["reward"] == 0.0 and o["stop_condition"] == "has_error"
     assert sum(1 for e in log if e[0] == "cleanup_low") == 3
     assert out["metadata"]["avg_error"] == 1.0
@@ -229,7 +230,8 @@ async def test_tool_error_becomes_message_unless_stop_error():
         assert out["outputs"][0]["completion"][1]["content"] == "ERR KeyError" and out["outputs"][0]["error"] is None
         env = vf.ToolEnv(tools=[explode], dataset=rows(1), stop_errors=[KeyError])
         out = await env.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=1)
-        assert out["outputs"][0]["error"]["type"] == "ToolCallError" and "KeyError" in out["outputs"][0]["error"]["chain"]
+        assert out["outputs"][0]["error_info"]["type"] == "ToolCallError" and "KeyError" in out["outputs"][0]["error_info"]["chain"]
+        assert out["outputs"][0]["error"].startswith("ToolCallError: tool explode failed")
 
 
 class Handle:
@@ -314,7 +316,7 @@ async def test_rollout_retry_on_infra_error_reports_attempts(server):
     out = await env.evaluate(client_for(server), "m", num_examples=1, rollouts_per_example=1, max_retries=1)
     o = out["outputs"][0]
     assert o["attempts"] == 2 and o["error_kind"] == "infra" and o["error_type"] == "RuntimeError"
-    assert "InfraError" in o["error"]["chain"]
+    assert "InfraError" in o["error_info"]["chain"]
 
 
 async def test_task_errors_are_not_retried(server):

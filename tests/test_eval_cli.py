@@ -305,7 +305,7 @@ def test_max_retries_infra_error_attempts_in_output(workdir):
     assert res.returncode == 0
     newest = max(run_dirs(workdir, "e2e-flaky"), key=lambda d: d.stat().st_mtime)
     rows = read_rows(newest)
-    assert all(r["attempts"] == 1 and r["error_kind"] == "infra" and "InfraError" in r["error"]["chain"] for r in rows)
+    assert all(r["attempts"] == 1 and r["error_kind"] == "infra" and "InfraError" in r["error_info"]["chain"] for r in rows)
 
 
 # --------------------------------------------------------------------------- interruption and resume

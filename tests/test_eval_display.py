@@ -36,7 +36,7 @@ def test_plain_display_logs_progress(caplog):
 def test_summary_shows_stats_errors_and_samples(capsys):
     rows = [
         {"example_id": 0, "reward": 1.0, "prompt": [{"role": "user", "content": "[b]q[/b]"}], "completion": [{"role": "assistant", "content": "a"}], "attempts": 2},
-        {"example_id": 0, "reward": 0.0, "prompt": "q", "completion": None, "error": {"type": "InfraError", "message": "gone"}, "error_kind": "infra"},
+        {"example_id": 0, "reward": 0.0, "prompt": "q", "completion": None, "error": "InfraError: gone", "error_info": {"type": "InfraError", "message": "gone", "kind": "infra"}, "error_kind": "infra"},
     ]
     meta = {"env_id": "e", "model": "m", "num_examples": 1, "rollouts_per_example": 2, "avg_metrics": {"x": 0.5},
             "pass_at_k": {"1": 0.5}, "time_ms": 1500, "status": "completed", "path_to_save": "/tmp/r"}

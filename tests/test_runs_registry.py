@@ -91,7 +91,7 @@ def test_reused_pid_is_not_alive(env):
 
 
 def test_stop_then_resume_continues_same_run(env):
-    from envs.runs.cli import stop_run
+    from envs.runs.stop import stop_run
     p, rid = spawn(env, "slow", n=12)
     wait_progress(rid, 2)
     r = stop_run(rid, timeout=20)

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import error_text
+
 log = logging.getLogger("envs.eval")
 
 
@@ -305,6 +307,6 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
         for r in rows[:3]:
             comp = _short(r.get("completion"))
             if r.get("error"):
-                comp = f"[error] {r['error'].get('type')}: {r['error'].get('message')}"
+                comp = f"[error] {error_text(r['error'])}"
             samples.add_row(Text(_short(r.get("prompt"))), Text(comp), f"{float(r.get('reward') or 0):.3f}")
         console.print(samples)

@@ -226,8 +226,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             for r in group_rows:
                 if r.get("error"):
                     log.warning(
-                        "%s: rollout example_id=%s failed after %s attempt(s): %s: %s",
-                        cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"].get("type"), r["error"].get("message"),
+                        "%s: rollout example_id=%s failed after %s attempt(s): %s",
+                        cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"],
                     )
             display.update(idx)
             if rec is not None:

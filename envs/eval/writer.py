@@ -2,6 +2,9 @@
 `results.jsonl` (one rollout per line, appended one completed group at a
 time, flushed and fsynced) and `metadata.json` (rewritten atomically:
 temp file + os.replace). A killed run loses at most the groups in flight.
+The files themselves are written by `envs.results_file.ResultsWriter` (also
+used by `Environment.generate(save_results=True)`); this module adds the
+eval run's directory layout and resume.
 
 Resume: `load_existing` reads back the rows (ignoring a torn last line) and
 `missing_inputs` computes exactly the rollouts still to run.
@@ -10,18 +13,30 @@ Resume: `load_existing` reads back the rows (ignoring a torn last line) and
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from sandboxes.errors import ConfigError
 
-RESULTS = "results.jsonl"
-METADATA = "metadata.json"
+from ..results_file import METADATA, RESULTS, ResultsWriter, dumps
+
+__all__ = [
+    "METADATA",
+    "RESULTS",
+    "ResultsWriter",
+    "check_compatible",
+    "dumps",
+    "env_model_dir",
+    "find_resumable",
+    "load_existing",
+    "missing_inputs",
+    "model_slug",
+    "new_run_dir",
+    "now_iso",
+]
 
 
 def model_slug(model: str) -> str:
@@ -35,84 +50,6 @@ def env_model_dir(output_dir: str | Path | None, env_id: str, model: str) -> Pat
 
 def new_run_dir(output_dir: str | Path | None, env_id: str, model: str) -> Path:
     return env_model_dir(output_dir, env_id, model) / uuid.uuid4().hex[:8]
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump()
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    if isinstance(obj, BaseException):
-        return f"{type(obj).__name__}: {obj}"
-    return str(obj)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, default=_json_default, ensure_ascii=False)
-
-
-class ResultsWriter:
-    """Appends groups of rows to results.jsonl and keeps metadata.json current."""
-
-    def __init__(self, run_dir: str | Path, fsync: bool = True):
-        self.run_dir = Path(run_dir)
-        self.fsync = fsync
-        self._fh: Any = None
-        self.rows_written = 0
-
-    @property
-    def results_path(self) -> Path:
-        return self.run_dir / RESULTS
-
-    @property
-    def metadata_path(self) -> Path:
-        return self.run_dir / METADATA
-
-    def open(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._truncate_torn_tail()
-        self._fh = open(self.results_path, "a", encoding="utf-8")
-
-    def _truncate_torn_tail(self) -> None:
-        """Drop a partial last line left by a killed writer, so appends stay valid JSONL."""
-        path = self.results_path
-        if not path.exists() or path.stat().st_size == 0:
-            return
-        with open(path, "rb+") as fh:
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) == b"\n":
-                return
-            data = fh.seek(0) or fh.read()
-            cut = data.rfind(b"\n") + 1
-            fh.truncate(cut)
-
-    def append(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Write one group (one write call, then flush + fsync)."""
-        if self._fh is None:
-            self.open()
-        text = "".join(dumps(r) + "\n" for r in rows)
-        if not text:
-            return
-        self._fh.write(text)
-        self._fh.flush()
-        if self.fsync:
-            os.fsync(self._fh.fileno())
-        self.rows_written += text.count("\n")
-
-    def write_metadata(self, metadata: dict[str, Any]) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.metadata_path.with_suffix(f".json.tmp{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(metadata, default=_json_default, indent=2, ensure_ascii=False))
-            fh.flush()
-            if self.fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, self.metadata_path)
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
 
 
 def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -24,6 +24,11 @@ class RubricGroup(Rubric):
             return super().add_reward_func(func, weight)
         self.rubrics[0].add_reward_func(func, weight)
 
+    def set_sync_pool(self, pool: Any) -> None:
+        super().set_sync_pool(pool)
+        for r in getattr(self, "rubrics", []):
+            r.set_sync_pool(pool)
+
     def add_class_object(self, name: str, obj: Any) -> None:
         super().add_class_object(name, obj)
         for r in getattr(self, "rubrics", []):

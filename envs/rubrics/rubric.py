@@ -6,7 +6,13 @@ them with **kwargs): prompt, completion, answer, state, info, task,
 example_id, parser, plus every object added with `add_class_object`. A
 function whose parameters include a plural name (completions, states,
 answers, prompts, infos, tasks) is a *group* function: it gets the lists of
-a whole group and returns one score per rollout. Sync and async both work.
+a whole group and returns one score per rollout. Sync and async both work:
+a sync function runs in the owning environment's thread pool (`sync_pool`,
+attached by the env before scoring, sized by `env.set_concurrency`), so a
+slow one does not block the event loop; async ones run on the loop. A rubric
+used on its own (no pool attached) calls sync functions inline. Functions
+run one after another for a rollout, each for all rollouts of a group at
+once.
 
 A reward function that raises scores 0 (logged) — unless the failure is an
 InfraError (cause chain), which marks the rollout as errored so it can be
@@ -15,6 +21,7 @@ retried instead of being scored as a wrong answer.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -24,6 +31,7 @@ from typing import Any
 from ..decorators import call_with_named_args, discover
 from ..errors import is_infra_error
 from ..parsers import Parser
+from ..sync_pool import SyncPool
 from ..types import State
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,8 @@ def is_group_func(func: Callable[..., Any]) -> bool:
 
 class Rubric:
     """Combines reward functions with weights (default 1.0)."""
+
+    sync_pool: SyncPool | None = None  # where sync reward functions run (set by the env)
 
     def __init__(
         self,
@@ -88,6 +98,10 @@ class Rubric:
     def get_reward_func_names(self) -> list[str]:
         return [_name(f) for f in self.funcs]
 
+    def set_sync_pool(self, pool: SyncPool | None) -> None:
+        """Run sync reward functions in `pool` (None: inline on the caller's thread)."""
+        self.sync_pool = pool
+
     def _is_group(self, func: Callable[..., Any]) -> bool:
         key = id(func)
         flag = self._group_flags.get(key)
@@ -110,7 +124,7 @@ class Rubric:
 
     async def _call(self, func: Callable[..., Any], args: dict[str, Any], name: str) -> Any:
         try:
-            return await call_with_named_args(func, **args)
+            return await call_with_named_args(func, self.sync_pool, **args)
         except Exception as exc:
             if is_infra_error(exc):
                 raise
@@ -138,9 +152,14 @@ class Rubric:
                     continue
                 for s, v in zip(live, list(values)):
                     per_func[j][index[id(s)]] = _num(v)
-            else:
-                for s in live:
-                    per_func[j][index[id(s)]] = _num(await self._call(func, self._args(s), name))
+            elif len(live) == 1:
+                per_func[j][index[id(live[0])]] = _num(await self._call(func, self._args(live[0]), name))
+            elif live:
+                results = await asyncio.gather(*(self._call(func, self._args(s), name) for s in live), return_exceptions=True)
+                for s, v in zip(live, results):
+                    if isinstance(v, BaseException):
+                        raise v  # an InfraError (other failures already scored 0)
+                    per_func[j][index[id(s)]] = _num(v)
         t1 = time.time()
         for i, s in enumerate(states):
             reward = sum(w * per_func[j][i] for j, w in enumerate(self.weights)) if s.get("error") is None else 0.0

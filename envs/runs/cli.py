@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Optional
@@ -225,6 +224,8 @@ def stop_cmd(
 ) -> None:
     """Stop a run gracefully: SIGTERM (the run saves finished groups, tears down
     its sandboxes and records `stopped`), wait, verify."""
+    from .stop import StopError, stop_run
+
     _use_db(db)
     rec = _get(run_id)
     try:
@@ -243,46 +244,6 @@ def stop_cmd(
                 typer.echo(f"removed {n} sandbox(es) the run left behind")
     if rec.status != "stopped":
         raise typer.Exit(1)
-
-
-class StopError(RuntimeError):
-    """The run could not be stopped (other host, or it ignored SIGTERM)."""
-
-
-def stop_run(run_id: str, *, timeout: float = 60.0, force: bool = False) -> "RunRecord":
-    """SIGTERM the run's process and wait until the registry shows it ended."""
-    import socket
-
-    from .registry import get_run, pid_alive, request_stop
-
-    rec = get_run(run_id)
-    if rec is None:
-        raise StopError(f"no run {run_id!r}")
-    if rec.status != "running":
-        return rec
-    if rec.host != socket.gethostname():
-        raise StopError(f"run {rec.id} runs on host {rec.host}; stop it there")
-    request_stop(rec.id)
-    if pid_alive(rec.pid, rec.pid_start):  # never signal a recycled pid
-        try:
-            os.kill(rec.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        cur = get_run(rec.id)  # reconciles: a process that died after SIGTERM shows `stopped`
-        if cur.status != "running":
-            return cur
-        time.sleep(0.1)
-    if force and pid_alive(rec.pid, rec.pid_start):
-        os.kill(rec.pid, signal.SIGKILL)
-        for _ in range(50):
-            cur = get_run(rec.id)
-            if cur.status != "running":
-                return cur
-            time.sleep(0.1)
-    raise StopError(f"run {rec.id} (pid {rec.pid}) did not stop within {timeout:.0f}s; "
-                    "retry with --force to SIGKILL it")
 
 
 def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> int:

@@ -130,7 +130,7 @@ async def _json_body(request: web.Request) -> dict:
 
 
 async def stop(request: web.Request) -> web.Response:
-    from .cli import StopError, stop_run
+    from .stop import StopError, stop_run
 
     await _json_body(request)
     rec = await _thread(_get, request)

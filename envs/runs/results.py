@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..errors import error_text
+from ..pass_at_k import pass_at_k
 from .registry import RunRecord
 
 _cache: dict[str, tuple[tuple[float, int], list[dict]]] = {}
@@ -124,32 +126,9 @@ def histogram(values: list[float], bins: int = 10) -> dict[str, list[float]]:
     return {"edges": [lo + i * width for i in range(bins + 1)], "counts": counts}
 
 
-def pass_at_k(groups: dict[Any, list[float]], threshold: float) -> tuple[dict[str, float], dict[str, float]]:
-    """Unbiased pass@k (at least one of k correct) and pass^k (all k correct),
-    averaged over examples, for k = 1, 2, 4, ... up to the smallest group size."""
-    sizes = [len(v) for v in groups.values() if v]
-    if not sizes:
-        return {}, {}
-    n_min = min(sizes)
-    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n_min]
-    if n_min not in ks:
-        ks.append(n_min)
-    at, allk = {}, {}
-    for k in ks:
-        pa, pall = [], []
-        for rewards in groups.values():
-            n = len(rewards)
-            c = sum(1 for r in rewards if r >= threshold)
-            pa.append(1.0 - (math.comb(n - c, k) / math.comb(n, k) if n - c >= k else 0.0))
-            pall.append(math.comb(c, k) / math.comb(n, k))
-        at[str(k)] = sum(pa) / len(pa)
-        allk[str(k)] = sum(pall) / len(pall)
-    return at, allk
-
-
 def error_type(err: Any) -> str | None:
-    """The error's type name from a row's `error` (ErrorData dict, or a
-    "Type: message" string as written by the eval CLI)."""
+    """The error's type name from a row's `error_info` / old-style `error`
+    dict, or from a "Type: message" string (the row's `error`)."""
     if not err:
         return None
     if isinstance(err, dict):
@@ -161,16 +140,6 @@ def error_type(err: Any) -> str | None:
         head = err.split(":", 1)[0].strip()
         return head if head and head.replace(".", "").replace("_", "").isalnum() else "error"
     return type(err).__name__
-
-
-def error_text(err: Any) -> str | None:
-    if not err:
-        return None
-    if isinstance(err, dict):
-        msg = err.get("message") or err.get("error_chain_str") or ""
-        t = error_type(err)
-        return f"{t}: {msg}" if msg else t
-    return str(err)
 
 
 def _dur(x: Any) -> float | None:
@@ -259,10 +228,10 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
             n = _num(v)
             if n is not None:
                 metrics.setdefault(k, []).append(n)
-        et = (r.get("error_type") if r.get("error") else None) or error_type(r.get("error"))
+        err = r.get("error_info") if isinstance(r.get("error_info"), dict) else r.get("error")  # rows before error_info: a dict
+        et = (r.get("error_type") if r.get("error") else None) or error_type(err)
         if et:
             errors[et] = errors.get(et, 0) + 1
-            err = r.get("error")
             kind = r.get("error_kind") or (err.get("kind") if isinstance(err, dict) else None) or "unknown"
             kinds[str(kind)] = kinds.get(str(kind), 0) + 1
         tu = r.get("token_usage")
