@@ -49,7 +49,7 @@ SETTING_KEYS = frozenset(
         "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
         "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
-        "save_to_hf_hub", "hf_hub_dataset_name",
+        "save_to_hf_hub", "hf_hub_dataset_name", "junit_xml",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -88,6 +88,8 @@ class EvalConfig(BaseModel):
     heartbeat_url: str | None = None
     shuffle: bool = False
     shuffle_seed: int | None = None
+    kind: str = Field("eval", description="The run's kind in the run registry (eval, swe-debug).")
+    junit_xml: str | None = Field(None, description="Also write the results as a JUnit XML report here.")
 
     def public_args(self) -> dict[str, Any]:
         """The settings as a JSON-able dict for the run registry: API keys appear
@@ -330,6 +332,8 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         timeout_minutes=s.get("timeout_minutes"),
         shuffle=bool(s.get("shuffle", False)),
         shuffle_seed=s.get("shuffle_seed"),
+        kind=s.get("kind", "eval"),
+        junit_xml=s.get("junit_xml"),
     )
 
 

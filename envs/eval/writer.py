@@ -3,8 +3,10 @@
 time, flushed and fsynced) and `metadata.json` (rewritten atomically:
 temp file + os.replace). A killed run loses at most the groups in flight.
 
-Resume: `load_existing` reads back the rows (ignoring a torn last line) and
-`missing_inputs` computes exactly the rollouts still to run.
+Resume: `load_existing` reads back the rows (ignoring a torn last line),
+`needs_rerun` picks out the rows that end in an infrastructure error (they
+are dropped and run again) and `missing_inputs` computes exactly the
+rollouts still to run.
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ class ResultsWriter:
             os.fsync(self._fh.fileno())
         self.rows_written += text.count("\n")
 
+    def rewrite(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Replace results.jsonl with `rows` (atomically: temp file + os.replace), e.g. a
+        resumed run dropping the rows it will run again; appends continue after them."""
+        self.close()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.results_path.with_suffix(f".jsonl.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("".join(dumps(r) + "\n" for r in rows))
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, self.results_path)
+
     def write_metadata(self, metadata: dict[str, Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.metadata_path.with_suffix(f".json.tmp{os.getpid()}")
@@ -139,6 +154,17 @@ def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, 
     return rows, metadata
 
 
+def needs_rerun(row: dict[str, Any]) -> bool:
+    """A row whose rollout ended in an infrastructure error (retries spent): no result
+    on the task, so a resume runs it again."""
+    if not row.get("error"):
+        return False
+    err, info = row.get("error"), row.get("error_info")
+    kind = row.get("error_kind") or (info.get("kind") if isinstance(info, dict) else None) or (
+        err.get("kind") if isinstance(err, dict) else None)
+    return kind == "infra"
+
+
 def check_compatible(metadata: dict[str, Any], env_id: str, model: str, rollouts_per_example: int, num_examples: int, where: Path) -> None:
     """Refuse to resume a run made with different settings (num_examples may only grow)."""
     problems = []
@@ -177,7 +203,7 @@ def find_resumable(output_dir: str | Path | None, env_id: str, model: str, rollo
         if num_examples >= 0 and saved_n > num_examples:
             continue
         target = (num_examples if num_examples >= 0 else saved_n) * rollouts_per_example
-        done = sum(1 for line in open(d / RESULTS, encoding="utf-8") if line.endswith("\n") and line.strip())
+        done = sum(1 for row in load_existing(d)[0] if not needs_rerun(row))
         if md.get("status") == "completed" and done >= target:
             continue
         if done >= target and target > 0:
