@@ -54,6 +54,16 @@ class EnvGroup(Environment):
         for env in self.envs:
             env.set_concurrency(concurrency)
 
+    def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        super().set_backend(backend, options)
+        for env in self.envs:
+            env.set_backend(backend, options)
+
+    def set_retry_policy(self, policy: Any) -> None:
+        super().set_retry_policy(policy)
+        for env in self.envs:
+            env.set_retry_policy(policy)
+
     async def teardown(self) -> None:
         for env in self.envs:
             await env.teardown()

@@ -240,12 +240,38 @@ class Environment(ABC):
 
     # ------------------------------------------------------------------ configuration
     def set_kwargs(self, **kwargs: Any) -> None:
+        """Apply `-x` / `extra_env_kwargs`: through `set_<key>` when the env has one,
+        else onto an attribute the env already has. Any other key is refused with a
+        ConfigError naming it (a setting that would be silently ignored is a bug)."""
+        from sandboxes.errors import ConfigError
+
+        unknown = [k for k in kwargs if not callable(getattr(self, f"set_{k}", None)) and not hasattr(self, k)]
+        if unknown:
+            raise ConfigError(
+                f"{type(self).__name__} has no setting {', '.join(map(repr, unknown))} "
+                f"(extra_env_kwargs / -x); settable: {', '.join(self.settable_kwargs())}"
+            )
         for key, value in kwargs.items():
             setter = getattr(self, f"set_{key}", None)
             if callable(setter):
                 setter(value)
             else:
                 setattr(self, key, value)
+
+    def settable_kwargs(self) -> list[str]:
+        """Keys `set_kwargs` accepts through a setter (attributes are accepted too)."""
+        return sorted(n[4:] for n in dir(self) if n.startswith("set_") and n != "set_kwargs"
+                      and callable(getattr(self, n, None)))
+
+    def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        """The run's sandbox backend (name + constructor options). Envs without
+        sandboxes only remember it; sandbox-backed envs override to use it."""
+        self.sandbox_backend = backend
+        self.sandbox_backend_options = dict(options or {})
+
+    def set_retry_policy(self, policy: RetryPolicy) -> None:
+        """The run's retry policy for whole rollouts (attempts = max_retries + 1)."""
+        self.retry_policy = policy
 
     def set_concurrency(self, concurrency: int) -> None:
         self.concurrency = max(1, int(concurrency))

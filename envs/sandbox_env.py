@@ -228,7 +228,40 @@ class SandboxEnv(StatefulToolEnv):
             return {**tool_args, "sandbox_id": state["sandbox_id"]}
         return tool_args
 
-    # ------------------------------------------------------------------ backend and specs
+    # ------------------------------------------------------------------ run settings (-x, the run's backend)
+    # constructor name -> SandboxSpec field; each gets a `set_<name>` so `-x` reaches the spec
+    _SPEC_SETTINGS = {
+        "docker_image": "image", "sandbox_name": "name", "start_command": "start_command", "cpu_cores": "cpu_cores",
+        "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
+        "timeout_minutes": "timeout_minutes", "environment_vars": "environment_vars", "network": "network",
+        "workdir": "workdir", "labels": "labels",
+    }
+
+    def set_sandbox_settings(self, **settings: Any) -> None:
+        """Change sandbox settings by their constructor names (validated like the constructor)."""
+        fields = {self._SPEC_SETTINGS[k]: v for k, v in settings.items()}
+        try:
+            self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid sandbox settings {settings} for {type(self).__name__}: {exc}") from exc
+
+    def set_timeout_per_command_seconds(self, seconds: float) -> None:
+        try:
+            self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), "timeout_per_command_seconds": seconds})
+        except ValidationError as exc:
+            raise ConfigError(f"invalid timeout_per_command_seconds {seconds!r}: {exc}") from exc
+        self.timeout_per_command_seconds = float(seconds)
+
+    def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        """Use the run's backend (an instance given to the constructor is kept)."""
+        super().set_backend(backend, options)
+        if self._backend_arg is not None and not isinstance(self._backend_arg, str):
+            return
+        if (backend, dict(options or {})) != (self._backend_arg, self._backend_options):
+            if self._backend is not None or self._pool is not None:
+                raise ConfigError("set_backend() after the first sandbox was created")
+            self._backend_arg, self._backend_options = backend, dict(options or {})
+
     @property
     def backend(self) -> SandboxBackend:
         if self._backend is None:
@@ -424,6 +457,19 @@ class SandboxEnv(StatefulToolEnv):
         count = await self._oom_count(live.sandbox)
         if count is not None and count > live.oom_baseline:
             state["sandbox_oom"] = True
+
+
+def _spec_setter(name: str) -> Any:
+    def setter(self: SandboxEnv, value: Any) -> None:
+        self.set_sandbox_settings(**{name: value})
+
+    setter.__name__ = f"set_{name}"
+    setter.__doc__ = f"Set the sandbox's `{name}` (the `-x {name}=...` of an eval)."
+    return setter
+
+
+for _name in SandboxEnv._SPEC_SETTINGS:
+    setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
 
 
 class _ReleaseAfterScoring(Rubric):

@@ -9,7 +9,7 @@ import typer
 
 app = typer.Typer(help="List and reap sandboxes.", no_args_is_help=True)
 
-BackendOpt = typer.Option(None, "--backend", "-b", help="Backend name (default: $VF_SANDBOX_BACKEND or docker).")
+BackendOpt = typer.Option(None, "--backend", "-b", help="Backend name \\[default: docker].")
 
 
 def _age(seconds: float) -> str:

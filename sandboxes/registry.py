@@ -42,12 +42,11 @@ def _resolve(factory: BackendFactory | str) -> BackendFactory:
 
 def get_backend(backend: str | SandboxBackend | None = None, **options: Any) -> SandboxBackend:
     """A backend instance: pass one through, or build the one registered under the name
-    (default: $VF_SANDBOX_BACKEND or docker). `options` go to its constructor."""
-    import os
-
+    (default: docker). `options` go to its constructor. The choice always arrives as an
+    argument (from the run definition); no environment variable selects a backend."""
     if backend is not None and not isinstance(backend, str):
         return backend
-    name = backend or os.environ.get("VF_SANDBOX_BACKEND") or DEFAULT_BACKEND
+    name = backend or DEFAULT_BACKEND
     try:
         factory = _registered[name]
     except KeyError:

@@ -56,6 +56,7 @@ def run(
     max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Extra tries of a rollout after a sandbox (infra) error.")] = 2,
     test_timeout: Annotated[float, typer.Option("--test-timeout", help="Seconds for the test run.")] = 900,
     timeout_seconds: Annotated[float, typer.Option("--timeout-seconds", help="Seconds for one debug run of an instance.")] = 1800,
+    timeout_minutes: Annotated[float, typer.Option("--timeout-minutes", help="Minutes for the whole run (then it stops: finished rows kept, --resume).")] = 1440,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Base directory of the run (default outputs); results go to OUTPUT_DIR/evals/swe-debug--none/<run>/.")] = None,
     junit_xml: Annotated[Optional[Path], typer.Option("--junit-xml", help="Write a JUnit XML report here.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the latest unfinished run in OUTPUT_DIR (instances with an infra error run again).")] = False,
@@ -83,7 +84,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
-        "memory_gb": a["memory_gb"], "backend": a["backend"],
+        "memory_gb": a["memory_gb"],
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -97,6 +98,7 @@ def eval_config(a: dict[str, Any]):
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
         "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
         "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
+        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
     }
     (cfg,) = configs_from_cli([ENV_ID], cli)
     return cfg

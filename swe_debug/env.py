@@ -97,8 +97,6 @@ class SWEDebugEnv(Environment):
         self.check_fails_before = check_fails_before
         self.repeat = repeat
         self.input_errors = list(input_errors or [])
-        self.sandbox_backend: Any = backend
-        self.sandbox_backend_options: dict[str, Any] = dict(backend_options or {})
         self._backend: Any = None
         self._old_backends: list[Any] = []
         self._live: dict[str, Sandbox] = {}  # sandboxes created and not yet deleted
@@ -106,6 +104,7 @@ class SWEDebugEnv(Environment):
         if dataset is None:
             dataset = [self._row(i) for i in taskset.instances()]
         super().__init__(dataset=dataset, rubric=SWEDebugRubric(), **kwargs)
+        self.set_backend(backend, backend_options)
 
     def _row(self, inst: Any) -> dict[str, Any]:
         iid = self.taskset.instance_id(inst)
@@ -119,8 +118,7 @@ class SWEDebugEnv(Environment):
         if self._backend is not None:
             self._old_backends.append(self._backend)  # closed at teardown (it may still hold sandboxes)
             self._backend = None
-        self.sandbox_backend = name
-        self.sandbox_backend_options = dict(options or {})
+        super().set_backend(name, options)
 
     @property
     def backend(self) -> Any:
@@ -128,11 +126,21 @@ class SWEDebugEnv(Environment):
             self._backend = get_backend(self.sandbox_backend, **self.sandbox_backend_options)
         return self._backend
 
-    def set_timeout_seconds(self, seconds: float) -> None:
-        self.options = self.options.model_copy(update={"timeout_seconds": float(seconds)})
+    # sandbox settings (`-x` / extra_env_kwargs); the image is the instance's own
+    def _set_option(self, **update: Any) -> None:
+        self.options = DebugOptions.model_validate({**self.options.model_dump(), **update})
 
-    def set_timeout_minutes(self, minutes: float) -> None:
-        self.set_timeout_seconds(float(minutes) * 60)
+    def set_cpu_cores(self, cpu_cores: float) -> None:
+        self._set_option(cpu_cores=cpu_cores)
+
+    def set_memory_gb(self, memory_gb: float) -> None:
+        self._set_option(memory_gb=memory_gb)
+
+    def set_disk_size_gb(self, disk_size_gb: float) -> None:
+        self._set_option(disk_size_gb=disk_size_gb)
+
+    def set_timeout_seconds(self, timeout_seconds: float) -> None:
+        self._set_option(timeout_seconds=timeout_seconds)
 
     # ------------------------------------------------------------------ the rollout
     async def rollout(

@@ -4,6 +4,7 @@ import asyncio
 import json
 
 import pytest
+from sandboxes.errors import ConfigError
 from openai import AsyncOpenAI
 
 import envs as vf
@@ -366,8 +367,12 @@ async def test_env_group_routes_by_env_id(server):
 
 async def test_independent_scoring_and_set_kwargs(server):
     env = vf.SingleTurnEnv(dataset=rows(2), rubric=boxed_rubric())
-    env.set_kwargs(score_rollouts=False, max_seq_len=100, custom_attr=5)
-    assert env.score_rollouts is False and env.max_seq_len == 100 and env.custom_attr == 5
+    env.set_kwargs(score_rollouts=False, max_seq_len=100)
+    assert env.score_rollouts is False and env.max_seq_len == 100
+    # a key the env has no setting for is refused, naming it, and nothing is applied
+    with pytest.raises(ConfigError, match="'custom_attr'"):
+        env.set_kwargs(max_seq_len=7, custom_attr=5)
+    assert env.max_seq_len == 100 and not hasattr(env, "custom_attr")
     out = await env.evaluate(client_for(server), "m", num_examples=2, rollouts_per_example=2)
     assert all(o["reward"] == 0.0 for o in out["outputs"])
     env.set_score_rollouts(True)

@@ -4,8 +4,6 @@ happens in `envs.eval` (imported inside the commands to keep startup cheap)."""
 
 from __future__ import annotations
 
-import os
-
 import sys
 from pathlib import Path
 from typing import Optional
@@ -34,6 +32,21 @@ class _EvalCommand(TyperCommand):
         return super().parse_args(ctx, fixed)
 
 
+def _parse_workers(value: str) -> int | None:
+    """`-w N` or `-w auto` (one process; None = not given)."""
+    from sandboxes.errors import ConfigError
+
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"--num-workers/-w: expected a positive integer or 'auto', got {value!r}") from None
+    if n < 1:
+        raise ConfigError(f"--num-workers/-w: expected a positive integer or 'auto', got {value!r}")
+    return n
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -41,7 +54,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command("eval", cls=_EvalCommand)
 def eval_command(
-    env_id_or_path: list[str] = typer.Argument(..., help="Environment ID(s) or path to a TOML config"),
+    env_id_or_path: Optional[list[str]] = typer.Argument(None, help="Environment ID(s) or path to a TOML config"),
     env_args: Optional[str] = typer.Option(None, "--env-args", "-a", help="JSON object passed to load_environment() \\[default: {}]"),
     extra_env_kwargs: Optional[str] = typer.Option(None, "--extra-env-kwargs", "-x", help="JSON object passed to the environment constructor \\[default: {}]"),
     env_dir_path: Optional[str] = typer.Option(None, "--env-dir-path", "-p", help="Base path of local environments \\[default: ./environments]"),
@@ -63,7 +76,7 @@ def eval_command(
     no_interleave_scoring: bool = typer.Option(False, "--no-interleave-scoring", "-N", help="Score after generation instead of per group"),
     independent_scoring: bool = typer.Option(False, "--independent-scoring", "-i", help="Score each rollout individually"),
     max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries per rollout on InfraError \\[default: 0]"),
-    num_workers: str = typer.Option("auto", "--num-workers", "-w", help="Env worker processes (accepted for compatibility; rollouts run in-process)"),
+    num_workers: str = typer.Option("auto", "--num-workers", "-w", help="Worker processes sharing the run (auto = 1)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging"),
     fullscreen: bool = typer.Option(False, "--fullscreen", "-f", help="Use the alternate screen for the live display"),
     disable_tui: bool = typer.Option(False, "--disable-tui", "-d", help="Plain logs instead of the live display"),
@@ -76,8 +89,10 @@ def eval_command(
     hf_hub_dataset_name: Optional[str] = typer.Option(None, "--hf-hub-dataset-name", "-D", help="Dataset name on the HF Hub"),
     heartbeat_url: Optional[str] = typer.Option(None, "--heartbeat-url", help="URL to GET every 30 s while the eval runs (uptime monitoring)"),
     eval_name: Optional[str] = typer.Option(None, "--eval-name", help="Name recorded for this run in the run registry"),
-    timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="Stop cleanly after this many minutes"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend of sandbox-backed envs: docker | local | kubernetes | prime \\[default: $VF_SANDBOX_BACKEND or docker]"),
+    timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="Stop cleanly after this many minutes \\[default: 120, max 1440]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend of sandbox-backed envs: docker | local | kubernetes | prime \\[default: docker]"),
+    backend_options: Optional[str] = typer.Option(None, "--backend-options", help="JSON object passed to the sandbox backend's constructor"),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help="Run again from a recorded run definition: a run id or a results directory (explicit flags override it)"),
 ) -> None:
     """Evaluate a model on one or more environments (or a TOML config)."""
     import logging
@@ -85,32 +100,64 @@ def eval_command(
     from sandboxes.errors import ConfigError, UsageError
 
     from ..errors import MissingKeyError
-    from ..eval.config import configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object
+    from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object
     from ..logging_utils import setup_logging
 
     setup_logging("DEBUG" if verbose else "INFO")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     resume_path = None if resume in (None, _AUTO) else resume
+    env_ids = list(env_id_or_path or [])
     try:
-        is_toml = len(env_id_or_path) == 1 and env_id_or_path[0].endswith(".toml")
-        if is_toml:
-            overrides = {
-                "resume": resume is not None or None,
-                "resume_path": resume_path,
-                "output_dir": output_dir,
-                "verbose": verbose or None,
-                "timeout_minutes": timeout_minutes,
-                "name": eval_name,
-            }
-            configs = configs_from_toml(env_id_or_path[0], overrides)
+        workers = _parse_workers(num_workers)
+        run_control = {  # flags that still apply to a TOML config or a recorded run
+            "resume": resume is not None or None,
+            "resume_path": resume_path,
+            "output_dir": output_dir,
+            "verbose": verbose or None,
+            "timeout_minutes": timeout_minutes,
+            "name": eval_name,
+            "backend": backend,
+            "backend_options": parse_json_object(backend_options, "--backend-options") or None,
+            "num_workers": workers,
+            "max_retries": max_retries,
+            "max_concurrent": max_concurrent,
+            "save_results": save_results or None,
+        }
+        content = {"-a": env_args, "-x": extra_env_kwargs, "-p": env_dir_path, "-m": model, "-b": api_base_url,
+                   "-k": api_key_var, "--api-client-type": api_client_type, "-e": endpoints_path, "--header": header,
+                   "--header-from-state": header_from_state, "-S": sampling_args, "-t": max_tokens,
+                   "-T": temperature, "-C": state_columns, "-i": independent_scoring, "-N": no_interleave_scoring,
+                   "--max-concurrent-generation": max_concurrent_generation,
+                   "--max-concurrent-scoring": max_concurrent_scoring, "-H": save_to_hf_hub,
+                   "-D": hf_hub_dataset_name, "--heartbeat-url": heartbeat_url}
+        given = [flag for flag, value in content.items() if value not in (None, False, [], "")]
+        is_toml = len(env_ids) == 1 and env_ids[0].endswith(".toml")
+        if from_run is not None or is_toml:
+            source = "--from-run" if from_run is not None else "a TOML config"
+            if from_run is None and (num_examples is not None or rollouts_per_example is not None):
+                given += [f for f, v in (("-n", num_examples), ("-r", rollouts_per_example)) if v is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} cannot be combined with {source}: it defines what is evaluated "
+                                  "(edit the TOML config instead); run-control flags such as -c, -w, -o, -s, -R, "
+                                  "--backend, --max-retries, --timeout-minutes do apply")
+        if from_run is not None:
+            if env_ids:
+                raise ConfigError("--from-run replaces the environment ids / TOML config; pass one or the other")
+            run_control.update({"num_examples": num_examples, "rollouts_per_example": rollouts_per_example})
+            configs = [config_from_run(from_run, run_control)]
+        elif not env_ids:
+            raise ConfigError("give an environment id, a TOML config or --from-run RUN")
+        elif is_toml:
+            configs = configs_from_toml(env_ids[0], run_control)
         else:
-            if any(x.endswith(".toml") for x in env_id_or_path):
+            if any(x.endswith(".toml") for x in env_ids):
                 raise ConfigError("pass either environment ids or one TOML config, not both")
             headers = parse_header_lines(header, "--header")
             from_state = parse_header_lines(header_from_state, "--header-from-state") if header_from_state else None
             cli = {
-                "env_args": parse_json_object(env_args, "--env-args/-a"),
-                "extra_env_kwargs": parse_json_object(extra_env_kwargs, "--extra-env-kwargs/-x"),
+                **run_control,
+                "env_args": parse_json_object(env_args, "--env-args/-a") or None,
+                "extra_env_kwargs": parse_json_object(extra_env_kwargs, "--extra-env-kwargs/-x") or None,
                 "sampling_args": parse_json_object(sampling_args, "--sampling-args/-S") or None,
                 "env_dir_path": env_dir_path,
                 "model": model,
@@ -124,38 +171,18 @@ def eval_command(
                 "temperature": temperature,
                 "num_examples": num_examples,
                 "rollouts_per_example": rollouts_per_example,
-                "max_concurrent": max_concurrent,
                 "max_concurrent_generation": max_concurrent_generation,
                 "max_concurrent_scoring": max_concurrent_scoring,
                 "heartbeat_url": heartbeat_url,
                 "no_interleave_scoring": no_interleave_scoring or None,
                 "independent_scoring": independent_scoring or None,
-                "max_retries": max_retries,
-                "verbose": verbose or None,
-                "output_dir": output_dir,
-                "save_results": save_results or None,
-                "resume": resume is not None or None,
-                "resume_path": resume_path,
                 "state_columns": state_columns,
                 "save_to_hf_hub": save_to_hf_hub or None,
                 "hf_hub_dataset_name": hf_hub_dataset_name,
-                "timeout_minutes": timeout_minutes,
-                "name": eval_name,
             }
-            if not cli["env_args"]:
-                cli["env_args"] = None
-            if not cli["extra_env_kwargs"]:
-                cli["extra_env_kwargs"] = None
-            configs = configs_from_cli(env_id_or_path, cli)
+            configs = configs_from_cli(env_ids, cli)
         if resume_path is not None and len(configs) != 1:
             raise ConfigError("--resume PATH applies to exactly one eval")
-        if backend is not None:
-            from sandboxes.registry import backend_names
-
-            if backend not in backend_names():
-                raise ConfigError(f"unknown sandbox backend {backend!r}; known: {', '.join(backend_names())}")
-            # envs resolve their backend through sandboxes.get_backend(None), which reads this
-            os.environ["VF_SANDBOX_BACKEND"] = backend
     except (ConfigError, UsageError, MissingKeyError) as exc:
         _fail(str(exc))
         return
@@ -172,7 +199,8 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
 
     from sandboxes.lifecycle import reap_in_background
 
-    reap_in_background(os.environ.get("VF_SANDBOX_BACKEND"))  # sandboxes of runs that were SIGKILLed or expired
+    for name in sorted({c.backend for c in configs}):
+        reap_in_background(name)  # sandboxes of runs that were SIGKILLed or expired
     plain = disable_tui or not sys.stdout.isatty()
     display = make_display(plain, fullscreen)
     with display:
@@ -185,6 +213,9 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
                         fg=typer.colors.RED if res.status == "failed" else typer.colors.YELLOW, err=True)
         if res.run_dir is not None and res.metadata.get("path_to_save"):
             typer.echo(f"results: {res.run_dir}")
+        if res.run_id:
+            typer.echo(f"run {res.run_id}: vf-sandbox runs show {res.run_id} · dashboard: vf-sandbox dashboard "
+                       f"(http://127.0.0.1:8787/#/run/{res.run_id})")
     signals = getattr(run_evals, "signals", [])
     if signals:
         return 128 + int(signals[0]) if signals[0] in (signal.SIGINT, signal.SIGTERM) else 1

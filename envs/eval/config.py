@@ -14,6 +14,7 @@ key or variable concerned.
 from __future__ import annotations
 
 import itertools
+import re
 import json
 import tomllib
 from pathlib import Path
@@ -22,6 +23,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandboxes.errors import ConfigError
+from sandboxes.registry import DEFAULT_BACKEND, backend_names
+from sandboxes.retry import RetryPolicy
 
 from ..clients.config import ClientConfig, EndpointClientConfig
 
@@ -36,7 +39,11 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "endpoints_path": "./configs/endpoints.toml",
     "env_dir_path": "./environments",
     "max_retries": 0,
+    "timeout_minutes": 120.0,
+    "backend": DEFAULT_BACKEND,
+    "num_workers": 1,
 }
+MAX_TIMEOUT_MINUTES = 1440.0
 DEFAULT_HEADER_FROM_STATE = {"X-Session-ID": "example_id"}
 CLIENT_TYPES = ("openai_chat_completions", "openai_completions", "openai_chat_completions_token", "anthropic_messages")
 
@@ -49,7 +56,8 @@ SETTING_KEYS = frozenset(
         "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
         "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
-        "save_to_hf_hub", "hf_hub_dataset_name", "junit_xml",
+        "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
+        "retry_initial_delay", "retry_max_delay", "junit_xml",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -84,21 +92,48 @@ class EvalConfig(BaseModel):
     resume_path: str | None = None
     save_to_hf_hub: bool = False
     hf_hub_dataset_name: str | None = None
-    timeout_minutes: float | None = None
+    timeout_minutes: float = Field(120.0, gt=0, le=MAX_TIMEOUT_MINUTES)
     heartbeat_url: str | None = None
     shuffle: bool = False
     shuffle_seed: int | None = None
+    # -- beyond the reference: where sandboxes run and how the run is driven
+    backend: str = DEFAULT_BACKEND
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    num_workers: int = Field(1, ge=1)
+    retry_initial_delay: float = Field(0.5, ge=0)
+    retry_max_delay: float = Field(30.0, ge=0)
+
     kind: str = Field("eval", description="The run's kind in the run registry (eval, swe-debug).")
     junit_xml: str | None = Field(None, description="Also write the results as a JUnit XML report here.")
+
+    model_config = {"extra": "forbid"}
+
+    def retry_policy(self) -> RetryPolicy:
+        """The run's one retry policy: `max_retries` extra tries after the first."""
+        return RetryPolicy(attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
+                           max_delay=self.retry_max_delay)
+
+    def definition_diff(self, other: "EvalConfig") -> list[str]:
+        """What differs between two definitions in ways that change a rollout's result
+        (run control such as concurrency, output and resume settings is ignored)."""
+        ignore = {"name", "max_concurrent", "max_concurrent_generation", "max_concurrent_scoring", "num_workers",
+                  "verbose", "save_results", "output_dir", "resume", "resume_path", "save_to_hf_hub",
+                  "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
+                  "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
+                  "no_interleave_scoring", "backend", "backend_options", "junit_xml"}
+        mine, theirs = self.public_args(), other.public_args()
+        return [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
+                if k not in ignore and mine.get(k) != theirs.get(k)]
 
     def public_args(self) -> dict[str, Any]:
         """The settings as a JSON-able dict for the run registry: API keys appear
         only as variable names and header values are redacted (they may carry tokens)."""
         data = self.model_dump(mode="json")
         cc = data["client_config"]
-        cc["extra_headers"] = {k: "***" for k in cc.get("extra_headers", {})}
+        cc["extra_headers"] = {k: REDACTED for k in cc.get("extra_headers", {})}
         for ep in cc.get("endpoint_configs", []):
-            ep["extra_headers"] = {k: "***" for k in ep.get("extra_headers", {})}
+            ep["extra_headers"] = {k: REDACTED for k in ep.get("extra_headers", {})}
+        data["backend_options"] = {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in self.backend_options.items()}
         return data
 
 
@@ -301,6 +336,20 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         raise ConfigError("rollouts_per_example must be >= 1")
     if s["max_concurrent"] == 0:
         raise ConfigError("max_concurrent must be positive (or -1 for unlimited)")
+    backend = s["backend"]
+    if backend not in backend_names():
+        raise ConfigError(f"unknown sandbox backend {backend!r}; known: {', '.join(backend_names())}")
+    if not isinstance(s.get("backend_options") or {}, dict):
+        raise ConfigError("backend_options must be a table / JSON object")
+    timeout = s["timeout_minutes"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_MINUTES:
+        raise ConfigError(f"timeout_minutes must be a number in (0, {MAX_TIMEOUT_MINUTES:g}], got {timeout!r}")
+    workers = s["num_workers"]
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"num_workers must be a positive integer, got {workers!r}")
+    max_retries = s.get("max_retries", 0)
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")
 
     return EvalConfig(
         env_id=env_id,
@@ -320,7 +369,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         independent_scoring=bool(s.get("independent_scoring", False)),
         no_interleave_scoring=bool(s.get("no_interleave_scoring", False)),
         extra_env_kwargs=dict(s.get("extra_env_kwargs") or {}),
-        max_retries=int(s.get("max_retries", 0)),
+        max_retries=max_retries,
         verbose=bool(s.get("verbose", False)),
         state_columns=list(state_columns),
         save_results=bool(s.get("save_results", False)),
@@ -329,9 +378,13 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         resume_path=s.get("resume_path"),
         save_to_hf_hub=bool(s.get("save_to_hf_hub", False)),
         hf_hub_dataset_name=s.get("hf_hub_dataset_name"),
-        timeout_minutes=s.get("timeout_minutes"),
+        timeout_minutes=float(timeout),
         shuffle=bool(s.get("shuffle", False)),
         shuffle_seed=s.get("shuffle_seed"),
+        backend=backend,
+        backend_options=dict(s.get("backend_options") or {}),
+        num_workers=workers,
+        **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay") if s.get(k) is not None},
         kind=s.get("kind", "eval"),
         junit_xml=s.get("junit_xml"),
     )
@@ -365,7 +418,7 @@ def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
         if "env_args" in table:
             raise ConfigError(f"{where}: set either 'args' or 'env_args', not both")
         table["env_args"] = table.pop("args")
-    for key in ("env_args", "extra_env_kwargs", "sampling_args", "headers", "headers_from_state"):
+    for key in ("env_args", "extra_env_kwargs", "sampling_args", "headers", "headers_from_state", "backend_options"):
         if key in table and not isinstance(table[key], dict):
             raise ConfigError(f"{where}: {key} must be a table, got {type(table[key]).__name__}")
     return table
@@ -451,3 +504,67 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
                 raise
             raise ConfigError(f"{where}: {exc}") from None
     return out
+
+
+# --------------------------------------------------------------------------- recorded runs
+
+REDACTED = "***"
+_SECRET_KEY = re.compile(r"key|token|secret|password|credential", re.I)
+
+
+def _recorded_definition(source: str) -> tuple[dict[str, Any], str]:
+    """The stored definition of a run id (run registry) or of a results directory
+    (its metadata.json), with a description of where it came from."""
+    p = Path(source)
+    if p.is_dir() or p.name == "metadata.json":
+        meta_path = p / "metadata.json" if p.is_dir() else p
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"--from-run {source}: no metadata.json there") from None
+        except ValueError as exc:
+            raise ConfigError(f"--from-run {source}: metadata.json is not valid JSON: {exc}") from None
+        return dict(meta.get("eval_config") or {}), str(meta_path)
+    from ..runs.registry import AmbiguousRunId, get_run
+
+    try:
+        rec = get_run(source)
+    except AmbiguousRunId as exc:
+        raise ConfigError(f"--from-run {source}: {exc}") from None
+    if rec is None:
+        raise ConfigError(f"--from-run {source}: no such run in the registry (and not a results directory)")
+    return dict(rec.args or {}), f"run {rec.id}"
+
+
+def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> EvalConfig:
+    """The run definition recorded for `source` (a run id or a results directory),
+    with the given run-control overrides applied and validated again. Header values
+    are never recorded (they may carry tokens): redacted ones are dropped with a warning."""
+    import logging
+
+    data, where = _recorded_definition(source)
+    if not data.get("env_id") or "client_config" not in data:
+        raise ConfigError(f"--from-run {source}: {where} holds no run definition (recorded by an older version?)")
+    cc = data["client_config"]
+    dropped = sorted(k for k, v in (cc.get("extra_headers") or {}).items() if v == REDACTED)
+    cc["extra_headers"] = {k: v for k, v in (cc.get("extra_headers") or {}).items() if v != REDACTED}
+    for ep in cc.get("endpoint_configs") or []:
+        dropped += sorted(k for k, v in (ep.get("extra_headers") or {}).items() if v == REDACTED)
+        ep["extra_headers"] = {k: v for k, v in (ep.get("extra_headers") or {}).items() if v != REDACTED}
+    if dropped:
+        logging.getLogger("envs.eval").warning(
+            "--from-run: header value(s) %s were not recorded (they may hold secrets); running without them",
+            ", ".join(sorted(set(dropped))))
+    for key in ("resume", "resume_path"):  # a rerun is a new run unless asked to resume
+        data.pop(key, None)
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    secret_opts = sorted(k for k, v in (data.get("backend_options") or {}).items() if v == REDACTED)
+    if secret_opts:
+        raise ConfigError(f"--from-run {source}: backend option(s) {', '.join(secret_opts)} look secret and were not "
+                          "recorded; pass them with --backend-options (better: name an environment variable)")
+    if data.get("backend") not in backend_names():
+        raise ConfigError(f"unknown sandbox backend {data.get('backend')!r}; known: {', '.join(backend_names())}")
+    try:
+        return EvalConfig.model_validate(data)
+    except ValueError as exc:
+        raise ConfigError(f"--from-run {source}: the recorded definition is not valid here: {exc}") from None

@@ -26,6 +26,8 @@ from .junit import write_junit
 from .writer import (
     ResultsWriter,
     check_compatible,
+    check_same_definition,
+    check_same_inputs,
     find_resumable,
     load_existing,
     missing_inputs,
@@ -45,6 +47,7 @@ class EvalResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None
+    run_id: str | None = None
 
 
 class StopRequested(Exception):
@@ -103,6 +106,7 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     meta["shuffle"] = cfg.shuffle
     meta["shuffle_seed"] = cfg.shuffle_seed
     meta["updated"] = now_iso()
+    meta["eval_config"] = cfg.public_args()  # the run definition: enough to run it again (--from-run)
     return meta
 
 
@@ -171,13 +175,19 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             if run_dir is not None:
                 rows, old_meta = load_existing(run_dir)
                 check_compatible(old_meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
+                check_same_definition(old_meta, cfg, run_dir)
                 prior_ms = float(old_meta.get("time_ms", 0.0))
                 resumed = True
         if run_dir is None:
             run_dir = new_run_dir(cfg.output_dir, cfg.env_id, cfg.model)
         result.run_dir = run_dir
         rec = _recorder(cfg, run_dir)
+        if rec is not None:
+            result.run_id = rec.id
+            log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, rec.id, rec.id)
         env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
+        env.set_backend(cfg.backend, cfg.backend_options)
+        env.set_retry_policy(cfg.retry_policy())
         if cfg.extra_env_kwargs:
             env.set_kwargs(**cfg.extra_env_kwargs)
         if "concurrency" not in cfg.extra_env_kwargs:
@@ -197,6 +207,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             rows = [r for r in rows if not needs_rerun(r)]
             log.info("%s: %d rollout(s) ended in an infra error; running them again", cfg.env_id, len(rerun))
         if resumed:
+            check_same_inputs(inputs, rows, run_dir)
             todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
             log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
         progress.total = len(rows) + len(todo)
@@ -253,13 +264,10 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 max_retries=cfg.max_retries,
                 on_group=on_group,
             )
-            if cfg.timeout_minutes:
-                try:
-                    await asyncio.wait_for(gen, timeout=cfg.timeout_minutes * 60)
-                except asyncio.TimeoutError:
-                    raise StopRequested(f"timeout after {cfg.timeout_minutes} minute(s)") from None
-            else:
-                await gen
+            try:
+                await asyncio.wait_for(gen, timeout=cfg.timeout_minutes * 60)
+            except asyncio.TimeoutError:
+                raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
         status, error = "completed", None
         if cfg.save_to_hf_hub:
             push_to_hub(rows, cfg)

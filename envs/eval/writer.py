@@ -181,6 +181,38 @@ def check_compatible(metadata: dict[str, Any], env_id: str, model: str, rollouts
         raise ConfigError(f"--resume {where}: incompatible with this run: " + "; ".join(problems))
 
 
+def check_same_definition(metadata: dict[str, Any], cfg: Any, where: Path) -> None:
+    """Refuse to resume when the recorded run definition differs from this one in
+    anything that changes a rollout's result (env args, sampling, model, ...)."""
+    recorded = metadata.get("eval_config")
+    if not recorded:
+        return  # results written before definitions were recorded: the basic checks above apply
+    try:
+        old = type(cfg).model_validate(recorded)
+    except ValueError as exc:
+        raise ConfigError(f"--resume {where}: its recorded run definition is unreadable ({exc}); start a new run") from None
+    changed = cfg.definition_diff(old)
+    if changed:
+        raise ConfigError(f"--resume {where}: the run definition changed since its rows were written: "
+                          + "; ".join(changed) + ". Start a new run (without --resume) to evaluate the new settings.")
+
+
+def _content_key(row: dict[str, Any]) -> str:
+    return json.dumps([row.get("prompt"), row.get("answer")], sort_keys=True, default=str)
+
+
+def check_same_inputs(inputs: list[dict[str, Any]], rows: list[dict[str, Any]], where: Path) -> None:
+    """Refuse to reuse a saved row whose example no longer has the same prompt/answer
+    (the dataset changed under the same example ids), naming the examples."""
+    current = {inp["example_id"]: _content_key(inp) for inp in inputs}
+    changed = sorted({str(r.get("example_id")) for r in rows
+                      if r.get("example_id") in current and "prompt" in r and _content_key(r) != current[r["example_id"]]})
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(f"--resume {where}: the dataset changed: the saved rows of example(s) {shown} have another "
+                          "prompt or answer now. Start a new run (without --resume).")
+
+
 def find_resumable(output_dir: str | Path | None, env_id: str, model: str, rollouts_per_example: int, num_examples: int) -> Path | None:
     """The most recent incomplete run dir of env_id/model with matching settings."""
     base = env_model_dir(output_dir, env_id, model)

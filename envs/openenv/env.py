@@ -142,6 +142,15 @@ class OpenEnvEnv(MultiTurnEnv):
         self._live: dict[str, Sandbox] = {}  # sandbox id -> handle, until deleted
         self._register_atexit()
 
+    def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        """Use the run's backend (an instance given to the constructor is kept)."""
+        super().set_backend(backend, options)
+        if self.backend_spec is not None and not isinstance(self.backend_spec, str):
+            return
+        if self._backend is not None and (backend, dict(options or {})) != (self.backend_spec, self.backend_options):
+            raise ConfigError("set_backend() after the first sandbox was created")
+        self.backend_spec, self.backend_options = backend, dict(options or {})
+
     # ------------------------------------------------------------------ plumbing
     def _get_backend(self) -> SandboxBackend:
         if self._backend is None:

@@ -126,6 +126,8 @@ def show_cmd(
     c.print("[bold]config[/]")
     for k, v in sorted(rec.args.items()):
         c.print(f"  [dim]{k:<11}[/] {json.dumps(v, default=str)}", highlight=False)
+    if rec.kind == "eval" and rec.args.get("client_config"):
+        c.print(f"  [dim]{'rerun':<11}[/] vf-sandbox eval --from-run {rec.id}", highlight=False)
     _print_summary(c, summary)
 
 
@@ -306,10 +308,14 @@ def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> i
 
     if not rec.sandbox_run_id:
         return 0
-    name = backend or (rec.args.get("backend") if isinstance(rec.args.get("backend"), str) else None)
+    # the backend the run definition recorded (options whose values were redacted are left out)
+    recorded = rec.args.get("backend") if isinstance(rec.args.get("backend"), str) else None
+    name = backend or recorded
+    options = rec.args.get("backend_options") if name == recorded and isinstance(rec.args.get("backend_options"), dict) else {}
+    options = {k: v for k, v in options.items() if v != "***"}
 
     async def go() -> int:
-        be = get_backend(name)
+        be = get_backend(name, **options)
         try:
             infos = await be.list({MANAGED: "true", RUN_ID: rec.sandbox_run_id})
             ids = [i.id for i in infos if orphaned(i.labels)]
