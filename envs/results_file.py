@@ -79,6 +79,19 @@ class ResultsWriter:
             os.fsync(self._fh.fileno())
         self.rows_written += text.count("\n")
 
+    def rewrite(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Replace results.jsonl with `rows` (atomically: temp file + os.replace), e.g. a
+        resumed run dropping the rows it will run again; appends continue after them."""
+        self.close()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.results_path.with_suffix(f".jsonl.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("".join(dumps(r) + "\n" for r in rows))
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, self.results_path)
+
     def write_metadata(self, metadata: dict[str, Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.metadata_path.with_suffix(f".json.tmp{os.getpid()}")

@@ -2,9 +2,9 @@
 FAIL_TO_PASS tests then pass, PASS_TO_PASS keep passing, the suite really
 ran)? Instances and loaders (`instances`), log parsers (`parsers`), grading
 (`grading`), layered offline images (`images`), the task model
-(`taskset`), one debug rollout (`debug`), the batch runner (`runner`), the
-`vf-swe-debug` CLI (`cli`), the `SWEDebugEnv` environment (`env`) and an
-example taskset built from PyPI releases (`examples`).
+(`taskset`), one debug rollout (`debug`), the `SWEDebugEnv` environment
+(`env`), the `vf-swe-debug` CLI (`cli`: an eval of SWEDebugEnv through the
+eval runner) and an example taskset built from PyPI releases (`examples`).
 """
 
 

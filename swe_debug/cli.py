@@ -1,8 +1,14 @@
 """`vf-swe-debug DATASET ...`: validate SWE instances (does the gold patch make the
 FAIL_TO_PASS tests pass, keep PASS_TO_PASS passing, with a suite that really
 ran?) and gate CI on it: exit 0 only when every selected instance is valid.
-Writes OUTPUT_DIR/results.jsonl (a row per instance as it completes),
-OUTPUT_DIR/summary.json and, with --junit-xml, a JUnit report.
+
+A run is an eval of `SWEDebugEnv` (env id `swe-debug`): this module only turns
+the flags into an `EvalConfig` and hands it to the eval runner, which writes
+OUTPUT_DIR/evals/swe-debug--none/<run>/results.jsonl (a row per instance, its
+verdict in `info.verdict`) and metadata.json, records the run in the registry
+(kind `swe-debug`), resumes (`--resume`) and writes the JUnit report
+(`--junit-xml`) like for every other eval. What this module adds is the view:
+a line per finished instance, a progress bar and the summary table.
 
 Exit codes: 0 all valid · 1 some instance invalid, errored or a row malformed ·
 2 bad usage (unknown ids, missing files) · 130 Ctrl-C · 143 SIGTERM (finished rows kept; --resume).
@@ -10,15 +16,17 @@ Exit codes: 0 all valid · 1 some instance invalid, errored or a row malformed �
 
 from __future__ import annotations
 
-import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
+
+ENV_ID = "swe-debug"
+MODEL = "none"  # no model is called; the name only appears in the output path and metadata
 
 
 class Step(str, Enum):
@@ -45,12 +53,13 @@ def run(
     debug_script_path: Annotated[Optional[Path], typer.Option("--debug-script-path", help="Script for --debug-step script.")] = None,
     debug_timeout: Annotated[Optional[float], typer.Option("--debug-timeout", help="Seconds for the debug command/script (default: --test-timeout).")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Instances at once.")] = 4,
-    max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Retries of a rollout after a sandbox (infra) error.")] = 2,
+    max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Extra tries of a rollout after a sandbox (infra) error.")] = 2,
     test_timeout: Annotated[float, typer.Option("--test-timeout", help="Seconds for the test run.")] = 900,
-    timeout_seconds: Annotated[float, typer.Option("--timeout-seconds", help="Seconds for a whole rollout.")] = 1800,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Where results.jsonl/summary.json go (default outputs/swe-debug/<dataset>).")] = None,
+    timeout_seconds: Annotated[float, typer.Option("--timeout-seconds", help="Seconds for one debug run of an instance.")] = 1800,
+    timeout_minutes: Annotated[float, typer.Option("--timeout-minutes", help="Minutes for the whole run (then it stops: finished rows kept, --resume).")] = 1440,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Base directory of the run (default outputs); results go to OUTPUT_DIR/evals/swe-debug--none/<run>/.")] = None,
     junit_xml: Annotated[Optional[Path], typer.Option("--junit-xml", help="Write a JUnit XML report here.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Skip instances that already have a verdict in OUTPUT_DIR.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the latest unfinished run in OUTPUT_DIR (instances with an infra error run again).")] = False,
     backend: Annotated[str, typer.Option("--backend", help="Sandbox backend: docker, local, kubernetes, prime, ...")] = "docker",
     check_fails_before: Annotated[bool, typer.Option("--check-fails-before", help="Also run without the patch; every FAIL_TO_PASS test must fail there.")] = False,
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Gold runs per instance; mixed verdicts are reported `flaky`.")] = 1,
@@ -66,146 +75,164 @@ def run(
     raise typer.Exit(_main(**locals()))
 
 
-def _main(**a) -> int:
-    import asyncio
-
-    from rich.console import Console
-
-    from sandboxes import UsageError, get_backend
-
-    from .debug import DebugOptions
-    from .images import ImageBuilder
-    from .instances import dataset_name, load_instances
-    from .runner import BatchRunner, RunConfig, summarize
-    from .taskset import SWETaskSet
-
-    console = Console(stderr=True)
-    try:
-        report = load_instances(a["dataset"], split=a["split"])
-    except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
-    for e in report.errors:
-        console.print(f"[yellow]malformed[/] {e}")
-    ids = _split_ids(a["instance_ids"])
-    try:
-        selected = report.select(ids)
-    except KeyError as exc:
-        console.print(f"[red]error:[/] {exc.args[0]}")
-        return 2
-    row_errors = [] if ids else report.errors
-    ds_name = dataset_name(a["dataset"])
-    out_dir = a["output_dir"] or Path("outputs") / "swe-debug" / ds_name
-    try:
-        opts = DebugOptions(
-            run_setup=not a["no_setup"], debug_step=a["debug_step"].value, run_tests=not a["no_tests"],
-            debug_command=a["debug_command"], debug_script_path=str(a["debug_script_path"]) if a["debug_script_path"] else None,
-            debug_timeout=a["debug_timeout"], test_timeout=a["test_timeout"], timeout_seconds=a["timeout_seconds"],
-            output_tail_chars=a["output_tail_chars"], cpu_cores=a["cpu_cores"], memory_gb=a["memory_gb"],
-        )
-        cfg = RunConfig(concurrency=a["concurrency"], max_retries=a["max_retries"], check_fails_before=a["check_fails_before"],
-                        repeat=a["repeat"], output_dir=str(out_dir), resume=a["resume"])
-        taskset = SWETaskSet(selected, builder=ImageBuilder(), name=ds_name)
-        runner = BatchRunner(taskset, get_backend(a["backend"]), opts, cfg)
-    except UsageError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
-
-    from sandboxes.lifecycle import reap_in_background
-
-    reap_in_background(a["backend"])  # sandboxes of runs that were SIGKILLed or expired
-    recorder = _start_recorder(a, ds_name, out_dir)
-    t0 = time.perf_counter()
-    status, err, rows = "failed", None, []
-    try:
-        rows = asyncio.run(_run(runner, selected, console, a["quiet"], recorder))
-        status = "completed"
-    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
-        status, err = "stopped", "interrupted"
-        console.print("[yellow]interrupted[/]: finished rows are in " + str(out_dir / "results.jsonl") + " (use --resume)")
-        return 130 if isinstance(exc, KeyboardInterrupt) else 143
-    except BaseException as exc:
-        err = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        if recorder is not None:
-            recorder.finish(status, error=err)
-    summary = summarize(rows)
-    _print_table(console, rows, summary, time.perf_counter() - t0, out_dir)
-    if a["junit_xml"]:
-        from .junit import write_junit
-
-        write_junit(a["junit_xml"], rows, row_errors=row_errors)
-    return 0 if summary["all_valid"] and not row_errors else 1
+def env_args(a: dict[str, Any]) -> dict[str, Any]:
+    """The `swe-debug` environment's arguments for these flags."""
+    out = {
+        "dataset": a["dataset"], "split": a["split"], "instance_ids": _split_ids(a["instance_ids"]) or None,
+        "debug_step": a["debug_step"].value, "debug_command": a["debug_command"],
+        "debug_script_path": str(a["debug_script_path"]) if a["debug_script_path"] else None,
+        "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
+        "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
+        "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
+        "memory_gb": a["memory_gb"],
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
-def _start_recorder(a: dict, ds_name: str, out_dir: Path):
-    try:
-        from envs.runs.registry import RunRecorder
-    except ImportError:
-        return None
-    args = {k: (v.value if isinstance(v, Enum) else str(v) if isinstance(v, Path) else v) for k, v in a.items()}
-    try:
-        return RunRecorder.start(kind="swe-debug", name=a.get("name"), env_id=ds_name, model=None, args=args,
-                                 output_dir=str(out_dir), resume=True if a.get("resume") else None)
-    except Exception as exc:  # noqa: BLE001 - the registry is bookkeeping; never block the run on it
-        import logging
+def eval_config(a: dict[str, Any]):
+    """The run definition of these flags (raises ConfigError)."""
+    from envs.eval.config import configs_from_cli
 
-        logging.getLogger(__name__).warning("run registry unavailable: %s", exc)
-        return None
+    cli = {
+        "env_args": env_args(a), "model": MODEL, "api_key_var": "EMPTY", "num_examples": -1, "rollouts_per_example": 1,
+        "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
+        "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
+        "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
+        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
+    }
+    (cfg,) = configs_from_cli([ENV_ID], cli)
+    return cfg
 
 
-async def _run(runner, selected, console, quiet: bool, recorder):
+def _main(**a: Any) -> int:
     import asyncio
     import signal
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console
 
-    # SIGTERM cancels the run like Ctrl-C does: running rollouts delete their sandboxes,
-    # finished rows are already on disk
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    from envs.eval.runner import run_evals
+    from sandboxes import ConfigError, UsageError
+    from sandboxes.lifecycle import reap_in_background
 
-    def describe(p) -> str:
-        return f"[green]{p.valid} valid[/] [red]{p.invalid} invalid[/] [yellow]{p.errors} errors[/]"
+    from .env import load_environment
 
+    console = Console(stderr=True)
     try:
-        if quiet:
-            return await runner.run(selected, on_row=lambda row, p: recorder and recorder.progress(p.done, p.total, p.errors))
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as bar:
-            task = bar.add_task("starting", total=len(selected))
+        cfg = eval_config(a)
+        # load once here so that bad usage (a missing file, unknown ids, a step without its
+        # command) exits 2 before any run is recorded; the runner loads it again
+        probe = load_environment(**cfg.env_args)
+    except (FileNotFoundError, ValueError, UsageError, ConfigError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    for e in probe.input_errors:
+        console.print(f"[yellow]malformed[/] {e['name']}: {e['message']}", highlight=False)
 
-            def on_row(row, p) -> None:
-                mark = "[green]✓[/]" if row.get("valid") else ("[yellow]![/]" if row["reason"] == "sandbox_error" else "[red]✗[/]")
-                bar.console.print(f"{mark} {row['instance_id']}  {row['reason']}  {(row.get('timings') or {}).get('total_s', 0):.1f}s")
-                bar.update(task, completed=p.done, description=describe(p))
-                if recorder is not None:
-                    recorder.progress(p.done, p.total, p.errors)
+    reap_in_background(a["backend"])  # sandboxes of runs that were SIGKILLed or expired
+    display = SWEDisplay(console, quiet=a["quiet"])
+    with display:
+        (res,) = asyncio.run(run_evals([cfg], display))
+    signals = getattr(run_evals, "signals", [])
+    rows = sorted(res.rows, key=lambda r: r.get("example_id") or 0)
+    if res.run_dir is not None and rows:
+        _print_table(console, rows, display.elapsed(), res.run_dir)
+    if signals:
+        console.print(f"[yellow]interrupted[/]: finished rows are in {res.run_dir} (use --resume)")
+        return 128 + int(signals[0]) if signals[0] in (signal.SIGINT, signal.SIGTERM) else 1
+    if res.status != "completed":
+        console.print(f"[red]{res.status}[/]: {res.error}")
+        return 1
+    all_valid = bool(rows) and all(verdict(r).get("valid") for r in rows)
+    return 0 if all_valid and not res.metadata.get("input_errors") else 1
 
-            return await runner.run(selected, on_row=on_row)
-    finally:
-        await runner.backend.close()
+
+def verdict(row: dict[str, Any]) -> dict[str, Any]:
+    """A results row's verdict (`info.verdict`), with the instance id."""
+    info = row.get("info") or {}
+    return {"instance_id": info.get("instance_id"), **(info.get("verdict") or {})}
 
 
-def _print_table(console, rows, summary, elapsed: float, out_dir: Path) -> None:
+class SWEDisplay:
+    """The eval runner's display for vf-swe-debug: a line per finished instance, a
+    progress bar counting valid / invalid / errored ones (none with quiet)."""
+
+    def __init__(self, console: Any, quiet: bool = False):
+        import time
+
+        self.console, self.quiet = console, quiet
+        self.evals: list[Any] = []
+        self.counts = {"valid": 0, "invalid": 0, "errors": 0}
+        self._bar: Any = None
+        self._task: Any = None
+        self._t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        import time
+
+        return time.perf_counter() - self._t0
+
+    def __enter__(self) -> "SWEDisplay":
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=self.console, transient=False)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def add(self, progress: Any) -> int:
+        self.evals.append(progress)
+        return len(self.evals) - 1
+
+    def add_log(self, line: str) -> None:
+        pass
+
+    def add_rows(self, idx: int, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            v = verdict(row)
+            kind = "valid" if v.get("valid") else "errors" if row.get("error") else "invalid"
+            self.counts[kind] += 1
+            if self._bar is not None:
+                mark = {"valid": "[green]✓[/]", "errors": "[yellow]![/]", "invalid": "[red]✗[/]"}[kind]
+                total_s = float((v.get("timings") or {}).get("total_s") or 0)
+                self._bar.console.print(f"{mark} {v.get('instance_id')}  {v.get('reason')}  {total_s:.1f}s", highlight=False)
+
+    def update(self, idx: int) -> None:
+        if self._bar is None:
+            return
+        p, c = self.evals[idx], self.counts
+        self._bar.update(self._task, total=p.total or None, completed=p.done,
+                         description=f"[green]{c['valid']} valid[/] [red]{c['invalid']} invalid[/] [yellow]{c['errors']} errors[/]")
+
+
+def _print_table(console: Any, rows: list[dict[str, Any]], elapsed: float, run_dir: Path) -> None:
+    import sys
+    from collections import Counter
+
     from rich.table import Table
 
-    t = Table(title=f"vf-swe-debug: {summary['valid']}/{summary['total']} valid in {elapsed:.1f}s", show_lines=False)
+    views = [verdict(r) for r in rows]
+    n_valid = sum(1 for v in views if v.get("valid"))
+    t = Table(title=f"vf-swe-debug: {n_valid}/{len(views)} valid in {elapsed:.1f}s", show_lines=False)
     t.add_column("instance", overflow="fold")
     t.add_column("valid", no_wrap=True)
     t.add_column("reason", no_wrap=True)
     t.add_column("tests s", justify="right", no_wrap=True)
     t.add_column("total s", justify="right", no_wrap=True)
     t.add_column("detail", overflow="fold", ratio=1)
-    for r in rows:
-        tm = r.get("timings") or {}
-        t.add_row(r["instance_id"], "[green]yes[/]" if r.get("valid") else "[red]no[/]", r["reason"],
-                  f"{tm.get('tests_s', 0):.1f}", f"{tm.get('total_s', 0):.1f}", (r.get("detail") or "")[:160])
-    import sys
-
+    for v in views:
+        tm = v.get("timings") or {}
+        t.add_row(str(v.get("instance_id")), "[green]yes[/]" if v.get("valid") else "[red]no[/]", str(v.get("reason")),
+                  f"{tm.get('tests_s', 0):.1f}", f"{tm.get('total_s', 0):.1f}", (v.get("detail") or "")[:160])
     Console = type(console)
     Console(stderr=False, width=None if sys.stdout.isatty() else 160).print(t)
-    console.print(f"results: {out_dir / 'results.jsonl'}  reasons: {summary['reasons']}")
+    reasons = dict(Counter(str(v.get("reason")) for v in views))
+    console.print(f"results: {run_dir / 'results.jsonl'}  reasons: {reasons}", highlight=False)
 
 
 def main() -> None:

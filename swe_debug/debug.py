@@ -109,6 +109,20 @@ class DebugOutcome(BaseModel):
     grade: Grade | None = None
     parsed: dict[str, str] = Field(default_factory=dict, description="Parsed test statuses (id → status).")
 
+    def summary(self) -> dict[str, Any]:
+        """The compact, JSON-able verdict kept in a results row (passing test ids are
+        counted, not listed; the parsed statuses are left out)."""
+        out: dict[str, Any] = self.model_dump(exclude={"grade", "parsed"})
+        if self.grade is not None:
+            out["counts"] = self.grade.counts
+            out["fail_to_pass"] = _list_summary(self.grade.fail_to_pass)
+            out["pass_to_pass"] = _list_summary(self.grade.pass_to_pass)
+        return out
+
+
+def _list_summary(rep: Any) -> dict[str, Any]:
+    return {"passed": len(rep.success), "failing": rep.failure[:50], "missing": rep.missing[:50]}
+
 
 def with_fails_before(out: DebugOutcome, before: DebugOutcome, fail_to_pass: list[str]) -> tuple[DebugOutcome, FailsBefore]:
     """Fold a run without the patch (`before`, step none) into the verdict: a valid
@@ -146,11 +160,14 @@ async def run_debug(
     *,
     step: DebugStep | None = None,
     prepared: Any = None,
+    live: dict[str, Sandbox] | None = None,
 ) -> DebugOutcome:
     """Run one rollout of `inst` with `opts` (or `step` overriding opts.debug_step).
 
     Raises InfraError (sandbox trouble: retry on a fresh sandbox) and
-    UsageError (bad options); everything else is in the outcome.
+    UsageError (bad options); everything else is in the outcome. `live`, when
+    given, holds the sandbox from its creation until its delete has finished,
+    so that an owner cancelled meanwhile (Ctrl-C) can delete what is left.
     """
     step = step or opts.debug_step
     start = time.perf_counter()
@@ -177,6 +194,8 @@ async def run_debug(
         except UsageError as exc:  # ImageNotFound / ConfigError: the instance cannot run here
             out.reason, out.detail = "setup_failed", f"sandbox: {type(exc).__name__}: {exc}"[:4000]
             return out
+        if live is not None:
+            live[sandbox.id] = sandbox
         out.timings.create_s = clock.lap()
         try:
             await asyncio.wait_for(_body(taskset, inst, sandbox, opts, step, out, clock), opts.timeout_seconds)
@@ -188,8 +207,10 @@ async def run_debug(
             clock.lap()
             try:
                 await asyncio.shield(sandbox.delete())
+                if live is not None:
+                    live.pop(sandbox.id, None)
             except InfraError:
-                pass  # the reaper removes it; the verdict stands
+                pass  # the owner's teardown (or the reaper) removes it; the verdict stands
             out.timings.delete_s = clock.lap()
         out.timings.total_s = round(time.perf_counter() - start, 4)
     return out

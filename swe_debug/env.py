@@ -1,47 +1,60 @@
-"""`SWEDebugEnv`: the no-agent debugger as an environment. One rollout = one
-instance, and no model is ever called: `setup_state` runs the whole debug
-rollout (`swe_debug.debug.run_debug`), a stop condition ends the turn loop
-before the first model turn, and the rubric's reward is 1 for a valid
-instance. A sandbox failure (InfraError) is left in `state["error"]`, so the
-environment's rollout retry re-runs it on a fresh sandbox; every other
-outcome is a `reason` in `state["info"]["swe_debug"]`.
+"""`SWEDebugEnv`: SWE verification as an environment. One rollout = one
+instance, and no model is ever called: `rollout()` builds the instance image,
+optionally runs the tests without the patch (`check_fails_before`), runs the
+debug step plus the tests (`repeat` times; mixed verdicts are `flaky`) and
+grades them (`swe_debug.debug.run_debug`). The rubric's reward is 1 for a
+valid instance.
+
+Every outcome about the *instance* is a verdict in the row's
+`info["verdict"]` (`valid`, `reason`, `detail`, `apply_method`, `timings`,
+`counts`, `fails_before`, `repeats`, log tails...). A failure of the sandbox
+itself (an `InfraError`) is left in `state["error"]`, so the environment's
+rollout retry re-runs the whole rollout on a fresh sandbox; when the retries
+are spent the row carries that infra error (and the verdict reason
+`sandbox_error`), and an eval `--resume` runs it again.
+
+`vf-swe-debug` is an eval of this environment (`swe_debug.cli`); so is
+`vf-sandbox eval swe-debug -a '{"dataset": ...}'`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Any, Literal
 
-from envs.decorators import stop, teardown
-from envs.multi_turn import MultiTurnEnv
+from envs.decorators import teardown
+from envs.environment import Environment
 from envs.rubrics.rubric import Rubric
-from envs.types import Messages, State
-from sandboxes import InfraError, find_infra_error, get_backend
+from envs.types import RolloutInput, SamplingArgs, State
+from sandboxes import Sandbox, UsageError, find_infra_error, get_backend
 
-from .debug import DebugOptions, run_debug, with_fails_before
-from .runner import outcome_row
+from .debug import DebugOptions, DebugOutcome, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
 
+VERDICT = "verdict"  # the key of a row's `info` holding the verdict
 
-def _valid(state: State) -> float:
-    return 1.0 if (state.get("info") or {}).get("swe_debug", {}).get("valid") else 0.0
+
+def verdict_of(state: State) -> dict[str, Any]:
+    return (state.get("info") or {}).get(VERDICT) or {}
 
 
 class SWEDebugRubric(Rubric):
-    """Reward 1 for a valid instance; phase timings as metrics (weight 0)."""
+    """Reward 1 for a valid instance."""
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
 
         def valid(state: State) -> float:
-            return _valid(state)
+            return 1.0 if verdict_of(state).get("valid") else 0.0
 
         self.add_reward_func(valid, weight=1.0)
 
 
-class SWEDebugEnv(MultiTurnEnv):
-    """No-agent debugger for SWE-style SandboxTaskSet instances. It creates the task
-    sandbox, optionally runs task setup, runs one debug step (none, gold_patch,
-    command, or script), and optionally runs tests and scores the result."""
+class SWEDebugEnv(Environment):
+    """No-agent debugger for SWE-style SandboxTaskSet instances. Per rollout it creates
+    the task sandbox, optionally runs task setup, runs one debug step (none,
+    gold_patch, command, or script), and optionally runs tests and grades them."""
 
     requires_model = False  # for runners: no model endpoint is needed (nothing is ever sent to one)
 
@@ -56,17 +69,20 @@ class SWEDebugEnv(MultiTurnEnv):
         debug_command: str | None = None,
         debug_script: str | None = None,
         debug_script_path: str | None = None,
-        debug_timeout: int | None = None,
-        test_timeout: int = 900,
-        cpu_cores: int | None = None,
-        memory_gb: int | None = None,
-        disk_size_gb: int | None = None,
-        labels: list[str] | None = None,
+        debug_timeout: float | None = None,
+        test_timeout: float = 900,
+        cpu_cores: float | None = None,
+        memory_gb: float | None = None,
+        disk_size_gb: float | None = None,
+        labels: list[str] | dict[str, str] | None = None,
         timeout_seconds: float = 1800.0,
         output_tail_chars: int = 2000,
-        backend: Any = None,
         check_fails_before: bool = False,
-        **sandbox_kwargs: Any,
+        repeat: int = 1,
+        backend: Any = None,
+        backend_options: dict[str, Any] | None = None,
+        input_errors: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
     ):
         self.taskset = taskset
         self.options = DebugOptions(
@@ -76,17 +92,19 @@ class SWEDebugEnv(MultiTurnEnv):
             labels=labels, timeout_seconds=timeout_seconds, output_tail_chars=output_tail_chars,
         )
         self.options.check()
+        if repeat < 1:
+            raise UsageError(f"repeat must be >= 1, got {repeat}")
         self.check_fails_before = check_fails_before
-        self._backend_arg = backend
-        self._backend = None
+        self.repeat = repeat
+        self.input_errors = list(input_errors or [])
+        self._backend: Any = None
+        self._old_backends: list[Any] = []
+        self._live: dict[str, Sandbox] = {}  # sandboxes created and not yet deleted
         self._by_id = {taskset.instance_id(i): i for i in taskset.instances()}
         if dataset is None:
             dataset = [self._row(i) for i in taskset.instances()]
-        sandbox_kwargs.pop("timeout_seconds", None)
-        super().__init__(dataset=dataset, rubric=SWEDebugRubric(), max_turns=1,
-                         timeout_seconds=None, **sandbox_kwargs)
-        # the rollout's own budget is enforced inside run_debug (a timeout is a reason, not a crash)
-        self.rollout_timeout_seconds = timeout_seconds
+        super().__init__(dataset=dataset, rubric=SWEDebugRubric(), **kwargs)
+        self.set_backend(backend, backend_options)
 
     def _row(self, inst: Any) -> dict[str, Any]:
         iid = self.taskset.instance_id(inst)
@@ -94,75 +112,148 @@ class SWEDebugEnv(MultiTurnEnv):
         return {"prompt": [{"role": "user", "content": str(text)}], "answer": "", "task": "swe-debug",
                 "info": self.taskset.info(inst)}
 
+    # ------------------------------------------------------------------ configuration
+    def set_backend(self, name: Any, options: dict[str, Any] | None = None) -> None:
+        """Use this sandbox backend (a registered name or an instance) from the next rollout on."""
+        if self._backend is not None:
+            self._old_backends.append(self._backend)  # closed at teardown (it may still hold sandboxes)
+            self._backend = None
+        super().set_backend(name, options)
+
     @property
-    def backend(self):
+    def backend(self) -> Any:
         if self._backend is None:
-            self._backend = get_backend(self._backend_arg)
+            self._backend = get_backend(self.sandbox_backend, **self.sandbox_backend_options)
         return self._backend
 
-    async def setup_state(self, state: State) -> State:
-        info = dict(state.get("info") or {})
-        iid = info.get("instance_id")
-        if iid not in self._by_id:
-            raise KeyError(f"instance {iid!r} is not in the taskset")
-        inst = self._by_id[iid]
+    # sandbox settings (`-x` / extra_env_kwargs); the image is the instance's own
+    def _set_option(self, **update: Any) -> None:
+        self.options = DebugOptions.model_validate({**self.options.model_dump(), **update})
+
+    def set_cpu_cores(self, cpu_cores: float) -> None:
+        self._set_option(cpu_cores=cpu_cores)
+
+    def set_memory_gb(self, memory_gb: float) -> None:
+        self._set_option(memory_gb=memory_gb)
+
+    def set_disk_size_gb(self, disk_size_gb: float) -> None:
+        self._set_option(disk_size_gb=disk_size_gb)
+
+    def set_timeout_seconds(self, timeout_seconds: float) -> None:
+        self._set_option(timeout_seconds=timeout_seconds)
+
+    # ------------------------------------------------------------------ the rollout
+    async def rollout(
+        self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None = None
+    ) -> State:
+        state = await self.init_state(input, client, model, sampling_args)
+        timing = state["timing"]
+        timing.generation.start = timing.setup.start = timing.setup.end = time.time()
+        info = dict(state.get("info") or {})  # the input's dict is shared by retries: copy before writing
         state["info"] = info
+        t0 = time.perf_counter()
         try:
-            before = None
-            if self.check_fails_before:
-                before = await run_debug(self.taskset, inst, self.backend, self.options, step="none")
-            out = await run_debug(self.taskset, inst, self.backend, self.options)
-            if before is not None:
-                out, _ = with_fails_before(out, before, self.taskset.fail_to_pass(inst))
-        except Exception as exc:
-            if find_infra_error(exc) is not None:
-                info["swe_debug"] = {"instance_id": iid, "valid": False, "reason": "sandbox_error", "detail": str(exc)[:2000]}
-            raise
-        row = outcome_row(0, self.taskset.info(inst), out)
-        row.pop("index", None)
-        info["swe_debug"] = row
-        for k, v in out.timings.model_dump().items():
+            iid = info.get("instance_id")
+            if iid not in self._by_id:
+                raise UsageError(f"instance {iid!r} is not in the taskset")
+            verdict = await self.verify(self._by_id[iid])
+        except Exception as exc:  # an InfraError left by the sandbox (retried by the runner) or a bug of ours
+            state["error"] = exc
+            infra = find_infra_error(exc)
+            detail = str(infra) if infra else f"internal error: {type(exc).__name__}: {exc}"
+            verdict = {"instance_id": iid, "valid": False, "reason": "sandbox_error", "detail": detail[:2000],
+                       "timings": {"total_s": round(time.perf_counter() - t0, 4)}}
+        info[VERDICT] = verdict
+        for k, v in (verdict.get("timings") or {}).items():
             self.record_metric(state, k, v)
-        self.record_metric(state, "overhead_s", out.timings.overhead_s())
-        self.record_metric(state, "valid", 1.0 if out.valid else 0.0)
+        state["completion"] = []
+        state["is_completed"] = True
+        state["stop_condition"] = "verdict"
+        timing.generation.end = time.time()
+        await self.cleanup(state)
         return state
 
-    @stop(priority=50)
-    async def debug_completed(self, state: State) -> bool:
-        """The debug rollout ran in setup_state: never take a model turn."""
-        return True
+    async def verify(self, inst: Any) -> dict[str, Any]:
+        """The verdict on one instance: image, optional run without the patch, then
+        `repeat` runs of the debug step and tests. Raises InfraError (sandbox trouble)."""
+        opts, live = self.options, self._live
+        t_img = time.perf_counter()
+        try:  # the image (host side) once per rollout; a broken build is the instance's fault
+            prepared = await self.taskset.prepare(inst)
+        except UsageError as exc:
+            o = DebugOutcome(instance_id=self.taskset.instance_id(inst), step=opts.debug_step, valid=False,
+                             reason="setup_failed", detail=f"image: {exc}"[:4000])
+            o.timings.image_s = o.timings.total_s = round(time.perf_counter() - t_img, 4)
+            return o.summary()
+        image_s = round(time.perf_counter() - t_img, 4)
+        before: DebugOutcome | None = None
+        if self.check_fails_before:
+            before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared, live=live)
+        outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
+                    for _ in range(self.repeat)]
+        final = outcomes[0]
+        if len({o.valid for o in outcomes}) > 1:  # valid only sometimes: flaky, shown by a failing run
+            bad = next(o for o in outcomes if not o.valid)
+            n_ok = sum(o.valid for o in outcomes)
+            final = bad.model_copy(update={"reason": "flaky", "detail": f"valid in {n_ok}/{len(outcomes)} runs; {bad.detail}"})
+        fb = None
+        if before is not None:
+            final, fb = with_fails_before(final, before, self.taskset.fail_to_pass(inst))
+        final.timings.image_s = image_s
+        verdict = final.summary()
+        if before is not None and fb is not None:
+            verdict["fails_before"] = {"ok": fb.ok, "passing_before": fb.passing_before[:50], "reason": before.reason,
+                                       "test_exit_code": before.test_exit_code, "timings": before.timings.model_dump()}
+        if len(outcomes) > 1:
+            verdict["repeats"] = [{"valid": o.valid, "reason": o.reason, "tests_s": o.timings.tests_s} for o in outcomes]
+        return verdict
 
-    async def env_response(self, messages: Messages, state: State, **kwargs: Any) -> Messages:
-        raise NotImplementedError("SWEDebugEnv makes no model call")
+    # ------------------------------------------------------------------ results and teardown
+    def build_metadata(self, outputs: list[Any], **fields: Any) -> dict[str, Any]:
+        """The eval metadata, plus the dataset rows that could not be loaded (`input_errors`:
+        they fail a JUnit report as much as an invalid instance does)."""
+        meta = super().build_metadata(outputs, **fields)
+        meta["input_errors"] = self.input_errors
+        return meta
 
     @teardown
     async def close_backend(self) -> None:
-        if self._backend is not None:
-            try:
-                await self._backend.close()
-            except InfraError:
-                pass
-            self._backend = None
+        """Delete the sandboxes of interrupted rollouts, then close the backend(s)."""
+        backends = [b for b in (*self._old_backends, self._backend) if b is not None]
+        self._old_backends, self._backend = [], None
+        if self._live and backends:
+            ids, self._live = list(self._live), {}
+            with contextlib.suppress(Exception):
+                await backends[-1].delete_many(ids=ids)
+        for b in backends:
+            with contextlib.suppress(Exception):
+                await b.close()
 
 
 def load_environment(
     dataset: str | None = None,
     instance_ids: list[str] | str | None = None,
+    split: str = "test",
     debug_step: Literal["none", "gold_patch", "command", "script"] = "gold_patch",
     debug_command: str | None = None,
     debug_script: str | None = None,
     debug_script_path: str | None = None,
-    debug_timeout: int | None = None,
-    test_timeout: int = 900,
+    debug_timeout: float | None = None,
+    test_timeout: float = 900,
     timeout_seconds: float = 1800.0,
     check_fails_before: bool = False,
+    repeat: int = 1,
     run_setup: bool = True,
     run_tests: bool = True,
     output_tail_chars: int = 2000,
+    cpu_cores: float | None = None,
+    memory_gb: float | None = None,
     backend: str | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
-    Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use)."""
+    Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use).
+    Malformed dataset rows are skipped and listed in the metadata's `input_errors`
+    (unless `instance_ids` selects the instances to run)."""
     from .instances import dataset_name, load_instances
     from .taskset import SWETaskSet
 
@@ -171,12 +262,22 @@ def load_environment(
 
         path = DEFAULT_OUT / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
-    report = load_instances(dataset)
+    report = load_instances(dataset, split=split)
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
-    taskset = SWETaskSet(report.select(ids), name=dataset_name(dataset))
+    try:
+        selected = report.select(ids)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    input_errors = [] if ids else [
+        {"name": f"row {e.index}" + (f" ({e.instance_id})" if e.instance_id else ""), "type": "malformed_row",
+         "message": f"{e.field}: {e.message}"}
+        for e in report.errors
+    ]
+    taskset = SWETaskSet(selected, name=dataset_name(dataset))
     return SWEDebugEnv(
         taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
-        timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, run_setup=run_setup,
-        run_tests=run_tests, output_tail_chars=output_tail_chars, backend=backend,
+        timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, run_setup=run_setup,
+        run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores, memory_gb=memory_gb,
+        backend=backend, input_errors=input_errors,
     )

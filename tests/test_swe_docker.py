@@ -1,7 +1,8 @@
 """SWE debugging end to end on real Docker with the example taskset built from
 PyPI sdists (idna, python-dateutil, more-itertools and the broken variants):
 valid, invalid and broken instances, timeouts, retries on infra errors,
-flakiness, the CLI's exit code and JUnit report, resume after SIGKILL.
+flakiness, the CLI's exit code and JUnit report, resume after SIGKILL, and
+SIGINT / SIGTERM at -c 8 (no sandbox left, finished rows kept, run `stopped`).
 
 The dataset and images are built once per session into the shared cache
 (`.cache/swe-examples/`, `vf-swe/*` images), so a warm run only runs tests.
@@ -59,23 +60,43 @@ def _taskset(instances, ids):
     return SWETaskSet([instances[i] for i in ids])
 
 
-async def _run(instances, ids, opts=None, backend=None, taskset=None, **cfg):
-    from sandboxes import get_backend
-    from swe_debug.debug import DebugOptions
-    from swe_debug.runner import BatchRunner, RunConfig
+async def _run(instances, ids, opts=None, backend=None, taskset=None, concurrency=4, max_retries=2, **env_kw):
+    """Rollouts of SWEDebugEnv (as an eval runs them); the verdict of each instance, with
+    the row's attempts and error, by instance id."""
+    from swe_debug.env import SWEDebugEnv
 
-    backend = backend or get_backend("docker")
-    ts = taskset or _taskset(instances, ids)
+    env = SWEDebugEnv(taskset or _taskset(instances, ids), **env_kw)
+    if opts is not None:
+        env.options = opts
+    env.set_backend(backend or "docker")
+    env.retry_policy = env.retry_policy.model_copy(update={"initial_delay": 0.1})
     try:
-        rows = await BatchRunner(ts, backend, opts or DebugOptions(), RunConfig(retry_initial_delay=0.1, **cfg)).run(ts.instances())
+        out = await env.generate(env.get_eval_inputs(), client=None, model="none", max_concurrent=concurrency,
+                                 max_retries=max_retries)
     finally:
-        await backend.close()
-    return {r["instance_id"]: r for r in rows}
+        await env.teardown()
+    return {r["info"]["instance_id"]: {**r["info"]["verdict"], "attempts": r["attempts"], "error": r["error"],
+                                       "error_type": _error_type(r)} for r in out["outputs"]}
 
 
-async def test_gold_run_with_fails_before_check(instances, tmp_path):
-    rows = await _run(instances, [IDNA, DATEUTIL, MORE, PASSES_BEFORE, BAD_GOLD],
-                      check_fails_before=True, concurrency=2, output_dir=str(tmp_path))
+def _error_type(row):
+    info = row.get("error_info") if isinstance(row.get("error_info"), dict) else row.get("error")
+    return info.get("type") if isinstance(info, dict) else row.get("error_type")
+
+
+def _results(out: Path) -> Path:
+    """The results.jsonl of the one run under the output dir `out` (vf-swe-debug -o out)."""
+    found = list(out.glob("evals/swe-debug--none/*/results.jsonl"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _iid(line: str) -> str:
+    return json.loads(line)["info"]["instance_id"]
+
+
+async def test_gold_run_with_fails_before_check(instances):
+    rows = await _run(instances, [IDNA, DATEUTIL, MORE, PASSES_BEFORE, BAD_GOLD], check_fails_before=True, concurrency=2)
     for iid in (IDNA, DATEUTIL, MORE):
         r = rows[iid]
         assert r["valid"] and r["reason"] == "pass", (iid, r["reason"], r["detail"], r["stdout_tail"][-800:])
@@ -93,11 +114,7 @@ async def test_gold_run_with_fails_before_check(instances, tmp_path):
     bg = rows[BAD_GOLD]
     assert not bg["valid"] and bg["reason"] == "gold_apply_failed" and bg["test_exit_code"] is None
     assert "patch --batch --fuzz=5" in bg["stdout_tail"]  # every rung was tried
-    # one row per instance, on disk, plus a summary
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert sorted(json.loads(x)["instance_id"] for x in lines) == sorted(rows)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["valid"] == 3 and summary["reasons"] == {"pass": 3, "test_failed": 1, "gold_apply_failed": 1}
+    assert all(r["error"] is None and r["attempts"] == 1 for r in rows.values())
 
 
 async def test_passes_before_instance_is_valid_without_the_check(instances):
@@ -180,6 +197,7 @@ async def test_sandbox_error_is_retried_then_reported(instances):
     rows = await _run(instances, [IDNA], backend=FlakyCreate(fail=10), max_retries=1)
     r = rows[IDNA]
     assert r["reason"] == "sandbox_error" and r["error_type"] == "SandboxCreateError" and r["attempts"] == 2
+    assert r["error"]  # no verdict: the row carries the infra error (an eval --resume runs it again)
 
 
 async def test_repeat_reports_flaky(instances):
@@ -249,7 +267,6 @@ def test_cli_exit_code_and_junit(examples, tmp_path):
 
 def test_resume_after_sigkill(examples, tmp_path):
     out = tmp_path / "out"
-    results = out / "results.jsonl"
     run_id = uuid.uuid4().hex[:12]
     env = {**os.environ, "VF_SANDBOX_RUN_ID": run_id, "VF_RUNS_DB": str(tmp_path / "runs.db")}
     ids = f"{IDNA},{BAD_GOLD},{DATEUTIL},{MORE}"
@@ -259,7 +276,8 @@ def test_resume_after_sigkill(examples, tmp_path):
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
-            if results.exists() and results.read_text().count("\n") >= 2:  # two whole rows
+            found = list(out.glob("evals/*/*/results.jsonl"))
+            if found and found[0].read_text().count("\n") >= 2:  # two whole rows
                 break
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -272,23 +290,21 @@ def test_resume_after_sigkill(examples, tmp_path):
                                   capture_output=True, text=True).stdout.split()
         if leftover:
             subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+    results = _results(out)
     text = results.read_text()
     whole = text[: text.rfind("\n") + 1]  # a kill mid-write may leave a torn last line: --resume drops it
-    before = [json.loads(x) for x in whole.splitlines()]  # every whole line is valid JSON
-    assert 2 <= len(before) < 4, [(r["instance_id"], r["reason"]) for r in before]
-    done = {r["instance_id"]: r["finished_at"] for r in before}
+    before = whole.splitlines()
+    assert 2 <= len(before) < 4, [_iid(x) for x in before]  # every whole line is valid JSON
 
     res = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", ids, "-c", "2", "-o", str(out), "--resume", "-q"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # the bad-gold instance is invalid
-    after = [json.loads(x) for x in results.read_text().splitlines()]
-    seen = [(r["instance_id"], r["reason"], r.get("detail", "")[:200]) for r in after]
-    assert sorted(r["instance_id"] for r in after) == sorted(ids.split(",")), seen  # nothing ran twice
-    for r in after:
-        if r["instance_id"] in done:
-            assert r["finished_at"] == done[r["instance_id"]], seen
-    reasons = {r["instance_id"]: r["reason"] for r in after}
-    assert reasons == {IDNA: "pass", BAD_GOLD: "gold_apply_failed", DATEUTIL: "pass", MORE: "pass"}, seen
+    assert _results(out) == results  # the same run, continued
+    after = results.read_text().splitlines()
+    assert after[: len(before)] == before  # the finished rows were kept as they were...
+    assert sorted(map(_iid, after)) == sorted(ids.split(","))  # ...and nothing ran twice
+    reasons = {_iid(x): json.loads(x)["info"]["verdict"]["reason"] for x in after}
+    assert reasons == {IDNA: "pass", BAD_GOLD: "gold_apply_failed", DATEUTIL: "pass", MORE: "pass"}
 
 
 async def test_swe_debug_env_rewards_valid_and_retries_infra_errors(examples):
@@ -301,11 +317,11 @@ async def test_swe_debug_env_rewards_valid_and_retries_infra_errors(examples):
         await env.teardown()
     rows = {r["info"]["instance_id"]: r for r in out["outputs"]}
     assert {k: r["reward"] for k, r in rows.items()} == {IDNA: 1.0, PASSES_BEFORE: 0.0, BAD_GOLD: 0.0}
-    assert rows[BAD_GOLD]["info"]["swe_debug"]["reason"] == "gold_apply_failed"
+    assert rows[BAD_GOLD]["info"]["verdict"]["reason"] == "gold_apply_failed"
     assert rows[IDNA]["metrics"]["tests_s"] > 0 and rows[IDNA]["completion"] == []  # no model turn
 
     env = load_environment(dataset=str(examples), instance_ids=IDNA)
-    env._backend = FlakyCreate(fail=1)  # the first sandbox creation fails with an InfraError
+    env.set_backend(FlakyCreate(fail=1))  # the first sandbox creation fails with an InfraError
     env.retry_policy = env.retry_policy.model_copy(update={"initial_delay": 0.1})
     try:
         out = await env.generate(env.get_eval_inputs(), client=None, model="none", max_retries=2)
@@ -315,24 +331,66 @@ async def test_swe_debug_env_rewards_valid_and_retries_infra_errors(examples):
     assert row["reward"] == 1.0 and row["attempts"] == 2 and row["error"] is None
 
 
-def test_sigterm_stops_cleanly(examples, tmp_path):
+@pytest.fixture(scope="session")
+def hang_dataset(examples, instances, tmp_path_factory) -> Path:
+    """Two instances that finish at once, then eight copies of idna whose debug command hangs
+    (with `--debug-step command --debug-command HANG --no-tests`)."""
+    rows = {json.loads(x)["instance_id"]: json.loads(x) for x in examples.read_text().splitlines()}
+    for r in rows.values():  # paths relative to the examples dir → absolute
+        r["source"]["archive"] = str((examples.parent / r["source"]["archive"]).resolve())
+    out = [rows[MORE], rows[DATEUTIL]] + [{**rows[IDNA], "instance_id": f"hang-{i}"} for i in range(8)]
+    path = tmp_path_factory.mktemp("hang") / "hang.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return path
+
+
+HANG = "[ -d idna ] && exec sleep 600 || true"  # idna copies hang; the others finish
+
+
+def _containers(run_id: str) -> list[str]:
+    return subprocess.run(["docker", "ps", "-aq", "--filter", "label=vf-sandbox.managed=true",
+                           "--filter", f"label=vf-sandbox.run-id={run_id}"], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_run_at_c8_stops_cleanly(hang_dataset, tmp_path, monkeypatch, sig):
+    from envs.runs import registry
+
     out = tmp_path / "out"
     run_id = uuid.uuid4().hex[:12]
     env = {**os.environ, "VF_SANDBOX_RUN_ID": run_id, "VF_RUNS_DB": str(tmp_path / "runs.db")}
-    proc = subprocess.Popen([*VF_SWE_DEBUG, str(examples), "-i", f"{IDNA},{DATEUTIL}", "-c", "1", "-o", str(out), "-q"],
+    proc = subprocess.Popen([*VF_SWE_DEBUG, str(hang_dataset), "--debug-step", "command", "--debug-command", HANG,
+                             "--no-tests", "-c", "8", "-o", str(out), "--name", "sig", "-q"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    results = out / "results.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (results.exists() and results.read_text().strip()):
-        time.sleep(0.05)
-    time.sleep(1.0)  # the dateutil rollout is under way
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert [json.loads(x)["instance_id"] for x in results.read_text().splitlines()] == [IDNA]
-    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.run-id={run_id}"],
-                          capture_output=True, text=True).stdout.split()
-    assert left == []  # the interrupted rollout deleted its sandbox
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:  # two rows saved and eight sandboxes hanging
+            found = list(out.glob("evals/*/*/results.jsonl"))
+            if found and found[0].read_text().count("\n") == 2 and len(_containers(run_id)) == 8:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"never reached 2 rows + 8 sandboxes: {_containers(run_id)}")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        leftover = _containers(run_id)
+        if leftover:
+            subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+    assert leftover == [], err[-3000:]  # every sandbox deleted before the process ended
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert sorted(map(_iid, found[0].read_text().splitlines())) == sorted([MORE, DATEUTIL])  # finished rows kept
+    meta = json.loads((found[0].parent / "metadata.json").read_text())
+    assert meta["status"] == "stopped" and meta["completed_rollouts"] == 2
+    monkeypatch.setenv("VF_RUNS_DB", str(tmp_path / "runs.db"))
+    [r] = registry.list_runs()
+    assert (r.kind, r.name, r.status, r.completed) == ("swe-debug", "sig", "stopped", 2)
+    assert "use --resume" in err
 
 
 async def test_image_keys_follow_content_and_a_wrong_base_commit_fails_the_build(instances):

@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from swe_debug.instances import SWEInstance, load_instances, patch_file_changes
-from swe_debug.junit import write_junit
-from swe_debug.runner import ResultsWriter, finished_ids, read_rows
+from envs.eval.junit import write_junit
+from envs.eval.writer import ResultsWriter, load_existing, missing_inputs, needs_rerun
 
 TEST_PATCH = """diff --git a/tests/test_a.py b/tests/test_a.py
 index 1111111..2222222 100644
@@ -127,40 +127,75 @@ def test_patch_files_and_directives():
     assert inst.run_env()["PYTHONHASHSEED"] == "0"
 
 
-def test_junit_is_well_formed_and_reads_back(tmp_path):
-    from swe_debug.instances import RowError
+def _row(example_id, iid, reward, verdict, error=None):
+    info = {"instance_id": iid, "verdict": verdict}
+    if iid != "c":
+        info["repo"] = "o/r"
+    return {"example_id": example_id, "info": info, "reward": reward, "error": error,
+            "error_kind": error and error["kind"]}
 
+
+def test_junit_is_well_formed_and_reads_back(tmp_path):
     rows = [
-        {"instance_id": "a", "repo": "o/r", "valid": True, "reason": "pass", "timings": {"total_s": 1.5}},
-        {"instance_id": "b", "repo": "o/r", "valid": False, "reason": "test_failed", "detail": "1 FAIL_TO_PASS failing",
-         "stdout_tail": "\x1b[31mFAILED\x1b[0m t::x \x00 <&>", "timings": {"total_s": 2}},
-        {"instance_id": "c", "valid": False, "reason": "sandbox_error", "detail": "daemon gone", "error": "boom"},
+        _row(0, "a", 1.0, {"valid": True, "reason": "pass", "timings": {"total_s": 1.5}}),
+        _row(1, "b", 0.0, {"valid": False, "reason": "test_failed", "detail": "1 FAIL_TO_PASS failing",
+                           "stdout_tail": "\x1b[31mFAILED\x1b[0m t::x \x00 <&>", "timings": {"total_s": 2}}),
+        _row(2, "c", 0.0, {"valid": False, "reason": "sandbox_error", "detail": "daemon gone"},
+             error={"type": "SandboxCreateError", "message": "boom", "kind": "infra"}),
     ]
-    p = write_junit(tmp_path / "j.xml", rows, row_errors=[RowError(index=3, field="FAIL_TO_PASS", message="bad")])
+    meta = {"env_id": "swe-debug", "pass_threshold": 0.5,
+            "input_errors": [{"name": "row 3", "type": "malformed_row", "message": "FAIL_TO_PASS: bad"}]}
+    p = write_junit(tmp_path / "j.xml", rows, meta)
     root = ET.parse(p).getroot()
     suite = root.find("testsuite")
     assert suite.get("tests") == "4" and suite.get("failures") == "2" and suite.get("errors") == "1"
+    assert suite.get("time") == "3.500"
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert cases["a"].find("failure") is None
+    assert cases["a"].find("failure") is None and cases["a"].get("classname") == "o/r"
     f = cases["b"].find("failure")
     assert f.get("message").startswith("test_failed: 1 FAIL_TO_PASS failing")
     assert f.get("message").endswith("FAILED t::x  <&>")  # reason + log tail
     assert "FAILED t::x" in f.text and "<&>" in f.text and "\x1b" not in f.text
-    assert cases["c"].find("error").get("type") == "sandbox_error"
+    e = cases["c"].find("error")
+    assert e.get("type") == "sandbox_error" and "boom" in e.text and cases["c"].get("classname") == "swe-debug"
     assert cases["row 3"].find("failure").get("type") == "malformed_row"
 
 
-def test_results_file_survives_a_torn_last_line(tmp_path):
-    p = tmp_path / "results.jsonl"
-    w = ResultsWriter(p)
-    w.write({"instance_id": "a", "reason": "pass"})
-    w.write({"instance_id": "b", "reason": "sandbox_error"})
+def test_junit_of_a_plain_eval():
+    """Rows without a verdict (any eval): a case per rollout, failing below the pass threshold."""
+    from envs.eval.junit import render_junit
+
+    rows = [{"example_id": 0, "reward": 1.0}, {"example_id": 0, "reward": 0.2},
+            {"example_id": 1, "reward": 0.0, "error": "ModelError: 500"}]
+    root = render_junit(rows, {"env_id": "gsm8k", "pass_threshold": 0.5})
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert list(cases) == ["example 0#1", "example 0#2", "example 1"]
+    assert cases["example 0#1"].find("failure") is None
+    assert cases["example 0#2"].find("failure").get("message") == "reward: reward 0.2 < pass_threshold 0.5"
+    assert cases["example 1"].find("error").text == "ModelError: 500"
+
+
+def test_resume_reruns_only_infra_error_rows_and_survives_a_torn_line(tmp_path):
+    infra = {"type": "SandboxCreateError", "message": "daemon gone", "kind": "infra"}
+    task = {"type": "ValueError", "message": "bad", "kind": "task"}
+    w = ResultsWriter(tmp_path)
+    w.append([{"example_id": 0, "reward": 1.0}])
+    w.append([{"example_id": 1, "reward": 0.0, "error": infra, "error_kind": "infra"}])
+    w.append([{"example_id": 2, "reward": 0.0, "error": task, "error_kind": "task"}])
+    w.write_metadata({"env_id": "e"})
     w.close()
-    with p.open("a") as fh:
-        fh.write('{"instance_id": "c", "rea')  # killed mid-write
-    assert [r["instance_id"] for r in read_rows(p)] == ["a", "b"]
-    assert finished_ids(p) == {"a"}  # a sandbox_error is not a verdict: run it again
-    w = ResultsWriter(p)  # reopening drops the torn line
-    w.write({"instance_id": "c", "reason": "test_failed"})
+    with (tmp_path / "results.jsonl").open("a") as fh:
+        fh.write('{"example_id": 3, "rew')  # killed mid-write
+    rows, _ = load_existing(tmp_path)
+    assert [r["example_id"] for r in rows] == [0, 1, 2]
+    assert [needs_rerun(r) for r in rows] == [False, True, False]
+    assert needs_rerun({"error": "SandboxCreateError: x", "error_info": {"kind": "infra"}})  # the newer row shape
+    kept = [r for r in rows if not needs_rerun(r)]
+    inputs = [{"example_id": i} for i in range(4)]
+    assert missing_inputs(inputs, kept, 1) == [{"example_id": 1}, {"example_id": 3}]
+    w = ResultsWriter(tmp_path)
+    w.rewrite(kept)
+    w.open()  # drops nothing more: the rewritten file ends in a newline
+    w.append([{"example_id": 1, "reward": 1.0}])
     w.close()
-    assert [json.loads(x)["instance_id"] for x in p.read_text().splitlines()] == ["a", "b", "c"]
+    assert [json.loads(x)["example_id"] for x in (tmp_path / "results.jsonl").read_text().splitlines()] == [0, 2, 1]

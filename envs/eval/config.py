@@ -57,7 +57,7 @@ SETTING_KEYS = frozenset(
         "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
-        "retry_initial_delay", "retry_max_delay",
+        "retry_initial_delay", "retry_max_delay", "junit_xml",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -103,6 +103,9 @@ class EvalConfig(BaseModel):
     retry_initial_delay: float = Field(0.5, ge=0)
     retry_max_delay: float = Field(30.0, ge=0)
 
+    kind: str = Field("eval", description="The run's kind in the run registry (eval, swe-debug).")
+    junit_xml: str | None = Field(None, description="Also write the results as a JUnit XML report here.")
+
     model_config = {"extra": "forbid"}
 
     def retry_policy(self) -> RetryPolicy:
@@ -117,7 +120,7 @@ class EvalConfig(BaseModel):
                   "verbose", "save_results", "output_dir", "resume", "resume_path", "save_to_hf_hub",
                   "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
                   "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
-                  "no_interleave_scoring", "backend", "backend_options"}
+                  "no_interleave_scoring", "backend", "backend_options", "junit_xml"}
         mine, theirs = self.public_args(), other.public_args()
         return [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
                 if k not in ignore and mine.get(k) != theirs.get(k)]
@@ -382,6 +385,8 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         backend_options=dict(s.get("backend_options") or {}),
         num_workers=workers,
         **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay") if s.get(k) is not None},
+        kind=s.get("kind", "eval"),
+        junit_xml=s.get("junit_xml"),
     )
 
 

@@ -87,6 +87,9 @@ class PlainDisplay:
     def add_log(self, line: str) -> None:
         pass
 
+    def add_rows(self, idx: int, rows: list[dict[str, Any]]) -> None:
+        """A group of eval `idx` finished with these rows (a hook for per-row views)."""
+
 
 class _ArrowKeys:
     """Reads ←/→ from a terminal stdin in a daemon thread (cbreak mode, restored on stop)."""
@@ -191,6 +194,9 @@ class RichDisplay:
     def add(self, progress: EvalProgress) -> int:
         self.evals.append(progress)
         return len(self.evals) - 1
+
+    def add_rows(self, idx: int, rows: list[dict[str, Any]]) -> None:
+        pass
 
     def add_log(self, line: str) -> None:
         active = self._active()

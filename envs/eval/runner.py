@@ -22,6 +22,7 @@ from sandboxes.errors import ConfigError, UsageError
 from ..errors import MissingKeyError
 from .config import EvalConfig
 from .display import EvalProgress, PlainDisplay, RichDisplay
+from .junit import write_junit
 from .writer import (
     ResultsWriter,
     check_compatible,
@@ -30,6 +31,7 @@ from .writer import (
     find_resumable,
     load_existing,
     missing_inputs,
+    needs_rerun,
     new_run_dir,
     now_iso,
 )
@@ -75,15 +77,15 @@ def _recorder(cfg: EvalConfig, run_dir: Path) -> Any:
         return None
     try:
         return RunRecorder.start(
-            kind="eval", name=cfg.name, env_id=cfg.env_id, model=cfg.model, args=cfg.public_args(), output_dir=str(run_dir)
+            kind=cfg.kind, name=cfg.name, env_id=cfg.env_id, model=cfg.model, args=cfg.public_args(), output_dir=str(run_dir)
         )
     except Exception as exc:  # the registry is best-effort; never block an eval on it
         log.warning("run registry unavailable: %s", exc)
         return None
 
 
-def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_dir: Path | None, started: float, status: str, base_url: str, prior_ms: float) -> dict[str, Any]:
-    n_examples = len({r.get("example_id") for r in rows})
+def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_dir: Path | None, started: float, status: str, base_url: str, prior_ms: float, planned_examples: int = 0) -> dict[str, Any]:
+    n_examples = max(len({r.get("example_id") for r in rows}), planned_examples)
     meta = env.build_metadata(
         rows,
         model=cfg.model,
@@ -157,6 +159,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     error: str | None = None
     clients: list[Any] = []
     beats: list[asyncio.Future[Any]] = []
+    planned = 0  # examples this run covers (metadata num_examples, also with -n -1)
     try:
         # Where the run goes is settled first, so that the registry records even a run
         # that dies while loading its environment or checking its endpoint.
@@ -197,7 +200,12 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         else:  # the env never calls a model (e.g. SWE debugging): no key or live endpoint needed
             clients = [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
+        planned = len({i.get("example_id") for i in inputs})
         todo = inputs
+        rerun = [r for r in rows if needs_rerun(r)] if resumed else []
+        if rerun:  # infra errors are no result: drop those rows and run them again
+            rows = [r for r in rows if not needs_rerun(r)]
+            log.info("%s: %d rollout(s) ended in an infra error; running them again", cfg.env_id, len(rerun))
         if resumed:
             check_same_inputs(inputs, rows, run_dir)
             todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
@@ -212,8 +220,10 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         display.update(idx)
         if save:
             writer = ResultsWriter(run_dir)
+            if rerun:
+                writer.rewrite(rows)
             writer.open()
-            writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms))
+            writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned))
         last_meta = [time.monotonic()]
 
         async def on_group(group_rows: list[dict[str, Any]]) -> None:
@@ -229,12 +239,13 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                         "%s: rollout example_id=%s failed after %s attempt(s): %s",
                         cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"],
                     )
+            display.add_rows(idx, group_rows)
             display.update(idx)
             if rec is not None:
                 rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
             if writer is not None and time.monotonic() - last_meta[0] > 1.0:
                 last_meta[0] = time.monotonic()
-                writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms))
+                writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned))
 
         beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
         if beat is not None:
@@ -280,9 +291,14 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             except BaseException as exc:  # noqa: BLE001 - teardown must not mask the outcome
                 log.warning("teardown failed: %s", exc)
         if env is not None and run_dir is not None:
-            result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms)
+            result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms, planned)
             if error:
                 result.metadata["error"] = error
+            if cfg.junit_xml:
+                try:
+                    write_junit(cfg.junit_xml, rows, result.metadata)
+                except OSError as exc:
+                    log.warning("cannot write the JUnit report %s: %s", cfg.junit_xml, exc)
         for c in clients:
             try:
                 await asyncio.shield(c.close())

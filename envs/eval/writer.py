@@ -6,8 +6,10 @@ The files themselves are written by `envs.results_file.ResultsWriter` (also
 used by `Environment.generate(save_results=True)`); this module adds the
 eval run's directory layout and resume.
 
-Resume: `load_existing` reads back the rows (ignoring a torn last line) and
-`missing_inputs` computes exactly the rollouts still to run.
+Resume: `load_existing` reads back the rows (ignoring a torn last line),
+`needs_rerun` picks out the rows that end in an infrastructure error (they
+are dropped and run again) and `missing_inputs` computes exactly the
+rollouts still to run.
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, 
                 except ValueError:
                     continue
     return rows, metadata
+
+
+def needs_rerun(row: dict[str, Any]) -> bool:
+    """A row whose rollout ended in an infrastructure error (retries spent): no result
+    on the task, so a resume runs it again."""
+    if not row.get("error"):
+        return False
+    err, info = row.get("error"), row.get("error_info")
+    kind = row.get("error_kind") or (info.get("kind") if isinstance(info, dict) else None) or (
+        err.get("kind") if isinstance(err, dict) else None)
+    return kind == "infra"
 
 
 def check_compatible(metadata: dict[str, Any], env_id: str, model: str, rollouts_per_example: int, num_examples: int, where: Path) -> None:
@@ -146,7 +159,7 @@ def find_resumable(output_dir: str | Path | None, env_id: str, model: str, rollo
         if num_examples >= 0 and saved_n > num_examples:
             continue
         target = (num_examples if num_examples >= 0 else saved_n) * rollouts_per_example
-        done = sum(1 for line in open(d / RESULTS, encoding="utf-8") if line.endswith("\n") and line.strip())
+        done = sum(1 for row in load_existing(d)[0] if not needs_rerun(row))
         if md.get("status") == "completed" and done >= target:
             continue
         if done >= target and target > 0:

@@ -1,7 +1,9 @@
 """Read a run's outputs and summarise them: aggregate reward and metrics with
 their spread, pass@k, errors by type, timing percentiles, reward histogram
 (eval runs: `results.jsonl` + `metadata.json`), or reasons and phase timings
-(swe-debug runs: one JSONL row per instance). Also the grouped samples view.
+(swe-debug runs: an eval row per instance, its verdict in `info.verdict`;
+rows of older runs held the verdict at the top level). Also the grouped
+samples view.
 
 Rows are read defensively: the writers may add, omit or rename optional
 fields, and a run still being written may end in a partial line.
@@ -261,11 +263,21 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
     }
 
 
+def swe_view(row: dict) -> dict:
+    """A swe-debug row as one flat dict: the verdict (`info.verdict`) over the
+    instance's info, with the row's error; an older flat row as it is."""
+    info = row.get("info") if isinstance(row.get("info"), dict) else {}
+    v = info.get("verdict")
+    if not isinstance(v, dict):
+        return row
+    return {**{k: x for k, x in info.items() if k != "verdict"}, **v, "error": row.get("error")}
+
+
 def summarize_swe(rows: list[dict]) -> dict:
     reasons: dict[str, int] = {}
     phases: dict[str, list[float]] = {}
     valid = 0
-    for r in rows:
+    for r in map(swe_view, rows):
         reason = str(r.get("reason") or ("pass" if r.get("valid") else "unknown"))
         reasons[reason] = reasons.get(reason, 0) + 1
         valid += bool(r.get("valid"))
@@ -290,7 +302,7 @@ def _tail(x: Any, limit: int = 4000) -> str:
 
 def swe_instances(rows: list[dict]) -> list[dict]:
     out = []
-    for r in rows:
+    for r in map(swe_view, rows):
         out.append({
             "instance_id": r.get("instance_id") or r.get("id") or "?",
             "reason": r.get("reason"),

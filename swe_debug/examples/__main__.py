@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..cli import verdict
 from .builder import DEFAULT_OUT, HANG_SCRIPT, METADATA, build_dataset, build_images
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -57,11 +59,14 @@ def check(out: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT,
         if junit_dir:
             cmd += ["--junit-xml", str(junit_dir / f"swe-examples-{name}.xml")]
         print(f"\n== check {name}: vf-swe-debug {' '.join(cmd[3:])}", flush=True)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # a fresh run each time (its run dir is new anyway)
         proc = subprocess.run(cmd)
         rows = {}
-        for line in (run_dir / "results.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            rows[r["instance_id"]] = r
+        for path in run_dir.glob("evals/*/*/results.jsonl"):
+            for line in path.read_text().splitlines():
+                v = verdict(json.loads(line))
+                rows[v["instance_id"]] = v
         for iid, want in expect.items():
             got = rows.get(iid, {}).get("reason", "<missing>")
             ok = got == want
