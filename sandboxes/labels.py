@@ -31,6 +31,15 @@ def run_id() -> str:
     return _RUN_ID
 
 
+def set_run_id(value: str) -> None:
+    """Adopt a run id handed over explicitly (a worker process of a run labels its
+    sandboxes with its run's id, so `runs stop` and the reaper find them all)."""
+    global _RUN_ID
+    if not value:
+        raise ValueError("empty run id")
+    _RUN_ID = value
+
+
 def process_start_time(pid: int) -> str:
     """Start time of `pid` in clock ticks since boot (Linux), '' when unknown, gone or a zombie."""
     try:

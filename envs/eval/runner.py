@@ -10,18 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from sandboxes.errors import ConfigError, UsageError
+from sandboxes.errors import UsageError
 
 from ..errors import MissingKeyError
 from .config import EvalConfig
 from .display import EvalProgress, PlainDisplay, RichDisplay
+from .setup import load_run_env, make_run_clients
 from .junit import write_junit
 from .writer import (
     ResultsWriter,
@@ -52,22 +51,6 @@ class EvalResult:
 
 class StopRequested(Exception):
     """The run was asked to stop (signal or timeout)."""
-
-
-def check_endpoint(base_url: str, timeout: float = 3.0) -> None:
-    """Fail fast with a clear message when nothing listens at the model endpoint."""
-    parsed = urlparse(base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"model endpoint {base_url!r} is not an http(s) URL")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise UsageError(
-            f"model endpoint {base_url} is not reachable ({exc.strerror or exc}); is the server running? "
-            "(check -m / -b or the endpoints registry)"
-        ) from None
 
 
 def _recorder(cfg: EvalConfig, run_dir: Path) -> Any:
@@ -142,9 +125,6 @@ async def heartbeat(url: str, interval: float = 30.0) -> None:
 
 async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int) -> EvalResult:
     """Run one eval to completion (or until cancelled); never raises except CancelledError."""
-    from ..clients import make_client
-    from ..loader import load_environment
-
     result = EvalResult(config=cfg)
     progress = display.evals[idx]
     env = None
@@ -185,20 +165,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if rec is not None:
             result.run_id = rec.id
             log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, rec.id, rec.id)
-        env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
-        env.set_backend(cfg.backend, cfg.backend_options)
-        env.set_retry_policy(cfg.retry_policy())
-        if cfg.extra_env_kwargs:
-            env.set_kwargs(**cfg.extra_env_kwargs)
-        if "concurrency" not in cfg.extra_env_kwargs:
-            env.set_concurrency(cfg.max_concurrent if cfg.max_concurrent > 0 else cfg.num_examples * cfg.rollouts_per_example)
-        replicas = cfg.client_config.replicas()
-        if getattr(env, "requires_model", True):
-            clients = [make_client(c) for c in replicas]  # resolves API keys (MissingKeyError)
-            for replica in replicas:
-                check_endpoint(replica.api_base_url)
-        else:  # the env never calls a model (e.g. SWE debugging): no key or live endpoint needed
-            clients = [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
+        env = load_run_env(cfg)
+        clients = make_run_clients(cfg, env)
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
         planned = len({i.get("example_id") for i in inputs})
         todo = inputs

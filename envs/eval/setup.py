@@ -1,0 +1,61 @@
+"""Turning a run definition into live objects, the same way in the runner's
+process and in every worker process: the environment (loaded, given the
+run's backend, retry policy, `-x` settings and concurrency) and the model
+clients (keys resolved by variable name, endpoints checked when asked)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+from urllib.parse import urlparse
+
+from sandboxes.errors import ConfigError, UsageError
+
+from .config import EvalConfig
+
+
+def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
+    """The environment of `cfg`, configured by it. `concurrency` defaults to the run's."""
+    from ..loader import load_environment
+
+    env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
+    env.set_backend(cfg.backend, cfg.backend_options)
+    env.set_retry_policy(cfg.retry_policy())
+    if cfg.extra_env_kwargs:
+        env.set_kwargs(**cfg.extra_env_kwargs)
+    if "concurrency" not in cfg.extra_env_kwargs:
+        if concurrency is None:
+            concurrency = cfg.max_concurrent if cfg.max_concurrent > 0 else cfg.num_examples * cfg.rollouts_per_example
+        env.set_concurrency(concurrency)
+    return env
+
+
+def check_endpoint(base_url: str, timeout: float = 3.0) -> None:
+    """Fail fast with a clear message when nothing listens at the model endpoint."""
+    parsed = urlparse(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"model endpoint {base_url!r} is not an http(s) URL")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"model endpoint {base_url} is not reachable ({exc.strerror or exc}); is the server running? "
+            "(check -m / -b or the endpoints registry)"
+        ) from None
+
+
+def make_run_clients(cfg: EvalConfig, env: Any, check: bool = True) -> list[Any]:
+    """One client per endpoint replica. An env that never calls a model
+    (`requires_model = False`, e.g. SWE debugging) needs no key and no live endpoint."""
+    from ..clients import make_client
+
+    replicas = cfg.client_config.replicas()
+    if not getattr(env, "requires_model", True):
+        return [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
+    clients = [make_client(c) for c in replicas]  # resolves API keys (MissingKeyError)
+    if check:
+        for replica in replicas:
+            check_endpoint(replica.api_base_url)
+    return clients

@@ -1,0 +1,260 @@
+"""`-w N`: N worker processes share one run.
+
+The runner's process keeps everything a run has once: the run definition,
+the results writer, the registry entry, the display. Each worker is a
+spawned process with its own event loop, environment and model clients,
+built from the same run definition (`envs.eval.setup`). The runner hands out
+groups (one example's rollouts) a few at a time, so a fast worker takes more;
+a worker sends back the finished rows of each group and the runner writes
+them, so there is still one writer and no torn group.
+
+A worker that dies loses nothing: the groups it held and had not returned go
+back to the queue for the others (rows are only written when a group comes
+back, so none is written twice); when no worker is left, the run fails with
+the cause and `--resume` runs exactly what is missing. Stopping (SIGINT /
+SIGTERM / timeout) cancels the runner's task: every worker gets SIGTERM,
+cancels its rollouts, deletes its sandboxes (env teardown) and exits; groups
+it finished meanwhile are still written.
+
+Wire format: one JSON document per message on a duplex pipe.
+  runner -> worker  {"group": id, "inputs": [...]}  |  {"stop": true}
+  worker -> runner  {"ready": true}  |  {"group": id, "rows": [...]}  |  {"fatal": "..."}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import traceback
+from collections import deque
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..results_file import dumps
+from .config import EvalConfig
+
+log = logging.getLogger("envs.eval.workers")
+
+GroupSink = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+class WorkerFailed(RuntimeError):
+    """Every worker of the run died (the last cause is in the message)."""
+
+
+def per_worker_concurrency(cfg: EvalConfig) -> int:
+    """Each worker's share of `max_concurrent` rollouts (-1: unlimited)."""
+    if cfg.max_concurrent <= 0:
+        return -1
+    return max(1, math.ceil(cfg.max_concurrent / cfg.num_workers))
+
+
+# --------------------------------------------------------------------------- the worker process
+
+
+def worker_main(cfg_json: str, sandbox_run_id: str, conn: Connection) -> None:
+    """Entry point of a worker process (spawned: nothing inherited but the arguments)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the runner decides
+    try:
+        asyncio.run(_serve(EvalConfig.model_validate_json(cfg_json), sandbox_run_id, conn))
+    except BaseException:  # noqa: BLE001 - report, then exit non-zero
+        try:
+            conn.send_bytes(json.dumps({"fatal": traceback.format_exc()[-4000:]}).encode())
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+
+
+async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None:
+    from sandboxes import labels
+
+    from ..outputs import state_to_output
+    from .setup import load_run_env, make_run_clients
+
+    labels.set_run_id(sandbox_run_id)
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    loop.add_signal_handler(signal.SIGTERM, me.cancel)  # type: ignore[union-attr]
+    share = per_worker_concurrency(cfg)
+    env = load_run_env(cfg, concurrency=share if share > 0 else None)
+    clients = make_run_clients(cfg, env, check=False)  # the runner checked the endpoints once
+    sem = asyncio.Semaphore(share) if share > 0 else None
+    scoring_limit = cfg.max_concurrent_scoring or cfg.max_concurrent
+    scoring_sem = asyncio.Semaphore(max(1, math.ceil(scoring_limit / cfg.num_workers))) if scoring_limit > 0 else None
+    send_lock = asyncio.Lock()
+    inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def on_readable() -> None:
+        try:
+            while conn.poll():
+                inbox.put_nowait(json.loads(conn.recv_bytes()))
+        except (EOFError, OSError):
+            inbox.put_nowait(None)  # the runner is gone
+
+    async def send(msg: dict[str, Any]) -> None:
+        data = dumps(msg).encode()
+        async with send_lock:
+            await asyncio.to_thread(conn.send_bytes, data)
+
+    async def run_group(gid: int, inputs: list[dict[str, Any]]) -> None:
+        states = await env.run_group(
+            inputs, clients[gid % len(clients)], cfg.model, cfg.sampling_args, sem=sem, max_retries=cfg.max_retries,
+            independent_scoring=cfg.independent_scoring, score=True, scoring_sem=scoring_sem,
+        )
+        await send({"group": gid, "rows": [state_to_output(s, cfg.state_columns) for s in states]})
+
+    tasks: set[asyncio.Task[None]] = set()
+    loop.add_reader(conn.fileno(), on_readable)
+    try:
+        await send({"ready": True})
+        while True:
+            msg = await inbox.get()
+            if msg is None or msg.get("stop"):
+                break
+            task = asyncio.ensure_future(run_group(int(msg["group"]), msg["inputs"]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        loop.remove_reader(conn.fileno())
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.shield(env.teardown())  # deletes this worker's sandboxes before its clients close
+        for c in clients:
+            try:
+                await c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# --------------------------------------------------------------------------- the runner's side
+
+
+class _Worker:
+    def __init__(self, index: int, proc: Any, conn: Connection):
+        self.index, self.proc, self.conn = index, proc, conn
+        self.held: dict[int, list[dict[str, Any]]] = {}  # group id -> inputs, sent and not returned
+        self.ready = False
+        self.gone = False
+        self.fatal: str | None = None
+
+
+async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
+                              sandbox_run_id: str) -> None:
+    """Run `inputs` (grouped by example_id) on `cfg.num_workers` worker processes,
+    awaiting `on_group(rows)` in this process for every finished group."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for inp in inputs:
+        groups.setdefault(inp["example_id"], []).append(inp)
+    queue: deque[tuple[int, list[dict[str, Any]]]] = deque(enumerate(groups.values()))
+    if not queue:
+        return
+    share = per_worker_concurrency(cfg)
+    group_size = max(len(g) for g in groups.values())
+    depth = max(1, (share if share > 0 else len(inputs)) // group_size + 1)  # groups in flight per worker
+
+    ctx = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    workers: list[_Worker] = []
+    events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
+    cfg_json = cfg.model_dump_json()
+    for i in range(cfg.num_workers):
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=worker_main, args=(cfg_json, sandbox_run_id, child), name=f"vf-eval-worker-{i}")
+        proc.start()
+        child.close()
+        w = _Worker(i, proc, parent)
+        workers.append(w)
+
+        def readable(w: _Worker = w) -> None:
+            try:
+                while w.conn.poll():
+                    events.put_nowait((w, json.loads(w.conn.recv_bytes())))
+            except (EOFError, OSError):
+                loop.remove_reader(w.conn.fileno())
+                events.put_nowait((w, None))
+
+        loop.add_reader(parent.fileno(), readable)
+
+    def feed(w: _Worker) -> None:
+        while queue and len(w.held) < depth and w.ready and not w.gone:
+            gid, group = queue.popleft()
+            w.held[gid] = group
+            w.conn.send_bytes(dumps({"group": gid, "inputs": group}).encode())
+
+    remaining = len(queue)
+    try:
+        while remaining:
+            w, msg = await events.get()
+            if msg is None:  # the worker died (or closed its pipe)
+                if w.gone:
+                    continue
+                w.gone = True
+                w.proc.join(timeout=5)
+                lost = sorted(w.held)
+                log.warning("worker %d exited (code %s)%s; %d unfinished group(s) go to the other workers",
+                            w.index, w.proc.exitcode, f": {w.fatal.strip().splitlines()[-1]}" if w.fatal else "", len(lost))
+                queue.extendleft(reversed([(gid, w.held[gid]) for gid in lost]))
+                w.held.clear()
+                alive = [x for x in workers if not x.gone]
+                if not alive:
+                    raise WorkerFailed(f"every worker died; last: worker {w.index} exit {w.proc.exitcode}"
+                                       + (f"\n{w.fatal}" if w.fatal else ""))
+                for x in alive:
+                    feed(x)
+            elif msg.get("ready"):
+                w.ready = True
+                feed(w)
+            elif "fatal" in msg:
+                w.fatal = msg["fatal"]
+            else:
+                gid = int(msg["group"])
+                if w.held.pop(gid, None) is None:
+                    continue  # already handed to another worker after a presumed death: never written twice
+                remaining -= 1
+                await on_group(msg["rows"])
+                feed(w)
+        for w in workers:
+            if not w.gone:
+                w.conn.send_bytes(b'{"stop": true}')
+    finally:
+        await _shut_down(workers, events, on_group, stopping=remaining > 0)
+
+
+async def _shut_down(workers: list[_Worker], events: asyncio.Queue, on_group: GroupSink, stopping: bool) -> None:
+    """Stop the workers (SIGTERM when the run is being stopped), write the groups they
+    still finish, wait for their sandbox teardown, and never leave a process behind."""
+    loop = asyncio.get_running_loop()
+    if stopping:
+        for w in workers:
+            if w.proc.is_alive():
+                os.kill(w.proc.pid, signal.SIGTERM)
+    deadline = loop.time() + 120
+    while any(not w.gone for w in workers) and loop.time() < deadline:
+        try:
+            w, msg = await asyncio.wait_for(asyncio.shield(events.get()), timeout=max(0.1, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            break
+        if msg is None:
+            w.gone = True
+        elif "rows" in msg and w.held.pop(int(msg["group"]), None) is not None:
+            await on_group(msg["rows"])
+    for w in workers:
+        try:
+            loop.remove_reader(w.conn.fileno())
+        except (ValueError, OSError):
+            pass
+        w.proc.join(timeout=1)
+        if w.proc.is_alive():
+            log.warning("worker %d did not stop; killing it (the reaper removes what it left)", w.index)
+            w.proc.kill()
+            w.proc.join(timeout=5)
+        w.conn.close()
