@@ -314,9 +314,11 @@ class SandboxEnv(StatefulToolEnv):
     async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
                        max_concurrent: int = -1, **kwargs: Any) -> Any:
         """As `Environment.generate`; a `max_concurrent` sizes the default warm pool
-        when `set_concurrency` was not called."""
+        when `set_concurrency` was not called, and the pool starts filling first."""
         if max_concurrent and max_concurrent > 0 and not self._concurrency_known:
             self.set_concurrency(max_concurrent)
+        if self.effective_pool_size > 0:
+            await self._get_pool(self.sandbox_spec)  # start filling before the first rollout asks
         return await super().generate(inputs, client, model, sampling_args=sampling_args,
                                       max_concurrent=max_concurrent, **kwargs)
 
