@@ -12,8 +12,14 @@ loaded machine moves every row alike):
 Eval: 64 rollouts of a SandboxEnv at concurrency 16 against the local model
 server (each rollout: 3 bash calls, then an answer). Wall time, and the share
 of rollout time spent creating sandboxes (ready wait) vs executing commands.
-Rows: one sandbox created per rollout; the same with a 16-sandbox warm pool;
-and the reference's way (no persistent shell: one exec per command).
+Rows: one sandbox created per rollout (`pool_size=0`, the baseline); the
+default warm pool (`pool_size` unset: sized from the concurrency); the
+reference's way (no persistent shell: one exec per command); then the
+baseline/pool pair again with `--model-latency` seconds per model call (a
+stand-in for a real model): target pool >= 2x the baseline's rollouts/s. With
+an instant model the run is bound by how fast the engine creates sandboxes,
+which a pool cannot change, so that pair is printed for reference only.
+`--eval-only` skips the round trips.
 
     .venv/bin/python benchmarks/bench_sandbox_env.py [--samples 300] [--raw-samples 60] [--rollouts 64] [--json]
 """
@@ -86,15 +92,17 @@ async def round_trips(args) -> dict:
     return {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
 
 
-async def eval_run(args, *, pool_size: int, persistent: bool) -> dict:
+async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: float = 0.0) -> dict:
     from openai import AsyncOpenAI
 
     import envs as vf
-    from envs.testing.model_server import ModelServer, tool_script
+    from envs.testing.model_server import ModelServer, stall, tool_script
 
     policy = tool_script([("bash", {"command": "cd /tmp && echo $((6 * 7)) > out.txt"}),
                           ("bash", {"command": "cat out.txt"}),
                           ("bash", {"command": "ls / | wc -l"})], answer="done")
+    if latency > 0:  # a stand-in for a real model's latency per call
+        policy = stall(latency, then=policy)
     label = {**LABELS, "vf-bench-run": uuid.uuid4().hex[:8]}
     env = vf.SandboxEnv(dataset=[{"question": f"q{i}", "answer": "done"} for i in range(args.rollouts)],
                         labels=label, max_turns=6, pool_size=pool_size, persistent_shell=persistent,
@@ -124,30 +132,44 @@ async def main() -> None:
     ap.add_argument("--rollouts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--eval-only", action="store_true", help="skip the tool round trips")
+    ap.add_argument("--model-latency", type=float, default=0.25,
+                    help="seconds per model call in the second pool/baseline pair (a stand-in for a real model)")
     args = ap.parse_args()
 
-    rt = await round_trips(args)
+    rt = {} if args.eval_only else await round_trips(args)
+    base_name, pool_name = "create per rollout (pool_size=0)", "default warm pool (from -c)"
+    lat = f", model {args.model_latency * 1000:.0f} ms/call"
     evals = {
-        "create per rollout": await eval_run(args, pool_size=0, persistent=True),
-        f"warm pool ({args.concurrency})": await eval_run(args, pool_size=args.concurrency, persistent=True),
+        base_name: await eval_run(args, pool_size=0, persistent=True),
+        pool_name: await eval_run(args, pool_size=None, persistent=True),
         "no persistent shell (exec per cmd)": await eval_run(args, pool_size=0, persistent=False),
+        base_name + lat: await eval_run(args, pool_size=0, persistent=True, latency=args.model_latency),
+        pool_name + lat: await eval_run(args, pool_size=None, persistent=True, latency=args.model_latency),
     }
+    ratio = evals[pool_name]["rollouts_per_s"] / evals[base_name]["rollouts_per_s"]
+    ratio_lat = evals[pool_name + lat]["rollouts_per_s"] / evals[base_name + lat]["rollouts_per_s"]
     if args.json:
-        print(json.dumps({"round_trips": rt, "eval": evals}, indent=2))
+        print(json.dumps({"round_trips": rt, "eval": evals, "pool_vs_create_ratio": ratio,
+                          "pool_vs_create_ratio_with_model_latency": ratio_lat}, indent=2))
         return
-    agent = rt["agent exec `echo hi`"]["p50_ms"]
-    raw = rt["raw docker exec `echo hi`"]["p50_ms"]
-    print(f"{'tool round trip':28} {'p50 ms':>8} {'p95 ms':>8} {'x agent exec':>13} {'x raw exec':>11}  target")
-    for name, r in rt.items():
-        target = "<= 5 ms " + ("yes" if r["p50_ms"] <= 5 else "NO") if "tool" in name else "-"
-        print(f"{name:28} {r['p50_ms']:8.2f} {r['p95_ms']:8.2f} {r['p50_ms'] / agent:13.2f} {r['p50_ms'] / raw:11.3f}  {target}")
-    print()
+    if rt:
+        agent = rt["agent exec `echo hi`"]["p50_ms"]
+        raw = rt["raw docker exec `echo hi`"]["p50_ms"]
+        print(f"{'tool round trip':28} {'p50 ms':>8} {'p95 ms':>8} {'x agent exec':>13} {'x raw exec':>11}  target")
+        for name, r in rt.items():
+            target = "<= 5 ms " + ("yes" if r["p50_ms"] <= 5 else "NO") if "tool" in name else "-"
+            print(f"{name:28} {r['p50_ms']:8.2f} {r['p95_ms']:8.2f} {r['p50_ms'] / agent:13.2f} {r['p50_ms'] / raw:11.3f}  {target}")
+        print()
     print(f"{args.rollouts} rollouts x 3 bash calls, concurrency {args.concurrency}")
     print(f"{'variant':36} {'wall s':>7} {'rollouts/s':>10} {'create share':>12} {'exec share':>10} "
           f"{'create s/rollout':>16} {'ms/cmd':>7} {'errors':>6}")
     for name, r in evals.items():
         print(f"{name:36} {r['wall_s']:7.1f} {r['rollouts_per_s']:10.2f} {r['create_share']:12.1%} "
               f"{r['exec_share']:10.1%} {r['create_mean_s']:16.3f} {r['exec_mean_ms']:7.2f} {r['errors']:6d}")
+    print("\ndefault warm pool vs create per rollout (same run), rollouts/s:")
+    print(f"  instant model:           {ratio:.2f}x  (creation-bound: the pool cannot hide creation there)")
+    print(f"  model {args.model_latency * 1000:.0f} ms per call:   {ratio_lat:.2f}x  target >= 2x: {'yes' if ratio_lat >= 2 else 'NO'}")
 
 
 if __name__ == "__main__":

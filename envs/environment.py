@@ -6,9 +6,15 @@ Hooks a subclass (e.g. a sandbox-backed env) can rely on:
 - `@vf.cleanup` methods run after every rollout (also one that raised), in
   priority order; `@vf.teardown` methods run once via `await env.teardown()`
   (the eval CLI calls it at the end, also after Ctrl-C / SIGTERM).
-- A rollout whose error has an `InfraError` anywhere in its cause chain is
-  re-run on a fresh state (up to `max_retries` times, exponential backoff);
-  the output row's `attempts` says how many tries it took.
+- A rollout whose error has an `InfraError` anywhere in its cause chain, or
+  a transient model-API error (connection error, 429, 5xx: the clients raise
+  `TransientModelError`), is re-run on a fresh state up to `max_retries`
+  times (extra tries after the first) with exponential backoff that waits at
+  least the server's Retry-After; the output row's `attempts` says how many
+  tries it took, and its error kind stays "infra" / "model" / "task".
+  `max_retries` comes from `set_max_retries` (or `set_retry_policy`) unless a
+  `generate(max_retries=N)` call overrides it; `generate`'s default (None)
+  means the env's own policy.
 - Per-rollout metrics: put numbers in `state["metrics"]` (or call
   `self.record_metric(state, name, value)`) during the rollout; they appear in
   the row's `metrics` and in `avg_metrics` next to the rubric's.
@@ -30,11 +36,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from sandboxes.retry import RetryPolicy
+from sandboxes.retry import RetryPolicy, is_retryable
 
 from .clients.base import Client, ModelAuthError
 from .decorators import call_with_named_args, discover
-from .errors import Error, OverlongPromptError, is_infra_error
+from .errors import Error, OverlongPromptError
 from .outputs import aggregate, state_to_output
 from .parsers import Parser
 from .rubrics.group import RubricGroup
@@ -57,8 +63,9 @@ log = logging.getLogger("envs")
 GroupCallback = Callable[[list[RolloutOutput]], "Awaitable[None] | None"]
 
 
-class _InfraRetry(Exception):
-    """Raised internally to make tenacity retry a rollout whose state holds an InfraError."""
+class _RetryRollout(Exception):
+    """Raised internally (from the state's error) to make tenacity retry a rollout
+    whose state holds a retryable error (InfraError or transient model error)."""
 
 
 async def gather_or_cancel(coros: Iterable[Awaitable[Any]]) -> list[Any]:
@@ -298,7 +305,12 @@ class Environment(ABC):
         self.score_rollouts = bool(score_rollouts)
 
     def set_max_retries(self, max_retries: int) -> None:
+        """Extra tries of a rollout after the first (0 = none) on a retryable error."""
         self.retry_policy = self.retry_policy.model_copy(update={"attempts": max(0, int(max_retries)) + 1})
+
+    def set_retry_policy(self, policy: RetryPolicy | dict[str, Any]) -> None:
+        """The whole rollout retry policy (attempts = max_retries + 1, backoff, Retry-After cap)."""
+        self.retry_policy = policy if isinstance(policy, RetryPolicy) else RetryPolicy(**policy)
 
     @staticmethod
     def record_metric(state: State, name: str, value: float) -> None:
@@ -472,7 +484,8 @@ class Environment(ABC):
         sampling_args: SamplingArgs | None = None,
         max_retries: int | None = None,
     ) -> State:
-        """One rollout under `sem`, re-run on InfraError up to `max_retries` times."""
+        """One rollout under `sem`, re-run on a retryable error up to `max_retries` extra
+        times (None: the env's own policy, `set_max_retries`)."""
         attempts_allowed = (max_retries + 1) if max_retries is not None else self.retry_policy.attempts
         if sem is None:
             return await self._run_with_retry(input, client, model, sampling_args, attempts_allowed)
@@ -493,17 +506,17 @@ class Environment(ABC):
         def on_retry(rs: Any) -> None:
             err = state.get("error") if state is not None else None
             log.warning(
-                "rollout example_id=%s attempt %d/%d failed with infra error %s: %s; retrying",
+                "rollout example_id=%s attempt %d/%d failed with retryable error %s: %s; retrying",
                 input.get("example_id"), rs.attempt_number, attempts_allowed, type(err).__name__, err,
             )
 
-        async for ctx in policy.retrying(on_retry):
+        async for ctx in policy.retrying(on_retry, retry_if=lambda e: isinstance(e, _RetryRollout)):
             with ctx:
                 attempt = ctx.retry_state.attempt_number
                 state = await self._rollout_once(input, client, model, sampling_args)
                 err = state.get("error")
-                if err is not None and attempt < attempts_allowed and is_infra_error(err):
-                    raise _InfraRetry(str(err)) from err
+                if err is not None and attempt < attempts_allowed and is_retryable(err):
+                    raise _RetryRollout(str(err)) from err  # the cause carries any Retry-After
         assert state is not None
         state["attempts"] = attempt
         return state
@@ -575,7 +588,7 @@ class Environment(ABC):
         push_to_hf_hub: bool = False,
         hf_hub_dataset_name: str | None = None,
         independent_scoring: bool = False,
-        max_retries: int = 0,
+        max_retries: int | None = None,
         shuffle: bool = False,
         shuffle_seed: int | None = None,
         on_start: Callable[..., Any] | None = None,
@@ -591,7 +604,9 @@ class Environment(ABC):
         `client` is a Client, a ClientConfig or a list of Clients (replicas
         are used round-robin per group) or a raw AsyncOpenAI / AsyncAnthropic.
         `on_group(rows)` is awaited after each completed group (results
-        writing hooks in here); `on_progress(done_rows, total)` likewise."""
+        writing hooks in here); `on_progress(done_rows, total)` likewise.
+        `max_retries` (extra tries of a rollout after the first) overrides the
+        env's own policy for this call; None keeps it (`set_max_retries`)."""
         from .clients import ClientConfig, make_client
 
         self._register_atexit()
@@ -716,7 +731,7 @@ class Environment(ABC):
         push_to_hf_hub: bool = False,
         hf_hub_dataset_name: str | None = None,
         independent_scoring: bool = False,
-        max_retries: int = 0,
+        max_retries: int | None = None,
         shuffle: bool = False,
         shuffle_seed: int | None = None,
         **kwargs: Any,

@@ -3,7 +3,7 @@ sandbox of its own, one sandbox per rollout, on any backend.
 
 Lifecycle of one rollout:
 
-    setup_state        create the sandbox (warm pool if `pool_size`), start the
+    setup_state        take a sandbox from the warm pool (or create one), start the
                        persistent shell, `post_sandbox_setup(state)`
     bash(command)      one round trip to the in-sandbox shell (state persists)
     @cleanup           `post_rollout(state)`, then delete the sandbox (or, with
@@ -19,6 +19,21 @@ Differences from the reference (its known weaknesses, fixed):
   clear note, and the shell stays usable;
 * a sandbox that dies mid-rollout raises an `InfraError` out of the tool call
   (cause chain kept), so `--max-retries` re-runs the rollout on a fresh sandbox.
+
+Warm pool by default: `pool_size=None` (the default) keeps
+`min(concurrency, max_default_pool_size)` ready sandboxes of the env's spec
+once the concurrency is known (`set_concurrency`, which the eval runner
+calls, or `generate(max_concurrent=N)`), so creation is off the rollout's
+path; a released sandbox is deleted, never reused. `pool_size=0` opts out
+(one creation per rollout), `pool_size=N` fixes the size. Examples whose
+spec differs from the env's (`get_sandbox_spec` overrides) are created per
+rollout. The pool is drained and its sandboxes deleted at teardown.
+
+Retries: the reference's `max_retries`, `base_delay`, `backoff_factor`,
+`max_backoff_seconds` and `jitter` set the retry policy of the sandbox
+operations (create with an idempotency key, delete, list) of a backend the
+env creates by name: `max_retries` extra tries after the first, as
+everywhere in vf-sandbox. Rollout retries are `set_max_retries`.
 
 Per-rollout metrics: `sandbox_ready_wait_time`, `sandbox_command_count`,
 `sandbox_command_execution_time` (seconds, total), `sandbox_oom`,
@@ -40,6 +55,7 @@ from pydantic import ValidationError
 
 from sandboxes import (
     ConfigError,
+    RetryPolicy,
     InfraError,
     Sandbox,
     SandboxBackend,
@@ -60,10 +76,30 @@ log = logging.getLogger("envs.sandbox")
 
 # knobs of the reference's HTTP sandbox client; accepted for compatibility, unused here
 _REFERENCE_ONLY = (
-    "max_retries", "base_delay", "backoff_factor", "max_backoff_seconds", "jitter",
     "sandbox_client_max_workers", "sandbox_client_max_connections",
     "sandbox_client_max_keepalive_connections",
 )
+# the reference's per-operation retry knobs -> fields of the backend's RetryPolicy
+_RETRY_KNOBS = {"base_delay": "initial_delay", "backoff_factor": "exp_base",
+                "max_backoff_seconds": "max_delay", "jitter": "jitter"}
+
+
+def _operation_retry(kwargs: dict[str, Any]) -> RetryPolicy | None:
+    """The sandbox-operation retry policy from the reference's knobs (popped from kwargs), if any was given."""
+    fields: dict[str, Any] = {}
+    max_retries = kwargs.pop("max_retries", None)
+    if max_retries is not None:
+        fields["attempts"] = max(0, int(max_retries)) + 1
+    for knob, field in _RETRY_KNOBS.items():
+        value = kwargs.pop(knob, None)
+        if value is not None:
+            fields[field] = value
+    if not fields:
+        return None
+    try:
+        return RetryPolicy(**fields)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid sandbox retry settings: {exc}") from exc
 
 
 class SandboxRollout:
@@ -102,7 +138,7 @@ class SandboxEnv(StatefulToolEnv):
         *,
         backend: str | SandboxBackend | None = None,
         backend_options: dict[str, Any] | None = None,
-        pool_size: int = 0,
+        pool_size: int | None = None,
         persistent_shell: bool = True,
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         workdir: str | None = None,
@@ -113,6 +149,7 @@ class SandboxEnv(StatefulToolEnv):
     ):
         for name in _REFERENCE_ONLY:
             kwargs.pop(name, None)
+        operation_retry = _operation_retry(kwargs)
         super().__init__(tools=[], stop_errors=stop_errors, **kwargs)
         spec_fields: dict[str, Any] = dict(
             name=sandbox_name,
@@ -139,9 +176,17 @@ class SandboxEnv(StatefulToolEnv):
         self.timeout_per_command_seconds = float(timeout_per_command_seconds)
         self.persistent_shell = persistent_shell
         self.output_limit_bytes = int(output_limit_bytes)
-        self.pool_size = int(pool_size)
+        if pool_size is not None and int(pool_size) < 0:
+            raise ConfigError(f"pool_size must be >= 0 (0 = no warm pool), got {pool_size}")
+        self.pool_size: int | None = None if pool_size is None else int(pool_size)
+        self._concurrency_known = False
         self._backend_arg = backend
         self._backend_options = dict(backend_options or {})
+        if operation_retry is not None:
+            if backend is not None and not isinstance(backend, str):
+                log.warning("max_retries/base_delay/... apply to backends the env creates; the backend "
+                            "instance passed in keeps its own retry policy")
+            self._backend_options.setdefault("retry", operation_retry)
         self._backend: SandboxBackend | None = None
         self._pool: Any = None
         self._pool_lock: asyncio.Lock | None = None
@@ -280,8 +325,41 @@ class SandboxEnv(StatefulToolEnv):
         """Hook to rewrite a spec before creation (PythonEnv swaps in its derived image)."""
         return spec
 
+    # ------------------------------------------------------------------ warm pool
+    max_default_pool_size: int = 32
+    """Cap of the pool sized from concurrency (an explicit `pool_size` is not capped)."""
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """Rollouts run at once; also sizes the default warm pool."""
+        super().set_concurrency(concurrency)
+        self._concurrency_known = True
+
+    @property
+    def effective_pool_size(self) -> int:
+        """Ready sandboxes kept: `pool_size` when given, else sized from the concurrency
+        once known (0 before: one creation per rollout)."""
+        if self.pool_size is not None:
+            return self.pool_size
+        if not self._concurrency_known:
+            return 0
+        return min(self.concurrency, self.max_default_pool_size)
+
+    async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
+                       max_concurrent: int = -1, **kwargs: Any) -> Any:
+        """As `Environment.generate`; a `max_concurrent` sizes the default warm pool
+        when `set_concurrency` was not called, and the pool starts filling first."""
+        if max_concurrent and max_concurrent > 0 and not self._concurrency_known:
+            self.set_concurrency(max_concurrent)
+        if self.effective_pool_size > 0:
+            await self._get_pool(self.sandbox_spec)  # start filling before the first rollout asks
+        return await super().generate(inputs, client, model, sampling_args=sampling_args,
+                                      max_concurrent=max_concurrent, **kwargs)
+
+    def _pooled(self, spec: SandboxSpec) -> bool:
+        return self.effective_pool_size > 0 and spec == self.sandbox_spec
+
     async def _acquire(self, spec: SandboxSpec, state: State) -> tuple[Sandbox, bool]:
-        if self.pool_size > 0 and spec == self.sandbox_spec:
+        if self._pooled(spec):
             pool = await self._get_pool(spec)
             return await pool.acquire(), True
         key = f"{state.get('trajectory_id', '')}"
@@ -295,8 +373,8 @@ class SandboxEnv(StatefulToolEnv):
         async with self._pool_lock:
             if self._pool is None:
                 resolved = await self.resolve_spec(spec)
-                self._pool = SandboxPool(resolved, self.pool_size, backend=self.backend,
-                                         create_concurrency=max(4, self.pool_size))
+                size = self.effective_pool_size
+                self._pool = SandboxPool(resolved, size, backend=self.backend, create_concurrency=max(4, size))
                 await self._pool.start()
         return self._pool
 
@@ -304,7 +382,7 @@ class SandboxEnv(StatefulToolEnv):
     async def setup_state(self, state: State) -> State:
         state = await super().setup_state(state) or state
         spec = self.get_sandbox_spec(state)
-        if not (self.pool_size > 0 and spec == self.sandbox_spec):
+        if not self._pooled(spec):
             spec = await self.resolve_spec(spec)
         t0 = time.monotonic()
         sandbox, pooled = await self._acquire(spec, state)

@@ -17,6 +17,23 @@ Limits and errors, for every backend:
   gone, killed, agent died, daemon unreachable. A command that may have
   started is never re-run silently; the caller decides.
 * `PathError` for path traversal in archives, missing files, bad types.
+
+The errors of each operation (every backend; the conformance suite checks it):
+
+    create        SandboxCreateError / BackendUnavailable (InfraError),
+                  ImageNotFound / ConfigError (UsageError)
+    get           SandboxNotRunning for an unknown or stopped id
+    list          BackendUnavailable; [] when nothing matches
+    delete        never for an unknown or already deleted id; BackendUnavailable
+    delete_many   never for unknown ids; BackendUnavailable
+    exec, files   InfraError (usually SandboxNotRunning / AgentError) once the
+                  sandbox is gone; PathError / ConfigError for bad arguments
+    read_file     PathError: missing, a directory, empty path; ConfigError:
+                  max_bytes < 0
+
+Idempotent operations (create with its idempotency key, get, list, delete,
+delete_many) are repeated by the backend on transient InfraErrors under its
+`retry` option (`sandboxes.retry`); nothing else is.
 """
 
 from __future__ import annotations
@@ -129,7 +146,15 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """The file's bytes. Raises PathError when missing or a directory."""
+        """The file's bytes, exactly (binary-safe, no decoding).
+
+        max_bytes: None reads the whole file, however large (it is held in
+        memory: pass a limit for files you do not control); otherwise at most
+        the file's first `max_bytes` bytes are returned: a longer file is cut
+        there, without an error (compare the length with `max_bytes` to tell).
+        Raises PathError when the path is missing, a directory or empty,
+        ConfigError for max_bytes < 0, InfraError when the sandbox is gone.
+        """
 
     @abc.abstractmethod
     async def upload(self, local: str | Path, remote: str) -> None:
@@ -184,7 +209,16 @@ class SandboxBackend(Protocol):
         ...
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
-        """Remove every sandbox matching `labels` and/or `ids`; returns how many were removed."""
+        """Remove sandboxes of this backend (vf-sandbox's own only); returns how many were removed.
+
+        * `ids` None: every sandbox carrying all `labels` (every one of ours when
+          `labels` is None too).
+        * `ids` given: those of them that are live sandboxes of ours (and carry
+          `labels`, when given); unknown or already deleted ids are skipped
+          without error and not counted; `ids=[]` removes nothing.
+
+        Raises BackendUnavailable when the substrate does not answer.
+        """
         ...
 
     async def close(self) -> None:

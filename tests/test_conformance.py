@@ -296,6 +296,66 @@ async def test_delete_many_by_ids(backend, spec, run_label):
         await b.delete()
 
 
+async def test_delete_many_contract_mixed_ids(backend, spec, run_label):
+    """ids: live ones removed and counted; unknown and already deleted ones skipped
+    silently; [] removes nothing; labels + ids = both must match."""
+    live, other, gone = await asyncio.gather(*(backend.create(spec) for _ in range(3)))
+    try:
+        await gone.delete()
+        assert await backend.delete_many(ids=[]) == 0
+        assert {i.id for i in await backend.list(run_label)} == {live.id, other.id}
+        assert await backend.delete_many(ids=[live.id, "vf-no-such-sandbox-0000", gone.id]) == 1
+        assert [i.id for i in await backend.list(run_label)] == [other.id]
+        assert await backend.delete_many(ids=[live.id, gone.id]) == 0  # all gone by now: no error
+        assert await backend.delete_many(labels={"vf-conformance": "not-this-run"}, ids=[other.id]) == 0
+        assert [i.id for i in await backend.list(run_label)] == [other.id]
+        assert await backend.delete_many(labels=run_label, ids=[other.id]) == 1
+        assert await backend.list(run_label) == []
+    finally:
+        for s in (live, other, gone):
+            await s.delete()
+
+
+async def test_read_file_contract(sb):
+    """Exact bytes (binary too); max_bytes returns the first max_bytes of a longer file
+    without error; missing file / directory / empty path are PathError; a negative
+    limit is a ConfigError; none of them is an InfraError."""
+    from sandboxes import ConfigError
+
+    d = await tmpdir(sb)
+    blob = bytes(range(256)) * 4 + b"\x00\xff\xfe\r\n"
+    await sb.write_file(f"{d}/bin", blob)
+    assert await sb.read_file(f"{d}/bin") == blob
+    assert await sb.read_file(f"{d}/bin", max_bytes=len(blob)) == blob
+    assert await sb.read_file(f"{d}/bin", max_bytes=len(blob) + 100) == blob
+    assert await sb.read_file(f"{d}/bin", max_bytes=300) == blob[:300]  # over the limit: cut, no error
+    assert await sb.read_file(f"{d}/bin", max_bytes=0) == b""
+    await sb.write_file(f"{d}/empty", b"")
+    assert await sb.read_file(f"{d}/empty") == b""
+    for bad in (f"{d}/missing", d, f"{d}/bin/below-a-file", ""):
+        with pytest.raises(PathError) as e:
+            await sb.read_file(bad)
+        assert not is_infra_error(e.value), bad
+    with pytest.raises(ConfigError):
+        await sb.read_file(f"{d}/bin", max_bytes=-1)
+
+
+async def test_operation_errors_on_a_deleted_sandbox(backend, spec):
+    """After delete: every operation on the handle is an InfraError, get() is
+    SandboxNotRunning, delete()/delete_many() stay silent."""
+    sandbox = await backend.create(spec)
+    await sandbox.delete()
+    for op in (lambda: sandbox.exec("true"), lambda: sandbox.read_file("/etc/hostname"),
+               lambda: sandbox.write_file("/tmp/x", b"x"), lambda: sandbox.start_process("sleep 1")):
+        with pytest.raises(InfraError):
+            await asyncio.wait_for(op(), 30)
+    with pytest.raises(SandboxNotRunning):
+        await backend.get(sandbox.id)
+    await backend.delete(sandbox.id)
+    await backend.delete("vf-no-such-sandbox-0000")
+    assert await backend.delete_many(ids=[sandbox.id, "vf-no-such-sandbox-0000"]) == 0
+
+
 async def test_errors_are_classified(backend, spec):
     with pytest.raises(SandboxNotRunning) as exc:
         await backend.get("vf-no-such-sandbox-0000")

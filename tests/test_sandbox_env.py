@@ -267,7 +267,8 @@ def test_no_sandbox_left_after_signal(tmp_path, sig):
             deadline = time.monotonic() + 90
             while len(containers_with(labels)) < 4 and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.3)
-            assert len(containers_with(labels)) == 4, "rollouts never held their sandboxes"
+            # 4 held by rollouts (plus the warm pool's spares, which must go too)
+            assert len(containers_with(labels)) >= 4, "rollouts never held their sandboxes"
             time.sleep(1.0)  # the sleeps are running
             proc.send_signal(sig)
             out, _ = proc.communicate(timeout=60)

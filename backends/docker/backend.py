@@ -42,7 +42,7 @@ from sandboxes.errors import (
 from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
-from sandboxes.retry import RetryPolicy, retry_infra
+from sandboxes.retry import RetryPolicy, idempotent, retry_infra
 from sandboxes.spec import SandboxSpec
 
 from .build import EngineImages
@@ -455,6 +455,7 @@ class DockerBackend:
             return False
         return bool(container["State"].get("Running"))
 
+    @idempotent
     async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
         docker = await self._client()
         wanted = {MANAGED: "true", **(labels or {})}
@@ -487,9 +488,16 @@ class DockerBackend:
         lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
-        targets = set(ids or [])
-        if labels is not None or ids is None:
-            targets |= {info.id for info in await self.list(labels)}
+        """By label (every vf-sandbox container when both are None), or by ids
+        (optionally also filtered by labels): only live sandboxes of ours, unknown or
+        already deleted ids are skipped (ids may be full or short container ids)."""
+        if ids is not None and not ids:
+            return 0
+        ours = {info.id for info in await self.list(labels)}
+        if ids is None:
+            targets = ours
+        else:
+            targets = {full for full in ours for i in set(ids) if i and full.startswith(i)}
         results = await asyncio.gather(*(self.delete(t) for t in targets), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

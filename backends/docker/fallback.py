@@ -188,6 +188,10 @@ class ExecSandbox(Sandbox):
             raise PathError(f"cannot read {path}: {exc.message}") from exc
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        if not path:
+            raise PathError("empty path")
+        if max_bytes is not None and max_bytes < 0:
+            raise ConfigError(f"max_bytes must be >= 0 or None, got {max_bytes}")
         tar = await self._get(path)
         member = tar.next()
         if member is None or not member.isfile():

@@ -31,6 +31,7 @@ from urllib.parse import quote
 import aiohttp
 
 from sandboxes.errors import AgentError, BackendUnavailable, ConfigError, SandboxNotRunning
+from sandboxes.retry import retry_op
 
 from .config import KubernetesConfig
 
@@ -44,10 +45,18 @@ _STDIN_CHUNK = 256 * 1024  # bytes per websocket frame sent on stdin
 class ApiError(BackendUnavailable):
     """The API server answered with an unexpected status (the Status object's reason in the message)."""
 
-    def __init__(self, status: int, message: str, reason: str = "") -> None:
+    def __init__(self, status: int, message: str, reason: str = "", retry_after: float | None = None) -> None:
         super().__init__(f"kubernetes API {status} {reason}: {message}".replace("  ", " "))
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after  # seconds, from the Retry-After header (429 / 503)
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:  # an HTTP date: not worth parsing, the backoff applies
+        return None
 
 
 class Connection(object):
@@ -137,7 +146,17 @@ class KubeApi:
     async def request(
         self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None, missing_ok: bool = False
     ) -> dict[str, Any] | None:
-        """One REST call; returns the decoded JSON (None for a tolerated 404)."""
+        """One REST call; returns the decoded JSON (None for a tolerated 404).
+
+        Every call this backend makes is idempotent (GET, DELETE, and POSTs of
+        fixed names whose 409 the caller adopts), so each is repeated under the
+        backend's retry policy on 408/429/5xx and connection errors."""
+        return await retry_op(lambda: self._request_once(method, path, body=body, params=params, missing_ok=missing_ok),
+                              self.cfg.retry, f"kubernetes {method} {path}")
+
+    async def _request_once(
+        self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None, missing_ok: bool = False
+    ) -> dict[str, Any] | None:
         url = self.conn.host + path
         try:
             async with self.session.request(
@@ -160,7 +179,7 @@ class KubeApi:
                     raise ConfigError(f"kubernetes API {method} {path}: {message} (namespace {self.cfg.namespace!r})")
                 if resp.status in (400, 422):
                     raise ConfigError(f"kubernetes API rejected {method} {path}: {reason}: {message}")
-                raise ApiError(resp.status, message, reason)
+                raise ApiError(resp.status, message, reason, _retry_after(resp.headers.get("Retry-After")))
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
             raise BackendUnavailable(f"kubernetes API server {self.conn.host} unreachable: {e!r}") from e
 

@@ -267,13 +267,16 @@ class KubernetesBackend:
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
         """By label (every vf-sandbox pod when both are None): one deletecollection call;
-        by ids (optionally filtered by labels): one grace-0 delete per pod of ours."""
+        by ids (optionally filtered by labels): one grace-0 delete per live pod of ours
+        among them (unknown or already deleted ids are skipped)."""
         api = await self.connect()
         if ids is None:
             gone = await api.delete_pods(mf.selector(labels or {}))
             for name in gone:
                 lifecycle.untrack(name)
             return len(gone)
+        if not ids:
+            return 0
         targets = set(ids) & {i.id for i in await self.list(labels or {})}  # never a pod that is not ours
         results = await asyncio.gather(*(api.delete_pod(t) for t in targets))
         for t in targets:

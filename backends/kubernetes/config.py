@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxes.retry import RetryPolicy
+
 
 def _env(name: str) -> str | None:
     return os.environ.get(name) or None
@@ -41,3 +43,4 @@ class KubernetesConfig(BaseModel):
     keepalive: float = Field(30.0, gt=0, description="Seconds between websocket pings on an exec stream.")
     request_timeout: float = Field(30.0, gt=0, description="Seconds per REST call to the API server.")
     python: str = Field("python3", description="Python interpreter inside the image that runs the agent.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retry of every REST call to the API server (all idempotent: a create repeats the same pod name, a 409 adopts it) on 408/429/5xx and connection errors, honouring Retry-After.")

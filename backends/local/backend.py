@@ -41,6 +41,7 @@ from sandboxes.agent import AgentSandbox, agent_argv
 from sandboxes.agent.channels import ProcessChannel
 from sandboxes.errors import SandboxCreateError, SandboxNotRunning
 from sandboxes.results import SandboxInfo
+from sandboxes.retry import RetryPolicy, idempotent
 from sandboxes.spec import SandboxSpec
 
 from .isolation import Isolation, find_bwrap, prepare_root, warn_unconfined_once
@@ -55,6 +56,7 @@ class LocalConfig(BaseModel):
     use_bwrap: bool = Field(True, description="Confine with bubblewrap when it is usable.")
     python: str = Field("python3", description="Interpreter that runs the agent (inside the sandbox with bwrap).")
     hello_timeout: float = Field(30.0, gt=0, description="Seconds to wait for the agent to start.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retry of create (same idempotency key), get, list and delete on transient InfraErrors.")
 
 
 class _Meta(BaseModel):
@@ -101,6 +103,10 @@ class LocalBackend:
         self.base = Path(base)
         self.bwrap = find_bwrap() if self.config.use_bwrap else None
         self._keys: dict[str, str] = {}  # idempotency key -> sandbox id (this process)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.config.retry
 
     # -- helpers
     def _dir(self, sandbox_id: str) -> Path:
@@ -152,6 +158,7 @@ class LocalBackend:
         return sb
 
     # -- SandboxBackend
+    @idempotent
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> LocalSandbox:
         if idempotency_key and idempotency_key in self._keys:
             meta = self._read_meta(self._keys[idempotency_key])
@@ -183,12 +190,14 @@ class LocalBackend:
             _kill_group(pid)
         _rmtree(self._dir(sandbox_id))
 
+    @idempotent
     async def get(self, sandbox_id: str) -> LocalSandbox:
         meta = self._read_meta(sandbox_id)
         if meta is None:
             raise SandboxNotRunning(f"local sandbox {sandbox_id} does not exist")
         return await self._connect(meta)
 
+    @idempotent
     async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
         out = []
         if not self.base.is_dir():
@@ -205,6 +214,7 @@ class LocalBackend:
                                    labels=meta.labels, created_at=meta.created_at))
         return out
 
+    @idempotent
     async def delete(self, sandbox_id: str) -> None:
         d = self._dir(sandbox_id)
         meta = self._read_meta(sandbox_id)
@@ -216,9 +226,14 @@ class LocalBackend:
         lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
-        targets = {i.id for i in await self.list(labels)} if labels or not ids else set()
-        if ids:
-            targets = (targets & set(ids)) if labels else {i for i in ids if self._read_meta(i) is not None}
+        """By label (every sandbox of ours when both are None), or by ids (optionally
+        also filtered by labels): unknown or already deleted ids are skipped, an empty
+        `ids` removes nothing. Returns how many sandboxes were removed."""
+        if ids is not None and not ids:
+            return 0
+        targets = {i.id for i in await self.list(labels)}
+        if ids is not None:
+            targets &= set(ids)
         for sid in targets:
             await self.delete(sid)
         return len(targets)

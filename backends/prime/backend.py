@@ -44,6 +44,7 @@ from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import bootstrap_argv
 from sandboxes.errors import AgentError, ConfigError, Error, SandboxNotRunning
 from sandboxes.ratelimit import RateLimiter
+from sandboxes.retry import RetryPolicy, retry_op
 from sandboxes.results import SandboxInfo
 from sandboxes.spec import SandboxSpec
 
@@ -68,6 +69,7 @@ class PrimeConfig(BaseModel):
     wait_max_attempts: int = Field(120, ge=5, description="SDK wait_for_creation budget (120 ≈ 235 s).")
     python: str = Field("python3", description="Interpreter in the image that runs the agent.")
     hello_timeout: float = Field(60.0, gt=0, description="Seconds to wait for the agent's hello.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retry of idempotent control-plane calls (create with its idempotency key, get, list, delete, bulk delete) on 429/5xx/transport errors, on top of the SDK's own few retries.")
 
 
 def _labels_out(labels: dict[str, str]) -> list[str]:
@@ -175,17 +177,27 @@ class PrimeBackend:
                 self._client.client.base_url = self.config.base_url.rstrip("/").removesuffix("/api/v1")
         return self._client
 
-    async def _sdk(self, what: str, coro):
-        try:
-            return await coro
-        except Error:
-            raise
-        except Exception as e:
-            raise map_error(e, what) from e
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.config.retry
+
+    async def _sdk(self, what: str, call, *, idempotent: bool = False):
+        """`await call()` with SDK errors mapped onto the hierarchy; an `idempotent`
+        call is repeated under the backend's retry policy on transient errors."""
+
+        async def once():
+            try:
+                return await call()
+            except Error:
+                raise
+            except Exception as e:
+                raise map_error(e, what) from e
+
+        return await (retry_op(once, self.retry, f"prime: {what}") if idempotent else once())
 
     async def _check_running(self, sandbox_id: str) -> None:
         """Raise the typed error when the sandbox is not RUNNING."""
-        sb = await self._sdk(f"get {sandbox_id}", self.client.get(sandbox_id))
+        sb = await self._sdk(f"get {sandbox_id}", lambda: self.client.get(sandbox_id), idempotent=True)
         if sb.status == "RUNNING":
             return
         from prime_sandboxes import exceptions as pe
@@ -225,14 +237,16 @@ class PrimeBackend:
 
     async def _create_and_wait(self, request: Any, spec: SandboxSpec) -> PrimeSandbox:
         await self.limiter.acquire()
-        created = await self._sdk("create sandbox", self.client.create(request))
+        # the same idempotency key on every try: a repeated create returns the first sandbox
+        created = await self._sdk("create sandbox", lambda: self.client.create(request), idempotent=True)
         sid = created.id
 
         async def start() -> AgentConnection:
-            await self._sdk(f"wait for {sid}", self.client.wait_for_creation(sid, max_attempts=self.config.wait_max_attempts))
+            await self._sdk(f"wait for {sid}",
+                            lambda: self.client.wait_for_creation(sid, max_attempts=self.config.wait_max_attempts))
             return await self._start_agent(sid, spec)
 
-        conn = await started_or_deleted(start, lambda: self.client.delete(sid), f"prime sandbox {sid} never became ready")
+        conn = await started_or_deleted(start, lambda: self.delete(sid), f"prime sandbox {sid} never became ready")
         lifecycle.track(sid, functools.partial(self._delete_sync, sid), backend=self.name)
         return PrimeSandbox(conn, id=sid, name=created.name, spec=spec, backend_name=self.name, backend=self)
 
@@ -252,15 +266,15 @@ class PrimeBackend:
 
     async def _start_agent(self, sid: str, spec: SandboxSpec) -> AgentConnection:
         proc = await self._sdk(
-            f"start agent in {sid}",
-            self.client.open_process(sid, shlex.join(bootstrap_argv(self.config.python)),
-                                     working_dir=spec.workdir or None, user=spec.user),
+            f"start agent in {sid}",  # starts a process: never repeated
+            lambda: self.client.open_process(sid, shlex.join(bootstrap_argv(self.config.python)),
+                                             working_dir=spec.workdir or None, user=spec.user),
         )
         return await start_bootstrapped(PrimeAgentChannel(proc, sid), timeout=self.config.hello_timeout)
 
     # -- the rest of the contract
     async def get(self, sandbox_id: str) -> PrimeSandbox:
-        sb = await self._sdk(f"get {sandbox_id}", self.client.get(sandbox_id))
+        sb = await self._sdk(f"get {sandbox_id}", lambda: self.client.get(sandbox_id), idempotent=True)
         if sb.status != "RUNNING":
             await self._check_running(sandbox_id)
         spec = SandboxSpec(image=sb.docker_image, cpu_cores=sb.cpu_cores, memory_gb=sb.memory_gb,
@@ -273,8 +287,8 @@ class PrimeBackend:
         out: list[SandboxInfo] = []
         page = 1
         while True:
-            resp = await self._sdk("list sandboxes", self.client.list(labels=want, page=page, per_page=100,
-                                                                      exclude_terminated=True))
+            resp = await self._sdk("list sandboxes", lambda: self.client.list(labels=want, page=page, per_page=100,
+                                                                              exclude_terminated=True), idempotent=True)
             for sb in resp.sandboxes:
                 exact = _labels_in(sb.labels)
                 if labels and any(exact.get(k) != v for k, v in labels.items()):
@@ -288,27 +302,34 @@ class PrimeBackend:
             page += 1
 
     async def delete(self, sandbox_id: str) -> None:
-        try:
-            await self.client.delete(sandbox_id)
-        except Exception as e:
-            if not is_not_found(e):
-                raise map_error(e, f"delete {sandbox_id}") from e
+        async def once() -> None:
+            try:
+                await self.client.delete(sandbox_id)
+            except Exception as e:
+                if not is_not_found(e):
+                    raise map_error(e, f"delete {sandbox_id}") from e
+
+        await retry_op(once, self.retry, f"prime: delete {sandbox_id}")
         lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
-        if ids is None:  # by label (all of ours when labels is None): one server-side call
-            resp = await self._sdk("bulk delete", self.client.bulk_delete(
-                labels=_labels_out({lc.MANAGED: "true", **(labels or {})})))
+        """By label (all of ours when both are None): one server-side call. By ids
+        (optionally also filtered by labels): only live sandboxes of ours among
+        them, unknown or already deleted ids are skipped; bulk calls of <= 100 ids."""
+        if ids is None:
+            want = _labels_out({lc.MANAGED: "true", **(labels or {})})
+            resp = await self._sdk("bulk delete", lambda: self.client.bulk_delete(labels=want), idempotent=True)
             for sid in resp.succeeded:
                 lifecycle.untrack(sid)
             return len(resp.succeeded)
-        targets = list(ids)
-        if labels:
-            keep = {i.id for i in await self.list(labels)}
-            targets = [t for t in targets if t in keep]
+        if not ids:
+            return 0
+        ours = {i.id for i in await self.list(labels)}  # never a sandbox that is not ours
+        targets = [t for t in dict.fromkeys(ids) if t in ours]
         total = 0
         for i in range(0, len(targets), 100):  # the API takes at most 100 ids per call
-            resp = await self._sdk("bulk delete", self.client.bulk_delete(sandbox_ids=targets[i : i + 100]))
+            batch = targets[i : i + 100]
+            resp = await self._sdk("bulk delete", lambda: self.client.bulk_delete(sandbox_ids=batch), idempotent=True)
             total += len(resp.succeeded)
             for sid in resp.succeeded:
                 lifecycle.untrack(sid)

@@ -10,7 +10,7 @@ Scoring reads the sandbox, not the chat: `post_rollout` fetches
 /task/answer.txt before the sandbox is deleted.
   - answer_file (weight 1): /task/answer.txt holds the right count
   - boxed_answer (weight 0, metric): the final message's \\boxed{} agrees
-Env args: num_eval, seed, max_turns, timeout_per_command_seconds, pool_size.
+Env args: num_eval, seed, max_turns, timeout_per_command_seconds, pool_size (default: warm pool sized from -c; 0 = off).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class BashFilesEnv(vf.SandboxEnv):
 
 
 def load_environment(
-    num_eval: int = 20, seed: int = 5, max_turns: int = 8, timeout_per_command_seconds: int = 30, pool_size: int = 0,
+    num_eval: int = 20, seed: int = 5, max_turns: int = 8, timeout_per_command_seconds: int = 30, pool_size: int | None = None,
     **kwargs,
 ) -> vf.Environment:
     rng = random.Random(seed)

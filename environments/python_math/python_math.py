@@ -75,7 +75,7 @@ def load_environment(
     max_turns: int = 6,
     packages: str = "",
     timeout_per_command_seconds: int = 30,
-    pool_size: int = 0,
+    pool_size: int | None = None,
     **kwargs,
 ) -> vf.Environment:
     rng = random.Random(seed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .base import Client, ModelAuthError
+from .base import Client, ModelAuthError, TransientModelError
 from .config import ClientConfig, EndpointClientConfig, resolve_api_key
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ __all__ = [
     "ClientConfig",
     "EndpointClientConfig",
     "ModelAuthError",
+    "TransientModelError",
     "OpenAIChatCompletionsClient",
     "OpenAICompletionsClient",
     "client_class",

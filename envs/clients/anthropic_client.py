@@ -7,9 +7,9 @@ from typing import Any
 
 import anthropic
 
-from ..errors import InvalidModelResponseError, ModelError, OverlongPromptError
+from ..errors import InvalidModelResponseError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, ModelAuthError
+from .base import Client, classify_sdk_error
 from .config import ClientConfig, resolve_api_key
 
 DEFAULT_MAX_TOKENS = 4096
@@ -109,13 +109,7 @@ class AnthropicMessagesClient(Client[anthropic.AsyncAnthropic]):
         return await self._client.messages.create(model=model, messages=prompt, **args)
 
     def classify_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, (anthropic.AuthenticationError, anthropic.PermissionDeniedError)):
-            return ModelAuthError(f"model endpoint refused the API key ({getattr(exc, 'status_code', '?')}): {exc}")
-        if isinstance(exc, anthropic.BadRequestError) and "too long" in str(exc).lower():
-            return OverlongPromptError(str(exc))
-        if isinstance(exc, anthropic.APIConnectionError):
-            return ModelError(f"model endpoint unreachable: {type(exc).__name__}: {exc}")
-        return ModelError(f"{type(exc).__name__}: {exc}")
+        return classify_sdk_error(anthropic, exc)
 
     def raise_from_native_response(self, response: Any) -> None:
         if response is None or getattr(response, "content", None) is None:

@@ -7,7 +7,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
-from ..errors import Error, ModelError
+from ..errors import Error, ModelError, OverlongPromptError
 from ..types import Messages, Response, SamplingArgs, Tool
 from .config import ClientConfig
 
@@ -16,6 +16,79 @@ ClientT = TypeVar("ClientT")
 
 class ModelAuthError(ModelError):
     """The endpoint refused the API key (401/403). Fatal for a run: retrying cannot help."""
+
+
+class TransientModelError(ModelError):
+    """The model API failed in a way that may pass: no connection, a timeout, 408,
+    429 or 5xx (after the SDK's own retries). Its rollout is retried under the env's
+    retry policy, waiting at least `retry_after` seconds when the server said so;
+    in results it is still a model error (kind "model"), never a task or infra one."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+TRANSIENT_STATUSES = frozenset({408, 429})
+"""HTTP statuses (besides every 5xx) that mean "try again later"."""
+
+
+def is_transient_status(status: int | None) -> bool:
+    return status is not None and (status in TRANSIENT_STATUSES or status >= 500)
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """The server's requested wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
+    if headers is None:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return max(0.0, float(ms) / 1000.0)
+    except (TypeError, ValueError):
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def classify_sdk_error(sdk: Any, exc: BaseException) -> BaseException:
+    """The vf error for an exception of the `openai` or `anthropic` SDK (`sdk` is the
+    module; both share the same exception names):
+
+        401 / 403                       ModelAuthError (fatal for the run)
+        connection error, timeout       TransientModelError (rollout retried)
+        408 / 429 / 5xx                 TransientModelError, with the server's Retry-After
+        400 "context length"/"too long" OverlongPromptError
+        other 4xx, anything else        ModelError (not retried)
+    """
+    if isinstance(exc, (sdk.AuthenticationError, sdk.PermissionDeniedError)):
+        return ModelAuthError(f"model endpoint refused the API key ({getattr(exc, 'status_code', '?')}): {exc}")
+    if isinstance(exc, sdk.APIConnectionError):  # APITimeoutError included
+        return TransientModelError(f"model endpoint unreachable: {type(exc).__name__}: {exc}")
+    status = getattr(exc, "status_code", None) if isinstance(exc, sdk.APIStatusError) else None
+    if is_transient_status(status):
+        response = getattr(exc, "response", None)
+        return TransientModelError(f"model endpoint answered {status}: {exc}", status=status,
+                                   retry_after=retry_after_seconds(getattr(response, "headers", None)))
+    if isinstance(exc, sdk.BadRequestError):
+        text = str(exc).lower()
+        if "context length" in text or "maximum context" in text or "too long" in text:
+            return OverlongPromptError(str(exc))
+    return ModelError(f"{type(exc).__name__}: {exc}")
 
 
 class Client(ABC, Generic[ClientT]):

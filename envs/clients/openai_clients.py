@@ -10,9 +10,9 @@ from typing import Any
 
 import openai
 
-from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError, OverlongPromptError
+from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, ModelAuthError
+from .base import Client, classify_sdk_error
 from .config import ClientConfig, resolve_api_key
 
 # Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
@@ -67,15 +67,7 @@ def _split_args(sampling_args: SamplingArgs, allowed: frozenset[str]) -> dict[st
 
 
 def _classify_openai_error(exc: BaseException) -> BaseException:
-    if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
-        return ModelAuthError(f"model endpoint refused the API key ({getattr(exc, 'status_code', '?')}): {exc}")
-    if isinstance(exc, openai.BadRequestError):
-        text = str(exc).lower()
-        if "context length" in text or "maximum context" in text or "too long" in text:
-            return OverlongPromptError(str(exc))
-    if isinstance(exc, openai.APIConnectionError):
-        return ModelError(f"model endpoint unreachable: {type(exc).__name__}: {exc}")
-    return ModelError(f"{type(exc).__name__}: {exc}")
+    return classify_sdk_error(openai, exc)
 
 
 class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):

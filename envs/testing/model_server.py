@@ -130,6 +130,7 @@ class Reply:
     error_status: int | None = None
     error_message: str = "scripted failure"
     retry_after_ms: int = 10  # sent with 429 / 5xx so SDK retries are quick in tests
+    retry_after: float | None = None  # if set, sent as `retry-after: <seconds>` instead of retry-after-ms
     stall_seconds: float = 0.0
     reasoning_content: str | None = None
 
@@ -327,9 +328,10 @@ def auto() -> Policy:
     return policy
 
 
-def fail(status: int = 500, message: str | None = None) -> Policy:
-    """Fail every request with HTTP `status` (500, 429, 401, ...)."""
-    reply = Reply(error_status=status, error_message=message or f"scripted HTTP {status}")
+def fail(status: int = 500, message: str | None = None, retry_after: float | None = None) -> Policy:
+    """Fail every request with HTTP `status` (500, 429, 401, ...); with `retry_after`,
+    the answer carries `Retry-After: <seconds>`."""
+    reply = Reply(error_status=status, error_message=message or f"scripted HTTP {status}", retry_after=retry_after)
     return lambda req: reply
 
 
@@ -353,9 +355,9 @@ def sequence(*policies: Policy) -> Policy:
     return policy
 
 
-def fail_first(n: int, status: int = 500, then: Policy | None = None) -> Policy:
+def fail_first(n: int, status: int = 500, then: Policy | None = None, retry_after: float | None = None) -> Policy:
     """Fail the first `n` requests with `status`, then answer with `then` (default echo)."""
-    return sequence(*([fail(status)] * n), then or echo())
+    return sequence(*([fail(status, retry_after=retry_after)] * n), then or echo())
 
 
 def policy_from_spec(spec: str) -> Policy:
@@ -579,6 +581,8 @@ class ModelServer:
     def _error(api: str, reply: Reply) -> web.Response:
         status = int(reply.error_status or 500)
         headers = {"retry-after-ms": str(reply.retry_after_ms), "retry-after": "0"} if status in (429, 500, 502, 503, 529) else {}
+        if reply.retry_after is not None:
+            headers = {"retry-after": f"{reply.retry_after:g}"}
         if api == "anthropic":
             kind = {401: "authentication_error", 429: "rate_limit_error", 400: "invalid_request_error"}.get(status, "api_error")
             payload = {"type": "error", "error": {"type": kind, "message": reply.error_message}}

@@ -559,6 +559,8 @@ class AgentSandbox(Sandbox):
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         if not path:
             raise PathError("empty path")
+        if max_bytes is not None and max_bytes < 0:
+            raise ConfigError(f"max_bytes must be >= 0 or None, got {max_bytes}")
         parts: list[bytes] = []
 
         async def sink(data: bytes) -> None:

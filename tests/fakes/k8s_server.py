@@ -18,7 +18,8 @@ Each pod is a temporary directory; every exec is a real host process tree
 started in it (inside bubblewrap when usable, with the directory as `/`), so
 commands really execute. Test hooks make pods fail the way real ones do:
 special image names (`...imagepullbackoff...`, `...unschedulable...`,
-`...crashloop...`) and `evict()`, `oom_kill()`, `drop_exec_streams()`.
+`...crashloop...`) and `evict()`, `oom_kill()`, `drop_exec_streams()`; `fail_next(n, status | reset=True)`
+makes the next REST requests fail transiently.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ class FakeKubernetes(FakeServer):
         ns = request.match_info.get("ns")
         if ns is not None and ns != self.namespace:
             return _error(404, "NotFound", f'namespaces "{ns}" not found')
-        return await handler(request)
+        return await self._faulty(request, handler)
 
     def _pod_or_404(self, request: web.Request) -> FakePod | web.Response:
         name = request.match_info["name"]

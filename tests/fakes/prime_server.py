@@ -22,7 +22,7 @@ read from the installed SDK's source, so the SDK runs unmodified against it:
 Each sandbox is a temporary directory; every command-session is a real host
 process tree in it (inside bubblewrap when usable, the directory as `/`).
 Test hooks: `payment_required`, images containing `imagepull`,
-`oom_kill(id)`, `time_out(id)`.
+`oom_kill(id)`, `time_out(id)`, `fail_next(n, status | reset=True)`.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class FakePrime(FakeServer):
                 return _connect_error(request, "unauthenticated", "invalid gateway token")
         elif auth != f"Bearer {self.api_key}":
             return _detail(401, "Invalid API key")
-        return await handler(request)
+        return await self._faulty(request, handler)
 
     def _sandbox(self, request: web.Request) -> FakeSandbox | web.Response:
         sb = self.sandboxes.get(request.match_info["id"])
