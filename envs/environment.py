@@ -281,10 +281,6 @@ class Environment(ABC):
         self.sandbox_backend = backend
         self.sandbox_backend_options = dict(options or {})
 
-    def set_retry_policy(self, policy: RetryPolicy) -> None:
-        """The run's retry policy for whole rollouts (attempts = max_retries + 1)."""
-        self.retry_policy = policy
-
     def set_concurrency(self, concurrency: int) -> None:
         """Set the concurrency and size the sync-code thread pool to match."""
         self.concurrency = max(1, int(concurrency))

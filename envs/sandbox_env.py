@@ -302,10 +302,13 @@ class SandboxEnv(StatefulToolEnv):
         super().set_backend(backend, options)
         if self._backend_arg is not None and not isinstance(self._backend_arg, str):
             return
-        if (backend, dict(options or {})) != (self._backend_arg, self._backend_options):
+        options = dict(options or {})
+        if "retry" in self._backend_options:  # the env's own operation-retry settings stay
+            options.setdefault("retry", self._backend_options["retry"])
+        if (backend, options) != (self._backend_arg, self._backend_options):
             if self._backend is not None or self._pool is not None:
                 raise ConfigError("set_backend() after the first sandbox was created")
-            self._backend_arg, self._backend_options = backend, dict(options or {})
+            self._backend_arg, self._backend_options = backend, options
 
     @property
     def backend(self) -> SandboxBackend:

@@ -228,7 +228,9 @@ def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig):
             rec = None
             while time.time() < deadline:
                 runs = registry.list_runs(path=tmp_path / "runs.db")
-                if runs and runs[0].completed >= 2 and len(containers_with({"vf-test-case": label})) >= 6:
+                saved = list((tmp_path / "outputs").glob("evals/*/*/results.jsonl"))
+                if (runs and saved and len(saved[0].read_text().splitlines()) >= 2
+                        and len(containers_with({"vf-test-case": label})) >= 6):
                     rec = runs[0]
                     break
                 time.sleep(0.2)

@@ -347,6 +347,8 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
     workers = s["num_workers"]
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"num_workers must be a positive integer, got {workers!r}")
+    if workers > 1 and s.get("no_interleave_scoring"):
+        raise ConfigError("--no-interleave-scoring/-N needs every rollout in one process; it cannot be combined with -w > 1")
     max_retries = s.get("max_retries", 0)
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")

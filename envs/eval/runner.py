@@ -218,7 +218,13 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
         if beat is not None:
             beats.append(beat)
-        if todo:
+        if todo and cfg.num_workers > 1:
+            from sandboxes.labels import run_id as sandbox_run_id
+
+            from .workers import generate_in_workers
+
+            gen = generate_in_workers(cfg, todo, on_group, sandbox_run_id())
+        elif todo:
             gen = env.generate(
                 todo,
                 clients[0] if len(clients) == 1 else clients,
@@ -232,6 +238,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 max_retries=cfg.max_retries,
                 on_group=on_group,
             )
+        if todo:
             try:
                 await asyncio.wait_for(gen, timeout=cfg.timeout_minutes * 60)
             except asyncio.TimeoutError:

@@ -168,7 +168,8 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     cfg_json = cfg.model_dump_json()
     for i in range(cfg.num_workers):
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=worker_main, args=(cfg_json, sandbox_run_id, child), name=f"vf-eval-worker-{i}")
+        proc = ctx.Process(target=worker_main, args=(cfg_json, sandbox_run_id, child), name=f"vf-eval-worker-{i}",
+                           daemon=True)  # never outlives the runner (multiprocessing terminates it at exit)
         proc.start()
         child.close()
         w = _Worker(i, proc, parent)
