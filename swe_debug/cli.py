@@ -22,6 +22,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from .debug import verdict
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -144,12 +146,6 @@ def _main(**a: Any) -> int:
         return 1
     all_valid = bool(rows) and all(verdict(r).get("valid") for r in rows)
     return 0 if all_valid and not res.metadata.get("input_errors") else 1
-
-
-def verdict(row: dict[str, Any]) -> dict[str, Any]:
-    """A results row's verdict (`info.verdict`), with the instance id."""
-    info = row.get("info") or {}
-    return {"instance_id": info.get("instance_id"), **(info.get("verdict") or {})}
 
 
 class SWEDisplay:

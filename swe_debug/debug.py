@@ -272,3 +272,9 @@ async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOpti
     g: Grade = taskset.grade(inst, parse, tr.exit_code)
     out.grade, out.valid, out.reason, out.detail = g, g.valid, g.reason, g.detail
     out.parsed = {k: v.value for k, v in parse.statuses.items()}
+
+
+def verdict(row: dict[str, Any]) -> dict[str, Any]:
+    """A results row's verdict (`info.verdict`), with the instance id."""
+    info = row.get("info") or {}
+    return {"instance_id": info.get("instance_id"), **(info.get("verdict") or {})}

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import verdict
+from ..debug import verdict
 from .builder import DEFAULT_OUT, HANG_SCRIPT, METADATA, build_dataset, build_images
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
