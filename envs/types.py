@@ -266,10 +266,14 @@ class State(dict):
             raise
 
     def get(self, key: str, default: Any = None) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            return default
+        # no exception on a miss: `get` is on the hot path of every rollout
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        if key in State.INPUT_FIELDS:
+            inp = dict.get(self, "input")
+            if inp is not None and key in inp:
+                return inp[key]
+        return default
 
     def __contains__(self, key: object) -> bool:
         if dict.__contains__(self, key):

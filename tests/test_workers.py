@@ -1,0 +1,112 @@
+"""`-w N`: worker processes sharing one run, through the real `vf-sandbox eval`
+(a subprocess) against the local model server: every rollout written exactly
+once by the one writer, a worker that dies mid-run losing nothing, and the
+same results as in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from envs.runs import registry
+from envs.testing.model_server import ModelServer, compute
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# An env whose rollout of example 3 kills its worker process the first time (a marker file
+# makes the second try succeed): the group must be finished by another worker, once.
+DYING_ENV = textwrap.dedent('''
+    import os
+    from pathlib import Path
+
+    import envs as vf
+    from math_single import load_environment as base
+
+
+    class DiesOnce(vf.SingleTurnEnv):
+        async def rollout(self, input, client, model, sampling_args=None):
+            marker = Path(os.environ["VF_TEST_MARKER"])
+            if input["example_id"] == 3 and (os.environ.get("VF_TEST_DIE_ALWAYS") or not marker.exists()):
+                marker.write_text(str(os.getpid()))
+                os._exit(17)  # the whole worker process dies, mid-group
+            return await super().rollout(input, client, model, sampling_args)
+
+
+    def load_environment(**kw):
+        env = base(**kw)
+        env.__class__ = DiesOnce
+        return env
+''')
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ModelServer(compute(wrong_every=3)).run_in_thread() as srv:
+        yield srv
+
+
+def run(tmp_path: Path, server, env_id: str, *extra: str, marker: Path | None = None,
+        **more_env: str) -> subprocess.CompletedProcess:
+    envdir = tmp_path / "environments" / "dying_env"
+    envdir.mkdir(parents=True, exist_ok=True)
+    (envdir / "dying_env.py").write_text(DYING_ENV)
+    env = dict(os.environ, VF_RUNS_DB=str(tmp_path / "runs.db"), FAKE_KEY="x",
+               PYTHONPATH=f"{ROOT}:{ROOT / 'environments' / 'math_single'}:{envdir}",
+               VF_TEST_MARKER=str(marker or tmp_path / "marker"), **more_env)
+    argv = [sys.executable, "-m", "envs.cli.app", "eval", env_id, "-m", "toy", "-b", server.base_url, "-k", "FAKE_KEY",
+            "-d", "-s", "-o", str(tmp_path / "out"), "-p", str(tmp_path / "environments"), *extra]
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def saved(tmp_path: Path) -> tuple[list[dict], dict]:
+    (d,) = list((tmp_path / "out" / "evals").glob("*/*"))
+    rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines()]
+    return rows, json.loads((d / "metadata.json").read_text())
+
+
+def test_two_workers_write_every_rollout_once_with_the_same_results(tmp_path, server):
+    one = run(tmp_path / "one", server, "math-single", "-n", "20", "-r", "3", "-c", "16")
+    two = run(tmp_path / "two", server, "math-single", "-n", "20", "-r", "3", "-c", "16", "-w", "2")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-3000:]
+    rows1, _ = saved(tmp_path / "one")
+    rows2, meta2 = saved(tmp_path / "two")
+    assert Counter(r["example_id"] for r in rows2) == {i: 3 for i in range(20)}  # each rollout once
+    assert sorted((r["example_id"], r["reward"]) for r in rows2) == sorted((r["example_id"], r["reward"]) for r in rows1)
+    assert meta2["status"] == "completed" and meta2["eval_config"]["num_workers"] == 2
+    assert meta2["avg_reward"] == pytest.approx(sum(r["reward"] for r in rows1) / len(rows1))
+    (rec,) = registry.list_runs(path=tmp_path / "two" / "runs.db")
+    assert rec.status == "completed" and rec.completed == 60
+
+
+def test_a_worker_dying_mid_run_loses_nothing(tmp_path, server):
+    marker = tmp_path / "marker"
+    res = run(tmp_path, server, "dying-env", "-n", "12", "-r", "2", "-c", "8", "-w", "2", marker=marker)
+    assert marker.exists(), "the test env never killed its worker"
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "exited (code 17)" in res.stderr and "go to the other workers" in res.stderr
+    rows, meta = saved(tmp_path)
+    assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(12)}  # example 3 redone, nothing twice
+    assert not any(r.get("error") for r in rows)
+    assert meta["status"] == "completed"
+
+
+def test_every_worker_dying_fails_the_run_with_the_cause(tmp_path, server):
+    # example 3 kills every worker that picks it up
+    res = run(tmp_path, server, "dying-env", "-n", "6", "-r", "1", "-c", "4", "-w", "2", VF_TEST_DIE_ALWAYS="1")
+    assert res.returncode == 1
+    assert "every worker died" in res.stderr
+    rows, meta = saved(tmp_path)
+    assert meta["status"] == "failed"
+    assert 3 not in {r["example_id"] for r in rows}  # what finished is kept; resume runs the rest
+
+
+def test_workers_refuse_no_interleave_scoring(tmp_path, server):
+    res = run(tmp_path, server, "math-single", "-n", "2", "-w", "2", "-N")
+    assert res.returncode == 2 and "cannot be combined with -w" in res.stderr
