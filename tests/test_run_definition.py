@@ -185,14 +185,14 @@ def test_runs_stop_cleans_up_on_the_recorded_backend(tmp_path):
                 if runs and runs[0].sandbox_run_id:
                     rec = runs[0]
                     live = asyncio.run(backend.list({MANAGED: "true", RUN_ID: rec.sandbox_run_id}))
-                    if len(live) == 2:
+                    if len(live) >= 2:  # the two rollouts' sandboxes (and warm-pool spares)
                         break
                 time.sleep(0.2)
-            assert rec is not None and len(live) == 2, (live, proc.stderr.read() if proc.poll() is not None else "")
+            assert rec is not None and len(live) >= 2, (live, proc.stderr.read() if proc.poll() is not None else "")
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
             out = vf_cli(tmp_path, "runs", "stop", rec.id, timeout=120)
-            assert "removed 2 sandbox(es)" in out.stdout, out.stdout + out.stderr
+            assert "sandbox(es) the run left behind" in out.stdout, out.stdout + out.stderr
             assert asyncio.run(backend.list({MANAGED: "true", RUN_ID: rec.sandbox_run_id})) == []
         finally:
             if proc.poll() is None:

@@ -25,7 +25,9 @@ def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
         env.set_kwargs(**cfg.extra_env_kwargs)
     if "concurrency" not in cfg.extra_env_kwargs:
         if concurrency is None:
-            concurrency = cfg.max_concurrent if cfg.max_concurrent > 0 else cfg.num_examples * cfg.rollouts_per_example
+            total = cfg.num_examples * cfg.rollouts_per_example if cfg.num_examples > 0 else 0
+            concurrency = min(cfg.max_concurrent, total) if cfg.max_concurrent > 0 and total else (
+                cfg.max_concurrent if cfg.max_concurrent > 0 else total or 32)
         env.set_concurrency(concurrency)
     return env
 
