@@ -76,7 +76,7 @@ async def call_with_named_args(fn: Callable[..., Any], pool: SyncPool | None = N
     them if it takes **kwargs); await the result if it is awaitable. With a
     `pool`, a sync `fn` runs in that thread pool instead of on the event loop
     (`pool` is positional-only, so `available` may hold a key named "pool")."""
-    params = _params(fn)
+    params = named_params(fn)
     if params is None:
         kwargs = available
     else:
@@ -92,7 +92,7 @@ async def call_with_named_args(fn: Callable[..., Any], pool: SyncPool | None = N
 _PARAM_CACHE: dict[Any, frozenset[str] | None] = {}
 
 
-def _params(fn: Callable[..., Any]) -> frozenset[str] | None:
+def named_params(fn: Callable[..., Any]) -> frozenset[str] | None:
     """Named parameters of fn, or None when it accepts **kwargs (cached)."""
     key = getattr(fn, "__func__", fn)
     try:
