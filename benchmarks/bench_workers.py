@@ -38,11 +38,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_eval(base_url: str, out: Path, n: int, r: int, c: int, workers: int) -> dict:
+def proc_cpu(pid: int) -> float:
+    """user+sys CPU seconds of a running process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_eval(base_url: str, out: Path, n: int, r: int, c: int, workers: int, server_pid: int) -> dict:
     """One `vf-sandbox eval math-single` run: wall, CPU (self + children), generation span."""
     env = {**os.environ, "VF_BENCH_KEY": "x", "VF_RUNS_DB": str(out / "runs.db")}
     argv = [*VF, "eval", "math-single", "-m", "bench", "-b", base_url, "-k", "VF_BENCH_KEY", "-n", str(n), "-r", str(r),
             "-c", str(c), "-w", str(workers), "-s", "-d", "-A", "-o", str(out)]
+    server0 = proc_cpu(server_pid)
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, status, ru = os.wait4(proc.pid, 0)
@@ -55,7 +62,7 @@ def run_eval(base_url: str, out: Path, n: int, r: int, c: int, workers: int) -> 
     rows = [json.loads(line) for line in res.read_text().splitlines() if line.strip()]
     starts = [row["timing"]["start_time"] for row in rows]
     ends = [row["timing"]["start_time"] + row["timing"]["total"] for row in rows]
-    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rollouts": len(rows),
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rollouts": len(rows), "server_cpu": proc_cpu(server_pid) - server0,
             "span": max(ends) - min(starts), "reward": sum(row["reward"] for row in rows) / len(rows)}
 
 
@@ -80,10 +87,10 @@ def main() -> None:
                 time.sleep(0.1)
         with tempfile.TemporaryDirectory() as tmp:
             base = Path(tmp)
-            run_eval(base_url, base / "warm", 1, 1, 1, 1)  # warm the page cache and the server
-            startup = run_eval(base_url, base / "startup", 1, 1, 1, 1)
-            one = run_eval(base_url, base / "w1", a.examples, a.rollouts_per_example, a.concurrency, 1)
-            many = run_eval(base_url, base / f"w{a.workers}", a.examples, a.rollouts_per_example, a.concurrency, a.workers)
+            run_eval(base_url, base / "warm", 1, 1, 1, 1, server.pid)  # warm the page cache and the server
+            startup = run_eval(base_url, base / "startup", 1, 1, 1, 1, server.pid)
+            one = run_eval(base_url, base / "w1", a.examples, a.rollouts_per_example, a.concurrency, 1, server.pid)
+            many = run_eval(base_url, base / f"w{a.workers}", a.examples, a.rollouts_per_example, a.concurrency, a.workers, server.pid)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -98,6 +105,12 @@ def main() -> None:
           f"{one['span'] / many['span']:.2f}x generation span   (target >= 1.6x)")
     print(f"CPU per rollout at -w 1: {cpu_ms:.2f} ms (run CPU {one['cpu']:.2f} s minus start-up {startup['cpu']:.2f} s)"
           f"   (target <= 1.0 ms)")
+    server_ms = one["server_cpu"] / n * 1000
+    cores = os.cpu_count() or 1
+    # -w 1 is bound by one core running the eval; -w N by all cores shared with the model server
+    ceiling = min(a.workers, cores * cpu_ms / (cpu_ms + server_ms)) if cpu_ms + server_ms > 0 else float("nan")
+    print(f"model server CPU per request: {server_ms:.2f} ms on the same {cores} cores -> best possible -w {a.workers} "
+          f"vs -w 1 here: {ceiling:.2f}x (all cores busy, eval and server sharing them)")
 
 
 if __name__ == "__main__":

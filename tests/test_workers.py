@@ -110,3 +110,18 @@ def test_every_worker_dying_fails_the_run_with_the_cause(tmp_path, server):
 def test_workers_refuse_no_interleave_scoring(tmp_path, server):
     res = run(tmp_path, server, "math-single", "-n", "2", "-w", "2", "-N")
     assert res.returncode == 2 and "cannot be combined with -w" in res.stderr
+
+
+def test_eval_writes_a_junit_report_for_ci(tmp_path, server):
+    """`--junit-xml` (also with -w): a test case per rollout, failures where the reward is
+    below the pass threshold (the server gets every third answer wrong)."""
+    import xml.etree.ElementTree as ET
+
+    report = tmp_path / "junit.xml"
+    res = run(tmp_path, server, "math-single", "-n", "6", "-r", "1", "-w", "2", "--junit-xml", str(report))
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, meta = saved(tmp_path)
+    cases = ET.parse(report).getroot().iter("testcase")
+    failed = {c.get("name") for c in cases if c.find("failure") is not None}
+    expect = {f"example {r['example_id']}" for r in rows if r["reward"] < meta["pass_threshold"]}
+    assert failed == expect and 0 < len(failed) < 6

@@ -92,6 +92,7 @@ def eval_command(
     timeout_minutes: Optional[float] = typer.Option(None, "--timeout-minutes", help="Stop cleanly after this many minutes \\[default: 120, max 1440]"),
     backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend of sandbox-backed envs: docker | local | kubernetes | prime \\[default: docker]"),
     backend_options: Optional[str] = typer.Option(None, "--backend-options", help="JSON object passed to the sandbox backend's constructor"),
+    junit_xml: Optional[str] = typer.Option(None, "--junit-xml", help="Also write the results as a JUnit XML report (a test case per rollout) for CI"),
     from_run: Optional[str] = typer.Option(None, "--from-run", help="Run again from a recorded run definition: a run id or a results directory (explicit flags override it)"),
 ) -> None:
     """Evaluate a model on one or more environments (or a TOML config)."""
@@ -122,6 +123,7 @@ def eval_command(
             "max_retries": max_retries,
             "max_concurrent": max_concurrent,
             "save_results": save_results or None,
+            "junit_xml": junit_xml,
         }
         content = {"-a": env_args, "-x": extra_env_kwargs, "-p": env_dir_path, "-m": model, "-b": api_base_url,
                    "-k": api_key_var, "--api-client-type": api_client_type, "-e": endpoints_path, "--header": header,
