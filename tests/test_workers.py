@@ -46,9 +46,23 @@ DYING_ENV = textwrap.dedent('''
 ''')
 
 
+def wrong_on_every_third_example():
+    """Right answers, except for examples 0, 3, 6, ... (by the example id the eval sends in
+    X-Session-ID): the same rewards whatever order the requests arrive in."""
+    right = compute()
+
+    def policy(req):
+        reply = right(req)
+        if int(req.headers.get("X-Session-ID", "0")) % 3 == 0:
+            reply.content = reply.content.replace("}", "1}")
+        return reply
+
+    return policy
+
+
 @pytest.fixture(scope="module")
 def server():
-    with ModelServer(compute(wrong_every=3)).run_in_thread() as srv:
+    with ModelServer(wrong_on_every_third_example()).run_in_thread() as srv:
         yield srv
 
 
@@ -78,6 +92,7 @@ def test_two_workers_write_every_rollout_once_with_the_same_results(tmp_path, se
     rows1, _ = saved(tmp_path / "one")
     rows2, meta2 = saved(tmp_path / "two")
     assert Counter(r["example_id"] for r in rows2) == {i: 3 for i in range(20)}  # each rollout once
+    assert {r["example_id"] for r in rows2 if r["reward"] == 0} == set(range(0, 20, 3))
     assert sorted((r["example_id"], r["reward"]) for r in rows2) == sorted((r["example_id"], r["reward"]) for r in rows1)
     assert meta2["status"] == "completed" and meta2["eval_config"]["num_workers"] == 2
     assert meta2["avg_reward"] == pytest.approx(sum(r["reward"] for r in rows1) / len(rows1))
@@ -114,7 +129,7 @@ def test_workers_refuse_no_interleave_scoring(tmp_path, server):
 
 def test_eval_writes_a_junit_report_for_ci(tmp_path, server):
     """`--junit-xml` (also with -w): a test case per rollout, failures where the reward is
-    below the pass threshold (the server gets every third answer wrong)."""
+    below the pass threshold (the server gets every third example wrong)."""
     import xml.etree.ElementTree as ET
 
     report = tmp_path / "junit.xml"
@@ -124,4 +139,4 @@ def test_eval_writes_a_junit_report_for_ci(tmp_path, server):
     cases = ET.parse(report).getroot().iter("testcase")
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
     expect = {f"example {r['example_id']}" for r in rows if r["reward"] < meta["pass_threshold"]}
-    assert failed == expect and 0 < len(failed) < 6
+    assert failed == expect == {"example 0", "example 3"}
