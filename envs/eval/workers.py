@@ -6,7 +6,9 @@ spawned process with its own event loop, environment and model clients,
 built from the same run definition (`envs.eval.setup`). The runner hands out
 groups (one example's rollouts) a few at a time, so a fast worker takes more;
 a worker sends back the finished rows of each group and the runner writes
-them, so there is still one writer and no torn group.
+them, so there is still one writer and no torn group. The hand-out, hold and
+requeue rules are `envs.eval.dispatch.GroupDispatcher`, shared with the Ray
+actors of `--hosted` runs (`envs.eval.ray_workers`).
 
 A worker that dies loses nothing: the groups it held and had not returned go
 back to the queue for the others (rows are only written when a group comes
@@ -31,28 +33,19 @@ import multiprocessing
 import os
 import signal
 import traceback
-from collections import deque
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ..results_file import dumps
 from .config import EvalConfig
+from .dispatch import GroupDispatcher, WorkerFailed, per_worker_concurrency
+
+__all__ = ["WorkerFailed", "generate_in_workers", "per_worker_concurrency", "worker_main"]
 
 log = logging.getLogger("envs.eval.workers")
 
 GroupSink = Callable[[list[dict[str, Any]]], Awaitable[None]]
-
-
-class WorkerFailed(RuntimeError):
-    """Every worker of the run died (the last cause is in the message)."""
-
-
-def per_worker_concurrency(cfg: EvalConfig) -> int:
-    """Each worker's share of `max_concurrent` rollouts (-1: unlimited)."""
-    if cfg.max_concurrent <= 0:
-        return -1
-    return max(1, math.ceil(cfg.max_concurrent / cfg.num_workers))
 
 
 # --------------------------------------------------------------------------- the worker process
@@ -141,8 +134,6 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None
 class _Worker:
     def __init__(self, index: int, proc: Any, conn: Connection):
         self.index, self.proc, self.conn = index, proc, conn
-        self.held: dict[int, list[dict[str, Any]]] = {}  # group id -> inputs, sent and not returned
-        self.ready = False
         self.gone = False
         self.fatal: str | None = None
 
@@ -151,15 +142,9 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
                               sandbox_run_id: str) -> None:
     """Run `inputs` (grouped by example_id) on `cfg.num_workers` worker processes,
     awaiting `on_group(rows)` in this process for every finished group."""
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for inp in inputs:
-        groups.setdefault(inp["example_id"], []).append(inp)
-    queue: deque[tuple[int, list[dict[str, Any]]]] = deque(enumerate(groups.values()))
-    if not queue:
+    groups = GroupDispatcher(inputs, per_worker_concurrency(cfg))
+    if not groups.remaining:
         return
-    share = per_worker_concurrency(cfg)
-    group_size = max(len(g) for g in groups.values())
-    depth = max(1, (share if share > 0 else len(inputs)) // group_size + 1)  # groups in flight per worker
 
     ctx = multiprocessing.get_context("spawn")
     loop = asyncio.get_running_loop()
@@ -174,6 +159,7 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         child.close()
         w = _Worker(i, proc, parent)
         workers.append(w)
+        groups.add(w)
 
         def readable(w: _Worker = w) -> None:
             try:
@@ -186,51 +172,44 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         loop.add_reader(parent.fileno(), readable)
 
     def feed(w: _Worker) -> None:
-        while queue and len(w.held) < depth and w.ready and not w.gone:
-            gid, group = queue.popleft()
-            w.held[gid] = group
+        for gid, group in groups.take(w):
             w.conn.send_bytes(dumps({"group": gid, "inputs": group}).encode())
 
-    remaining = len(queue)
     try:
-        while remaining:
+        while groups.remaining:
             w, msg = await events.get()
             if msg is None:  # the worker died (or closed its pipe)
                 if w.gone:
                     continue
                 w.gone = True
                 w.proc.join(timeout=5)
-                lost = sorted(w.held)
+                lost = groups.lost(w)
                 log.warning("worker %d exited (code %s)%s; %d unfinished group(s) go to the other workers",
                             w.index, w.proc.exitcode, f": {w.fatal.strip().splitlines()[-1]}" if w.fatal else "", len(lost))
-                queue.extendleft(reversed([(gid, w.held[gid]) for gid in lost]))
-                w.held.clear()
-                alive = [x for x in workers if not x.gone]
-                if not alive:
+                if not groups.alive:
                     raise WorkerFailed(f"every worker died; last: worker {w.index} exit {w.proc.exitcode}"
                                        + (f"\n{w.fatal}" if w.fatal else ""))
-                for x in alive:
+                for x in groups.alive:
                     feed(x)
             elif msg.get("ready"):
-                w.ready = True
+                groups.ready(w)
                 feed(w)
             elif "fatal" in msg:
                 w.fatal = msg["fatal"]
             else:
-                gid = int(msg["group"])
-                if w.held.pop(gid, None) is None:
+                if not groups.finished(w, int(msg["group"])):
                     continue  # already handed to another worker after a presumed death: never written twice
-                remaining -= 1
                 await on_group(msg["rows"])
                 feed(w)
         for w in workers:
             if not w.gone:
                 w.conn.send_bytes(b'{"stop": true}')
     finally:
-        await _shut_down(workers, events, on_group, stopping=remaining > 0)
+        await _shut_down(workers, groups, events, on_group, stopping=groups.remaining > 0)
 
 
-async def _shut_down(workers: list[_Worker], events: asyncio.Queue, on_group: GroupSink, stopping: bool) -> None:
+async def _shut_down(workers: list[_Worker], groups: GroupDispatcher, events: asyncio.Queue, on_group: GroupSink,
+                     stopping: bool) -> None:
     """Stop the workers (SIGTERM when the run is being stopped), write the groups they
     still finish, wait for their sandbox teardown, and never leave a process behind."""
     loop = asyncio.get_running_loop()
@@ -246,7 +225,7 @@ async def _shut_down(workers: list[_Worker], events: asyncio.Queue, on_group: Gr
             break
         if msg is None:
             w.gone = True
-        elif "rows" in msg and w.held.pop(int(msg["group"]), None) is not None:
+        elif "rows" in msg and groups.finished(w, int(msg["group"])):
             await on_group(msg["rows"])
     for w in workers:
         try:
