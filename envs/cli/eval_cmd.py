@@ -94,6 +94,13 @@ def eval_command(
     backend_options: Optional[str] = typer.Option(None, "--backend-options", help="JSON object passed to the sandbox backend's constructor"),
     junit_xml: Optional[str] = typer.Option(None, "--junit-xml", help="Also write the results as a JUnit XML report (a test case per rollout) for CI"),
     from_run: Optional[str] = typer.Option(None, "--from-run", help="Run again from a recorded run definition: a run id or a results directory (explicit flags override it)"),
+    hosted: bool = typer.Option(False, "--hosted", help="Run as a Ray job on a cluster (see --address); needs vf-sandbox[ray]"),
+    address: Optional[str] = typer.Option(None, "--address", help="Hosted: the Ray dashboard address http://HOST:8265 \\[default: $RAY_ADDRESS]"),
+    follow: bool = typer.Option(False, "--follow", help="Hosted: stream the run's logs until it ends and exit with its status"),
+    poll_interval: float = typer.Option(2.0, "--poll-interval", help="Hosted: seconds between status/log polls with --follow"),
+    allow_sandbox_access: bool = typer.Option(False, "--allow-sandbox-access", help="Hosted: allow the run to create sandboxes"),
+    allow_instances_access: bool = typer.Option(False, "--allow-instances-access", help="Hosted: allow the run to create instances/pods (kubernetes, prime backends)"),
+    custom_secrets: Optional[str] = typer.Option(None, "--custom-secrets", help="Hosted: JSON object of secrets injected as environment variables of the run (never recorded)"),
 ) -> None:
     """Evaluate a model on one or more environments (or a TOML config)."""
     import logging
@@ -124,7 +131,17 @@ def eval_command(
             "max_concurrent": max_concurrent,
             "save_results": save_results or None,
             "junit_xml": junit_xml,
+            "hosted": hosted or None,
+            "address": address,
+            "allow_sandbox_access": allow_sandbox_access or None,
+            "allow_instances_access": allow_instances_access or None,
         }
+        secrets = {}
+        if custom_secrets is not None:
+            from ..eval.hosted import parse_secrets
+
+            secrets = parse_secrets(parse_json_object(custom_secrets, "--custom-secrets"))
+            run_control["custom_secret_names"] = sorted(secrets) or None
         content = {"-a": env_args, "-x": extra_env_kwargs, "-p": env_dir_path, "-m": model, "-b": api_base_url,
                    "-k": api_key_var, "--api-client-type": api_client_type, "-e": endpoints_path, "--header": header,
                    "--header-from-state": header_from_state, "-S": sampling_args, "-t": max_tokens,
@@ -185,6 +202,18 @@ def eval_command(
             configs = configs_from_cli(env_ids, cli)
         if resume_path is not None and len(configs) != 1:
             raise ConfigError("--resume PATH applies to exactly one eval")
+        if any(c.hosted for c in configs):
+            if not all(c.hosted for c in configs):
+                raise ConfigError("either every eval of the config is hosted or none is")
+            from ..eval.hosted import run_hosted
+
+            raise typer.Exit(run_hosted(configs, secrets, follow=follow, poll_interval=poll_interval))
+        hosted_only = [f for f, v in (("--follow", follow), ("--custom-secrets", custom_secrets),
+                                      ("--allow-sandbox-access", allow_sandbox_access),
+                                      ("--allow-instances-access", allow_instances_access), ("--address", address))
+                       if v]
+        if hosted_only:
+            raise ConfigError(f"{', '.join(hosted_only)} only apply to hosted runs (--hosted)")
     except (ConfigError, UsageError, MissingKeyError) as exc:
         _fail(str(exc))
         return

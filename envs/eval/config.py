@@ -14,8 +14,9 @@ key or variable concerned.
 from __future__ import annotations
 
 import itertools
-import re
 import json
+import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ SETTING_KEYS = frozenset(
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
         "retry_initial_delay", "retry_max_delay", "junit_xml",
+        "hosted", "address", "allow_sandbox_access", "allow_instances_access",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -105,6 +107,14 @@ class EvalConfig(BaseModel):
 
     kind: str = Field("eval", description="The run's kind in the run registry (eval, swe-debug).")
     junit_xml: str | None = Field(None, description="Also write the results as a JUnit XML report here.")
+    # -- hosted runs (a Ray job on a cluster; see envs.eval.hosted)
+    hosted: bool = Field(False, description="Run as a Ray job on the cluster at `address`.")
+    address: str | None = Field(None, description="The Ray cluster's dashboard address (http://HOST:8265).")
+    allow_sandbox_access: bool = Field(False, description="Hosted: the run may create sandboxes.")
+    allow_instances_access: bool = Field(False, description="Hosted: the run may create instances/pods (kubernetes, prime).")
+    custom_secret_names: list[str] = Field(default_factory=list,
+                                           description="Hosted: names of the variables injected from --custom-secrets "
+                                                       "(the values are never recorded).")
 
     model_config = {"extra": "forbid"}
 
@@ -120,7 +130,8 @@ class EvalConfig(BaseModel):
                   "verbose", "save_results", "output_dir", "resume", "resume_path", "save_to_hf_hub",
                   "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
                   "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
-                  "no_interleave_scoring", "backend", "backend_options", "junit_xml"}
+                  "no_interleave_scoring", "backend", "backend_options", "junit_xml", "hosted", "address",
+                  "allow_sandbox_access", "allow_instances_access", "custom_secret_names"}
         mine, theirs = self.public_args(), other.public_args()
         return [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
                 if k not in ignore and mine.get(k) != theirs.get(k)]
@@ -349,6 +360,12 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         raise ConfigError(f"num_workers must be a positive integer, got {workers!r}")
     if workers > 1 and s.get("no_interleave_scoring"):
         raise ConfigError("--no-interleave-scoring/-N needs every rollout in one process; it cannot be combined with -w > 1")
+    if s.get("hosted") and s.get("no_interleave_scoring"):
+        raise ConfigError("--no-interleave-scoring/-N needs every rollout in one process; it cannot be combined with --hosted")
+    hosted = bool(s.get("hosted", False))
+    address = s.get("address")
+    if hosted:
+        address = normalise_address(address or os.environ.get("RAY_ADDRESS"))
     max_retries = s.get("max_retries", 0)
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")
@@ -389,7 +406,29 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay") if s.get(k) is not None},
         kind=s.get("kind", "eval"),
         junit_xml=s.get("junit_xml"),
+        hosted=hosted,
+        address=address,
+        allow_sandbox_access=bool(s.get("allow_sandbox_access", False)),
+        allow_instances_access=bool(s.get("allow_instances_access", False)),
+        custom_secret_names=sorted(s.get("custom_secret_names") or []),
     )
+
+
+def normalise_address(address: str | None) -> str:
+    """The Ray Jobs API address of a hosted run: `http(s)://HOST:PORT` (the dashboard,
+    8265 by default); a bare `HOST:PORT` gets `http://`. Raises ConfigError."""
+    if not address:
+        raise ConfigError("--hosted needs a Ray cluster: pass --address http://HOST:8265 (the dashboard's address), "
+                          "set RAY_ADDRESS, or put address = \"...\" in the TOML config")
+    address = str(address).strip().rstrip("/")
+    if address.startswith("ray://"):
+        raise ConfigError(f"--address {address}: give the Ray dashboard's HTTP address (http://HOST:8265), "
+                          "not a Ray Client ray:// address")
+    if "://" not in address:
+        address = f"http://{address}"
+    if not re.match(r"^https?://[^/:]+(:\d+)?$", address):
+        raise ConfigError(f"--address {address!r}: expected http://HOST:PORT")
+    return address
 
 
 def _with_env_defaults(layers_specific: list[dict[str, Any]], env_id: str, env_dir: str | None) -> dict[str, Any]:

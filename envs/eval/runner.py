@@ -218,7 +218,13 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
         if beat is not None:
             beats.append(beat)
-        if todo and cfg.num_workers > 1:
+        if todo and cfg.hosted:  # this process is the Ray job of a hosted run: groups go to actors
+            from sandboxes.labels import run_id as sandbox_run_id
+
+            from .ray_workers import generate_on_ray
+
+            gen = generate_on_ray(cfg, todo, on_group, sandbox_run_id())
+        elif todo and cfg.num_workers > 1:
             from sandboxes.labels import run_id as sandbox_run_id
 
             from .workers import generate_in_workers

@@ -48,6 +48,20 @@ def _get(run_id: str) -> "RunRecord":
     return rec
 
 
+def _where(rec: "RunRecord") -> str:
+    """LOCAL, or HOSTED with the cluster address."""
+    return f"HOSTED {rec.args.get('address') or ''}".strip() if rec.args.get("hosted") is True else "LOCAL"
+
+
+def _refresh_hosted(runs: list["RunRecord"]) -> list["RunRecord"]:
+    """Running hosted runs' rows brought up to date from their Ray jobs (when Ray is installed)."""
+    if not any(r.args.get("hosted") is True and r.status == "running" for r in runs):
+        return runs
+    from .hosted import refresh_all
+
+    return refresh_all(runs)
+
+
 def _ago(ts: float | None) -> str:
     if not ts:
         return "-"
@@ -74,6 +88,7 @@ def list_cmd(
     from .registry import list_runs
 
     runs = list_runs(status=status, env_id=env, model=model, kind=kind, limit=limit)
+    runs = _refresh_hosted(runs)
     if as_json:
         typer.echo(json.dumps([r.model_dump() for r in runs], indent=2))
         return
@@ -81,12 +96,12 @@ def list_cmd(
     from rich.table import Table
 
     t = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "KIND", "ENV", "MODEL", "STATUS", "PROGRESS", "ERRORS", "STARTED", "DURATION"):
+    for col in ("ID", "NAME", "KIND", "WHERE", "ENV", "MODEL", "STATUS", "PROGRESS", "ERRORS", "STARTED", "DURATION"):
         t.add_column(col, no_wrap=col in ("ID", "STATUS", "STARTED", "PROGRESS"))
     colors = {"running": "cyan", "completed": "green", "failed": "red", "stopped": "yellow"}
     for r in runs:
         prog = f"{r.completed}/{r.total}" if r.total else str(r.completed)
-        t.add_row(r.id, r.name or "", r.kind, r.env_id, r.model or "",
+        t.add_row(r.id, r.name or "", r.kind, _where(r), r.env_id, r.model or "",
                   f"[{colors.get(r.status, 'white')}]{r.display_status}[/]", prog, str(r.errors),
                   _ago(r.started_at)[5:], _dur(r.duration))
     Console(width=None if sys.stdout.isatty() else 200).print(t if runs else "no runs")
@@ -102,7 +117,7 @@ def show_cmd(
     _use_db(db)
     from .results import summarize_run
 
-    rec = _get(run_id)
+    rec = _refresh_hosted([_get(run_id)])[0]
     summary = summarize_run(rec)
     if as_json:
         typer.echo(json.dumps({"run": rec.model_dump(), "summary": summary}, indent=2, default=str))
@@ -114,6 +129,7 @@ def show_cmd(
     rows = [
         ("kind", rec.kind), ("status", rec.display_status), ("env", rec.env_id),
         ("model", rec.model or "-"), ("output dir", rec.output_dir), ("log", rec.log_path),
+        ("where", _where(rec) + (f" (Ray job {_job_id(rec)})" if rec.args.get("hosted") is True else "")),
         ("pid", f"{rec.pid} on {rec.host}"), ("progress", f"{rec.completed}/{rec.total} ({rec.errors} errors)"),
         ("started", _ago(rec.started_at)), ("ended", _ago(rec.ended_at)), ("duration", _dur(rec.duration)),
         ("attempts", str(rec.attempts)),
@@ -174,6 +190,17 @@ def logs_cmd(
     _use_db(db)
     rec = _get(run_id)
     out = sys.stdout
+    if rec.args.get("hosted") is True:
+        from .hosted import follow_log as follow_hosted
+
+        rec = _refresh_hosted([rec])[0]
+        if follow or rec.status != "running":
+            follow_hosted(rec, poll_interval=max(poll, 0.5), out=out)
+        else:
+            from .hosted import jobs_client, job_id
+
+            out.write(jobs_client(rec.args["address"]).get_job_logs(job_id(rec)))
+        return
     for chunk in follow_log(rec.id, follow=follow, tail=tail, poll=poll):
         out.write(chunk)
         out.flush()
@@ -228,6 +255,13 @@ def stop_cmd(
 
     _use_db(db)
     rec = _get(run_id)
+    if rec.args.get("hosted") is True:
+        from .hosted import stop as stop_hosted
+
+        rec, removed = stop_hosted(rec, timeout=max(timeout, 120.0))
+        typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
+        typer.echo(f"removed {removed} sandbox(es) of the run on the cluster's nodes; results in {rec.output_dir}")
+        raise typer.Exit(0 if rec.status in ("stopped", "completed", "failed") else 1)
     try:
         rec = stop_run(rec.id, timeout=timeout, force=force)
     except StopError as exc:
@@ -287,6 +321,31 @@ def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> i
             await be.close()
 
     return asyncio.run(go())
+
+
+def _job_id(rec: "RunRecord") -> str:
+    from .hosted import job_id
+
+    return job_id(rec)
+
+
+@runs_app.command("pull")
+def pull_cmd(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix) of a hosted run."),
+    db: Optional[str] = DbOpt,
+) -> None:
+    """Copy a hosted run's results and log from the cluster into its local output dir."""
+    _use_db(db)
+    from .hosted import pull
+
+    rec = _get(run_id)
+    if rec.args.get("hosted") is not True:
+        typer.echo(f"error: run {rec.id} ran here (not --hosted); its results are in {rec.output_dir}", err=True)
+        raise typer.Exit(2)
+    rec = _refresh_hosted([rec])[0]
+    meta = pull(rec)
+    typer.echo(f"run {rec.id}: {meta.get('completed_rollouts', 0)} rollout(s), status {meta.get('status', rec.status)} "
+               f"-> {rec.output_dir}")
 
 
 @app.command("dashboard")

@@ -195,6 +195,11 @@ def pid_alive(pid: int, start: str = "") -> bool:
     return not start or (len(fields) > 19 and fields[19] == start)
 
 
+def is_hosted(rec: RunRecord) -> bool:
+    """A run submitted to a Ray cluster (`--hosted`): no local process to watch."""
+    return rec.args.get("hosted") is True
+
+
 def is_alive(rec: RunRecord) -> bool:
     """Whether the run's process is alive; runs on other hosts are assumed alive."""
     if rec.host != socket.gethostname():
@@ -213,7 +218,7 @@ def reconcile(path: str | os.PathLike[str] | None = None) -> list[str]:
         rows = conn.execute("SELECT * FROM runs WHERE status='running'").fetchall()
         for r in rows:
             rec = _row(r)
-            if is_alive(rec):
+            if is_hosted(rec) or is_alive(rec):  # a hosted run's state is its Ray job's (envs.runs.hosted)
                 continue
             now = time.time()
             if rec.stop_requested_at is not None:
@@ -312,6 +317,14 @@ def mark_status(
             (status, error, now, now, run_id),
         )
         return bool(cur.rowcount)
+
+
+def set_progress(run_id: str, completed: int, total: int, errors: int = 0,
+                 path: str | os.PathLike[str] | None = None) -> None:
+    """Progress counts of a run recorded by another process (a hosted run's, from its pulled results)."""
+    with closing(connect(path)) as conn:
+        conn.execute("UPDATE runs SET completed=?, total=?, errors=?, updated_at=? WHERE id=?",
+                     (int(completed), int(total), int(errors), time.time(), run_id))
 
 
 def _append_log(log_path: str, line: str) -> None:
@@ -504,6 +517,17 @@ class RunRecorder:
         if _CURRENT_RUN.get() == self.id:
             _CURRENT_RUN.set(None)
         _append_log(self.log_path, f"run {self.id} {status}" + (f": {error}" if error else ""))
+        self._conn.close()
+
+    def detach(self) -> None:
+        """Stop recording from this process and leave the run `running`: it goes on
+        elsewhere (a hosted run's Ray job) and its end is recorded from there."""
+        with self._lock:
+            self._flush_locked()
+            self._finished = True
+        self._detach_logging()
+        if _CURRENT_RUN.get() == self.id:
+            _CURRENT_RUN.set(None)
         self._conn.close()
 
     def __enter__(self) -> "RunRecorder":

@@ -1,0 +1,151 @@
+"""The entrypoint of a hosted run's Ray job: `python -m envs.eval.hosted_job`.
+
+Ray starts it on the head node in the job's working directory, which holds
+the run definition (`.vf-run.json`, written by `envs.eval.hosted`), the
+environment package's files when it was shipped from a local directory
+(importable by name from there, in this process and in every actor), and the
+rows of an earlier attempt when the run is resumed (`resume/`).
+
+It checks the run's permissions before anything else (a run whose
+environment uses sandboxes needs `--allow-sandbox-access`; one that would
+create instances or pods, the `kubernetes` and `prime` backends, also needs
+`--allow-instances-access`): a missing one fails the job at once with a
+"missing permission" error and no rollout. Then it is the ordinary runner
+(`run_evals`) with the run's groups on Ray actors (`envs.eval.ray_workers`).
+The results go to `<Ray logs dir of the head node>/vf-sandbox/<job id>/`,
+the one place Ray serves files from over its HTTP API: the submitting
+machine (`--follow`, `vf-sandbox runs pull`) fetches them from there.
+
+Secrets (`--custom-secrets`, the model API key) arrive as environment
+variables of the job's runtime environment; nothing here prints or records
+their values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from sandboxes.errors import ConfigError, UsageError
+
+from .config import EvalConfig
+
+SPEC_FILE = ".vf-run.json"
+RESUME_DIR = "resume"
+RESULTS_SUBDIR = "vf-sandbox"  # under the head node's Ray logs directory
+INSTANCE_BACKENDS = ("kubernetes", "prime")  # backends that create pods / machines
+
+log = logging.getLogger("envs.eval.hosted")
+
+
+class HostedJobSpec(BaseModel):
+    """What the submitting machine ships in the job's working directory."""
+
+    config: EvalConfig
+    run_id: str
+    job_id: str
+    resume: bool = False
+
+
+class MissingPermission(UsageError):
+    """The run needs a permission it was not given (--allow-sandbox-access / --allow-instances-access)."""
+
+
+def uses_sandboxes(env: object) -> bool:
+    """Whether an environment creates sandboxes: sandbox-backed envs take the run's
+    backend (they override `set_backend`); an env group if any member does."""
+    from ..environment import Environment
+
+    members = getattr(env, "envs", None)
+    if isinstance(members, list) and members and all(isinstance(e, Environment) for e in members):
+        return any(uses_sandboxes(e) for e in members)
+    return type(env).set_backend is not Environment.set_backend
+
+
+def check_permissions(cfg: EvalConfig, env: object) -> None:
+    """Raise MissingPermission when the run needs a permission it lacks."""
+    if not uses_sandboxes(env):
+        return
+    if not cfg.allow_sandbox_access:
+        raise MissingPermission(
+            f"missing permission: environment {cfg.env_id!r} runs code in sandboxes; "
+            "submit the run with --allow-sandbox-access")
+    if cfg.backend in INSTANCE_BACKENDS and not cfg.allow_instances_access:
+        raise MissingPermission(
+            f"missing permission: the {cfg.backend!r} backend creates instances/pods; "
+            "submit the run with --allow-instances-access")
+
+
+def prepare(spec: HostedJobSpec, results_root: Path) -> EvalConfig:
+    """The run definition as this job runs it: results under `results_root`, a resumed
+    run's shipped rows in place."""
+    base = results_root / spec.job_id
+    base.mkdir(parents=True, exist_ok=True)
+    cfg = spec.config
+    update: dict[str, object] = {"output_dir": str(base), "save_results": True, "junit_xml": None,
+                                 "resume": False, "resume_path": None}
+    shipped = Path(RESUME_DIR)
+    if spec.resume and (shipped / "results.jsonl").exists() and (shipped / "metadata.json").exists():
+        run_dir = base / "evals" / f"{cfg.env_id}--{cfg.model.replace('/', '--')}" / spec.run_id[:8]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("results.jsonl", "metadata.json"):
+            shutil.copyfile(shipped / name, run_dir / name)
+        update.update(resume=True, resume_path=str(run_dir))
+    return cfg.model_copy(update=update)
+
+
+def main() -> int:
+    from ..logging_utils import setup_logging
+
+    setup_logging("INFO", stream=sys.stdout)
+    spec = HostedJobSpec.model_validate_json(Path(SPEC_FILE).read_text(encoding="utf-8"))
+    import ray
+
+    ray.init(log_to_driver=True)
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # the dir Ray's log API serves
+    cfg = prepare(spec, logs / RESULTS_SUBDIR)
+    os.environ["VF_RUNS_DB"] = str(Path(cfg.output_dir or ".") / "runs.db")  # the cluster side's own record
+    log.info("hosted run %s (Ray job %s): %s, model %s, results in %s", spec.run_id, spec.job_id, cfg.env_id,
+             cfg.model, cfg.output_dir)
+    try:
+        from .setup import load_run_env
+
+        probe = load_run_env(cfg)  # before any rollout: bad environments and missing permissions fail here
+        check_permissions(cfg, probe)
+    except (UsageError, ConfigError) as exc:
+        print(f"error: {exc}", flush=True)
+        _write_failure(cfg, str(exc))
+        return 1
+
+    from .display import make_display, print_summary
+    from .runner import run_evals
+
+    display = make_display(True, False)
+    with display:
+        (res,) = asyncio.run(run_evals([cfg], display))
+    if res.metadata:
+        print_summary(res.metadata, res.rows, abbreviated=True, plain=True)
+    print(f"run {spec.run_id}: {res.status}" + (f": {res.error}" if res.error else ""), flush=True)
+    return 0 if res.status == "completed" else 1
+
+
+def _write_failure(cfg: EvalConfig, error: str) -> None:
+    """A run that failed before the runner started still leaves a metadata.json saying why."""
+    run_dir = Path(cfg.output_dir or ".") / "evals" / f"{cfg.env_id}--{cfg.model.replace('/', '--')}" / "not-started"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "results.jsonl").write_text("")
+    (run_dir / "metadata.json").write_text(json.dumps({
+        "env_id": cfg.env_id, "model": cfg.model, "status": "failed", "error": error, "completed_rollouts": 0,
+        "num_examples": cfg.num_examples, "rollouts_per_example": cfg.rollouts_per_example,
+        "eval_config": cfg.public_args()}, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

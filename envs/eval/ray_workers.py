@@ -1,0 +1,199 @@
+"""`--hosted`: the run's groups on Ray actors spread over the cluster's nodes.
+
+The same model as `-w N` (`envs.eval.workers`), with Ray actors in place of
+worker processes: the runner (the Ray job's entrypoint, on the head node)
+keeps the run definition, the one writer and the registry entry; each
+`GroupWorker` actor builds its own environment and model clients from the
+definition (`envs.eval.setup`), on its node, with that node's sandbox
+backend (Docker there, or Kubernetes / Prime as the definition says), and
+returns the finished rows of each group it is handed. The hand-out, hold
+and requeue rules are `envs.eval.dispatch.GroupDispatcher`'s: an actor that
+dies (its process, or its whole node) gives its unfinished groups back to
+the others, and no group is written twice.
+
+Placement: `max(-w, number of alive nodes)` actors, placed round-robin on
+the alive nodes (soft node affinity, 0 CPUs reserved: an actor is mostly
+waiting on the model and the sandboxes), each with its share of `-c`.
+
+Stopping (the job gets SIGTERM from `ray job stop` / `vf-sandbox runs stop`,
+or the run times out): every live actor cancels its rollouts and tears its
+environment down (deleting its sandboxes on its node) before it is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .config import EvalConfig
+from .dispatch import GroupDispatcher, WorkerFailed, per_worker_concurrency
+
+log = logging.getLogger("envs.eval.ray_workers")
+
+GroupSink = Callable[[list[dict[str, Any]]], Awaitable[None]]
+SHUTDOWN_SECONDS = 60.0
+
+
+class GroupWorker:
+    """One worker of a hosted run (a Ray actor; see `_actor_class`)."""
+
+    def __init__(self, cfg_json: str, sandbox_run_id: str, workers: int):
+        import socket
+
+        from sandboxes import labels
+
+        from .setup import load_run_env, make_run_clients
+
+        labels.set_run_id(sandbox_run_id)
+        self.cfg = EvalConfig.model_validate_json(cfg_json)
+        share = per_worker_concurrency(self.cfg, workers)
+        self.share = share
+        self.env = load_run_env(self.cfg, concurrency=share if share > 0 else None)
+        self.clients = make_run_clients(self.cfg, self.env, check=False)  # the runner checked the endpoints once
+        scoring = self.cfg.max_concurrent_scoring or self.cfg.max_concurrent
+        self.scoring_share = max(1, math.ceil(scoring / workers)) if scoring > 0 else -1
+        self.sem: asyncio.Semaphore | None = None
+        self.scoring_sem: asyncio.Semaphore | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.host = socket.gethostname()
+
+    def ready(self) -> str:
+        return self.host
+
+    async def run_group(self, gid: int, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from ..outputs import state_to_output
+
+        if self.sem is None:  # made on the actor's event loop
+            self.sem = asyncio.Semaphore(self.share) if self.share > 0 else None
+            self.scoring_sem = asyncio.Semaphore(self.scoring_share) if self.scoring_share > 0 else None
+        cfg = self.cfg
+        task = asyncio.ensure_future(self.env.run_group(
+            inputs, self.clients[gid % len(self.clients)], cfg.model, cfg.sampling_args, sem=self.sem,
+            max_retries=cfg.max_retries, independent_scoring=cfg.independent_scoring, score=True,
+            scoring_sem=self.scoring_sem))
+        self.tasks.add(task)
+        try:
+            states = await task
+        finally:
+            self.tasks.discard(task)
+        return [state_to_output(s, cfg.state_columns) for s in states]
+
+    async def shutdown(self) -> None:
+        """Cancel the rollouts in flight and delete this worker's sandboxes."""
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.env.teardown()
+        for c in self.clients:
+            try:
+                await c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _actor_class() -> Any:
+    import ray
+
+    # max_restarts=0: a dead actor's groups are re-queued by the dispatcher, not re-run by Ray
+    return ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=100_000)(GroupWorker)
+
+
+def alive_nodes() -> list[str]:
+    import ray
+
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+
+async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
+                          sandbox_run_id: str) -> None:
+    """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
+    awaiting `on_group(rows)` here for every finished group."""
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        ray.init(log_to_driver=True)
+    nodes = alive_nodes()
+    n = max(cfg.num_workers, len(nodes))
+    share = per_worker_concurrency(cfg, n)
+    groups = GroupDispatcher(inputs, share)
+    if not groups.remaining:
+        return
+    Actor = _actor_class()
+    cfg_json = cfg.model_dump_json()
+    actors: dict[int, Any] = {}
+    pending: dict[asyncio.Future[Any], tuple[int, int | None]] = {}  # future -> (worker, group id or None = ready)
+    for i in range(n):
+        strategy = NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True)
+        actors[i] = Actor.options(scheduling_strategy=strategy, name=None).remote(cfg_json, sandbox_run_id, n)
+        groups.add(i)
+        pending[asyncio.ensure_future(_awaitable(actors[i].ready.remote()))] = (i, None)
+    log.info("%d worker actor(s) over %d node(s), %s concurrent rollouts each", n, len(nodes),
+             share if share > 0 else "unlimited")
+
+    def feed(i: int) -> None:
+        for gid, group in groups.take(i):
+            pending[asyncio.ensure_future(_awaitable(actors[i].run_group.remote(gid, group)))] = (i, gid)
+
+    try:
+        while groups.remaining:
+            if not pending:
+                raise WorkerFailed("no worker actor left to run the remaining groups")
+            done, _ = await asyncio.wait(list(pending), return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                i, gid = pending.pop(fut)
+                exc = fut.exception()
+                if isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError)):
+                    if i not in groups.held:
+                        continue
+                    lost = groups.lost(i)
+                    actors.pop(i, None)
+                    log.warning("worker actor %d died (%s); %d unfinished group(s) go to the other workers",
+                                i, type(exc).__name__, len(lost))
+                    if not groups.alive:
+                        raise WorkerFailed(f"every worker actor died; last: actor {i}: {exc}")
+                    for x in groups.alive:
+                        feed(x)
+                elif exc is not None:
+                    raise exc
+                elif gid is None:
+                    log.info("worker actor %d ready on %s", i, fut.result())
+                    groups.ready(i)
+                    feed(i)
+                elif groups.finished(i, gid):
+                    await on_group(fut.result())
+                    feed(i)
+    finally:
+        for fut in pending:
+            fut.cancel()
+        await _shut_down(list(actors.values()))
+
+
+def _awaitable(ref: Any) -> Awaitable[Any]:
+    async def get() -> Any:
+        return await ref
+
+    return get()
+
+
+async def _shut_down(actors: list[Any]) -> None:
+    """Every live actor tears down its environment (its sandboxes), then is killed."""
+    import ray
+
+    if not actors:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.gather(*(_awaitable(a.shutdown.remote()) for a in actors),
+                                                             return_exceptions=True)), SHUTDOWN_SECONDS)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        log.warning("worker actors did not finish their teardown in %.0fs (the reaper removes what they left)",
+                    SHUTDOWN_SECONDS)
+    for a in actors:
+        try:
+            ray.kill(a)
+        except Exception:  # noqa: BLE001 - already dead
+            pass

@@ -1,0 +1,161 @@
+"""A real, throw-away Ray cluster on this machine for tests and benchmarks: a
+head and N more nodes, each a separate `ray start` with its own temp dir and
+disjoint ports (every component's port and a worker-port range of its own:
+the head's default worker range would swallow fixed ports picked inside it).
+
+Teardown is by pid: every process whose command line, working directory or
+environment names this cluster's temp dirs (raylets, GCS, dashboard, agents,
+workers, job drivers) is SIGTERMed, then SIGKILLed; nothing else on the
+machine is touched (`ray stop` would stop every Ray process of the machine).
+
+    with RayCluster(nodes=2, cpus=(2, 1)) as cluster:
+        cluster.dashboard_url  # http://127.0.0.1:PORT, for JobSubmissionClient
+        cluster.kill_raylet(1) # node 1's raylet, by pid
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+class RayStartError(RuntimeError):
+    """`ray start` failed (the output is in the message)."""
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_base(span: int) -> int:
+    for _ in range(200):
+        base = random.randrange(30000, 60000 - span, 10)
+        if all(_free(base + i) for i in range(0, span, 7)) and all(_free(base + i) for i in range(20)):
+            return base
+    raise RayStartError("no free port range for a Ray cluster")
+
+
+class RayCluster:
+    def __init__(self, nodes: int = 2, cpus: tuple[int, ...] = (2, 1), env: dict[str, str] | None = None):
+        self.n = nodes
+        self.cpus = cpus + (1,) * (nodes - len(cpus))
+        self.root = Path(tempfile.mkdtemp(prefix="vfray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 chars
+        self.base = _pick_base(100 * (nodes + 1))
+        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0",
+                    "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        self.gcs = f"127.0.0.1:{self.base}"
+        self.dashboard_url = f"http://127.0.0.1:{self.base + 1}"
+
+    # ports of node i: a block of 10 fixed ports + a worker range of 100 (disjoint per node)
+    def _node_args(self, i: int) -> list[str]:
+        b = self.base + 10 * (i + 1)
+        w = self.base + 100 * (i + 1)
+        return [f"--node-manager-port={b}", f"--object-manager-port={b + 1}", f"--dashboard-agent-grpc-port={b + 2}",
+                f"--dashboard-agent-listen-port={b + 3}", f"--metrics-export-port={b + 4}",
+                f"--runtime-env-agent-port={b + 5}", f"--min-worker-port={w}", f"--max-worker-port={w + 99}",
+                f"--num-cpus={self.cpus[i]}", f"--temp-dir={self.root / f'n{i}'}", "--disable-usage-stats"]
+
+    def start(self) -> "RayCluster":
+        try:
+            self._run([RAY, "start", "--head", f"--port={self.base}", "--node-ip-address=127.0.0.1",
+                       f"--dashboard-port={self.base + 1}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+                       f"--ray-client-server-port={self.base + 2}", *self._node_args(0)])
+            for i in range(1, self.n):
+                self._run([RAY, "start", f"--address={self.gcs}", "--node-ip-address=127.0.0.1", *self._node_args(i)])
+            self.wait_nodes(self.n)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _run(self, argv: list[str]) -> None:
+        p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
+        if p.returncode != 0:
+            raise RayStartError(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+
+    def wait_nodes(self, n: int, timeout: float = 60) -> None:
+        import json
+        import urllib.request
+
+        deadline = time.time() + timeout
+        alive = -1
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.dashboard_url}/nodes?view=summary", timeout=5) as r:
+                    data = json.loads(r.read())
+                alive = sum(1 for x in data["data"]["summary"] if x.get("raylet", {}).get("state") == "ALIVE")
+                if alive >= n:
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.5)
+        raise RayStartError(f"the Ray cluster did not show {n} alive nodes within {timeout:.0f}s (saw {alive})")
+
+    # -- processes, by pid
+    def pids(self, node: int | None = None) -> list[int]:
+        """Pids of this cluster's processes (of one node when given)."""
+        marks = [str(self.root / f"n{node}")] if node is not None else [str(self.root)]
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(d / "cwd") if node is None else ""
+                envb = (d / "environ").read_bytes().decode(errors="replace") if node is None else ""
+            except OSError:
+                continue
+            if any(m in cmd or cwd.startswith(m) or m in envb for m in marks):
+                out.append(int(d.name))
+        return out
+
+    def raylet_pid(self, node: int) -> int:
+        for pid in self.pids(node):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"/raylet"):
+                return pid
+        raise LookupError(f"no raylet of node {node}")
+
+    def kill_raylet(self, node: int) -> int:
+        pid = self.raylet_pid(node)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            pids = self.pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + wait
+            while time.time() < deadline and self.pids():
+                time.sleep(0.2)
+            if not self.pids():
+                break
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "RayCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
