@@ -72,6 +72,10 @@ def run(
     memory_gb: Annotated[Optional[float], typer.Option("--memory-gb")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Run name in the run registry.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    hosted: Annotated[bool, typer.Option("--hosted", help="Run on a Ray cluster (a Ray job; instances spread over its nodes).")] = False,
+    address: Annotated[Optional[str], typer.Option("--address", help="Hosted: the Ray dashboard address http://HOST:8265 (default $RAY_ADDRESS).")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Hosted: submit and return (follow with `vf-sandbox runs logs ID --follow`).")] = False,
+    num_workers: Annotated[int, typer.Option("--num-workers", "-w", min=1, help="Worker processes (local) or at least this many Ray actors (hosted).")] = 1,
 ) -> None:
     """Run the debug step and the tests for every selected instance and report which are valid."""
     raise typer.Exit(_main(**locals()))
@@ -100,7 +104,9 @@ def eval_config(a: dict[str, Any]):
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
         "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
         "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
-        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
+        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"], "num_workers": a.get("num_workers", 1),
+        # hosted: sandboxes are what vf-swe-debug is for, so their permission is implied
+        "hosted": a.get("hosted") or None, "address": a.get("address"), "allow_sandbox_access": a.get("hosted") or None,
     }
     (cfg,) = configs_from_cli([ENV_ID], cli)
     return cfg
@@ -130,6 +136,8 @@ def _main(**a: Any) -> int:
     for e in probe.input_errors:
         console.print(f"[yellow]malformed[/] {e['name']}: {e['message']}", highlight=False)
 
+    if cfg.hosted:
+        return _main_hosted(cfg, a, console)
     reap_in_background(a["backend"])  # sandboxes of runs that were SIGKILLed or expired
     display = SWEDisplay(console, quiet=a["quiet"])
     with display:
@@ -146,6 +154,40 @@ def _main(**a: Any) -> int:
         return 1
     all_valid = bool(rows) and all(verdict(r).get("valid") for r in rows)
     return 0 if all_valid and not res.metadata.get("input_errors") else 1
+
+
+def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
+    """--hosted: submit the run as a Ray job; unless --detach, stream its log (not with -q),
+    pull the rows and report and exit exactly as a local run does."""
+    import io
+    import sys
+    import time
+
+    from envs.eval.hosted import submit
+    from envs.eval.writer import load_existing
+    from envs.runs import hosted
+    from sandboxes import ConfigError, UsageError
+
+    try:
+        row = submit(cfg, {})
+    except (UsageError, ConfigError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    console.print(f"run {row.id}: submitted to {row.args.get('address')} as Ray job {hosted.job_id(row)} "
+                  f"(follow: vf-sandbox runs logs {row.id} --follow)", highlight=False)
+    if a["detach"]:
+        return 0
+    t0 = time.perf_counter()
+    final = hosted.follow(row, poll_interval=1.0, out=io.StringIO() if a["quiet"] else sys.stderr)
+    rows, meta = load_existing(final.output_dir) if (Path(final.output_dir) / "metadata.json").exists() else ([], {})
+    rows = sorted(rows, key=lambda r: r.get("example_id") or 0)
+    if rows:
+        _print_table(console, rows, time.perf_counter() - t0, Path(final.output_dir))
+    if final.status != "completed":
+        console.print(f"[red]{final.status}[/]: {final.error}")
+        return 1
+    all_valid = bool(rows) and all(verdict(r).get("valid") for r in rows)
+    return 0 if all_valid and not meta.get("input_errors") else 1
 
 
 class SWEDisplay:

@@ -107,32 +107,60 @@ def alive_nodes() -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
-async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
-                          sandbox_run_id: str) -> None:
-    """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
-    awaiting `on_group(rows)` here for every finished group."""
+_PRESTARTED: list[tuple[str, list[Any]]] = []  # (sandbox run id, actors) started before the runner needs them
+
+
+def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
+    """`max(-w, alive nodes)` worker actors, round-robin over the alive nodes (they load
+    the environment in the background; `ready()` answers once they have)."""
     import ray
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if not ray.is_initialized():
         ray.init(log_to_driver=True)
     nodes = alive_nodes()
     n = max(cfg.num_workers, len(nodes))
-    share = per_worker_concurrency(cfg, n)
-    groups = GroupDispatcher(inputs, share)
-    if not groups.remaining:
-        return
     Actor = _actor_class()
     cfg_json = cfg.model_dump_json()
-    actors: dict[int, Any] = {}
+    return [Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True))
+            .remote(cfg_json, sandbox_run_id, n) for i in range(n)]
+
+
+def prestart(cfg: EvalConfig, sandbox_run_id: str) -> None:
+    """Start the run's actors now (the job does, while it checks the run), so that
+    their start-up overlaps the runner's; `generate_on_ray` takes them."""
+    _PRESTARTED.append((sandbox_run_id, start_actors(cfg, sandbox_run_id)))
+
+
+def discard_prestarted() -> None:
+    import ray
+
+    while _PRESTARTED:
+        for a in _PRESTARTED.pop()[1]:
+            ray.kill(a)
+
+
+async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
+                          sandbox_run_id: str) -> None:
+    """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
+    awaiting `on_group(rows)` here for every finished group."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    prestarted = [a for rid, a in _PRESTARTED if rid == sandbox_run_id]
+    _PRESTARTED.clear()
+    started = prestarted[0] if prestarted else start_actors(cfg, sandbox_run_id)
+    n = len(started)
+    share = per_worker_concurrency(cfg, n)
+    groups = GroupDispatcher(inputs, share)
+    actors: dict[int, Any] = dict(enumerate(started))
     pending: dict[asyncio.Future[Any], tuple[int, int | None]] = {}  # future -> (worker, group id or None = ready)
-    for i in range(n):
-        strategy = NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True)
-        actors[i] = Actor.options(scheduling_strategy=strategy, name=None).remote(cfg_json, sandbox_run_id, n)
+    if not groups.remaining:
+        await _shut_down(started)
+        return
+    for i in actors:
         groups.add(i)
         pending[asyncio.ensure_future(_awaitable(actors[i].ready.remote()))] = (i, None)
-    log.info("%d worker actor(s) over %d node(s), %s concurrent rollouts each", n, len(nodes),
+    log.info("%d worker actor(s) over %d node(s), %s concurrent rollouts each", n, len(alive_nodes()),
              share if share > 0 else "unlimited")
 
     def feed(i: int) -> None:

@@ -1,0 +1,260 @@
+"""Hosted runs (`--hosted`) against a REAL Ray cluster started for this module:
+a head and a second node, separate `ray start` processes with their own temp
+dirs and disjoint ports (tests/ray_cluster.py), stopped by pid at the end.
+Every command is the real CLI in a subprocess; the model is the local model
+server (in this process, reached by the actors over loopback); sandboxes are
+real Docker containers.
+
+Without Ray (or when the cluster cannot start) the module is skipped, except
+with VF_REQUIRE_DOCKER=1 (CI), where it FAILS with the reason.
+
+The node-kill test runs last: it leaves the cluster with one node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from envs.testing.model_server import ModelServer, PolicyRequest, Reply, ToolCallSpec, compute, stall
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVS = ROOT / "environments"
+VF = [sys.executable, "-m", "envs.cli.app"]
+SWE = [sys.executable, "-m", "swe_debug.cli"]
+SECRET = f"zebra-{uuid.uuid4().hex}-quokka"
+IDNA, BAD_GOLD = "kjd__idna-3.4", "kjd__idna-3.4-bad-gold"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    required = os.environ.get("VF_REQUIRE_DOCKER") == "1"
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        (pytest.fail if required else pytest.skip)(f"Ray is not installed ({exc}): pip install 'vf-sandbox[ray]'")
+    from ray_cluster import RayCluster, RayStartError
+
+    c = RayCluster(nodes=2, cpus=(2, 1))
+    try:
+        c.start()
+    except RayStartError as exc:
+        (pytest.fail if required else pytest.skip)(f"cannot start a Ray cluster here: {exc}")
+    try:
+        yield c
+    finally:
+        c.stop()
+        assert c.pids() == [], f"Ray processes left behind: {c.pids()}"
+
+
+def vf(tmp: Path, cluster, *args: str, cmd: list[str] = VF, timeout: float = 400, **env: str) -> subprocess.CompletedProcess:
+    e = {**os.environ, "VF_RUNS_DB": str(tmp / "runs.db"), "VF_TEST_KEY": "k", "RAY_ADDRESS": cluster.dashboard_url, **env}
+    e.pop("VF_RUN_ID", None)
+    return subprocess.run([*cmd, *args], cwd=tmp, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def eval_args(env_id: str, base_url: str, *extra: str) -> list[str]:
+    return ["eval", env_id, "-p", str(ENVS), "-m", "test-model", "-b", base_url, "-k", "VF_TEST_KEY", "-o", "out",
+            "--hosted", *extra]
+
+
+def saved(tmp: Path) -> tuple[list[dict], dict]:
+    (d,) = [p for p in (tmp / "out" / "evals").glob("*/*") if (p / "metadata.json").exists()]
+    rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
+    return rows, json.loads((d / "metadata.json").read_text())
+
+
+def runs_json(tmp: Path, cluster) -> list[dict]:
+    p = vf(tmp, cluster, "runs", "list", "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def head_logs(cluster) -> Path:
+    """The head node's Ray logs dir (of its session; `session_latest` is a link to it)."""
+    return (cluster.root / "n0" / "session_latest").resolve() / "logs"
+
+
+def cluster_results_dir(cluster, rid: str) -> Path:
+    return head_logs(cluster) / "vf-sandbox" / f"vf-{rid}"
+
+
+def cluster_rows(cluster, rid: str) -> int:
+    found = list(cluster_results_dir(cluster, rid).glob("evals/*/*/results.jsonl"))
+    return found[0].read_text().count("\n") if found else 0
+
+
+def bash_files_policy_wrong_on_example_1():
+    sys.path.insert(0, str(ENVS / "bash_files"))
+    import bash_files
+
+    right = bash_files.scripted_policy()
+
+    def policy(req: PolicyRequest):
+        if req.headers.get("X-Session-ID") == "1":  # example 1: a wrong file -> reward 0
+            if req.n_tool_turns() == 0:
+                return Reply(tool_calls=[ToolCallSpec("bash", {"command": "echo 0 > /task/answer.txt"})])
+            return Reply(content="\\boxed{0}")
+        return right(req)
+
+    return policy
+
+
+def test_hosted_sandbox_eval_follow_every_row_once_and_secrets_unrecorded(tmp_path, cluster):
+    from test_sandbox_env import wait_gone
+
+    label = uuid.uuid4().hex[:12]
+    with ModelServer(bash_files_policy_wrong_on_example_1()).run_in_thread() as srv:
+        p = vf(tmp_path, cluster, *eval_args(
+            "bash-files", srv.base_url, "-n", "4", "-r", "2", "-c", "4", "--follow", "--poll-interval", "0.5",
+            "--allow-sandbox-access", "--eval-name", "hosted-e2e", "--custom-secrets", json.dumps({"VF_TEST_SECRET": SECRET}),
+            "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}})))
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
+    assert "submitted to" in p.stdout and "completed" in p.stdout
+    rows, meta = saved(tmp_path)
+    assert Counter(r["example_id"] for r in rows) == {0: 2, 1: 2, 2: 2, 3: 2}  # every rollout once
+    assert {r["example_id"]: r["reward"] for r in rows} == {0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0}
+    assert meta["status"] == "completed" and meta["eval_config"]["hosted"] is True
+    assert meta["eval_config"]["custom_secret_names"] == ["VF_TEST_SECRET"]
+    assert wait_gone({"vf-test-case": label}) == []  # 0 sandboxes left on the (shared) Docker engine
+
+    (run,) = runs_json(tmp_path, cluster)
+    assert (run["status"], run["name"], run["completed"], run["args"]["hosted"]) == ("completed", "hosted-e2e", 8, True)
+    assert run["args"]["address"] == cluster.dashboard_url
+    listing = vf(tmp_path, cluster, "runs", "list").stdout
+    assert "HOSTED" in listing and cluster.dashboard_url in listing
+
+    # the secret reached the job (Ray keeps it in the job's runtime_env: documented) ...
+    from ray.job_submission import JobSubmissionClient
+
+    info = JobSubmissionClient(cluster.dashboard_url).get_job_info(f"vf-{run['id']}")
+    assert info.runtime_env["env_vars"]["VF_TEST_SECRET"] == SECRET
+    # ... and appears nowhere in our outputs, registry or logs, here or on the cluster
+    ours = [p for p in tmp_path.rglob("*") if p.is_file()] + \
+           [p for p in cluster_results_dir(cluster, run["id"]).rglob("*") if p.is_file()]
+    assert any(p.name == "results.jsonl" for p in ours) and any(p.suffix == ".db" for p in ours)
+    leaked = [str(p) for p in ours if SECRET.encode() in p.read_bytes()]
+    assert leaked == [] and SECRET not in p.stdout + p.stderr
+    assert SECRET not in vf(tmp_path, cluster, "runs", "logs", run["id"]).stdout
+    assert SECRET not in vf(tmp_path, cluster, "runs", "show", run["id"], "--json").stdout
+
+
+def test_missing_sandbox_permission_fails_before_any_rollout(tmp_path, cluster):
+    from test_sandbox_env import containers_with
+
+    label = uuid.uuid4().hex[:12]
+    with ModelServer(bash_files_policy_wrong_on_example_1()).run_in_thread() as srv:
+        p = vf(tmp_path, cluster, *eval_args(
+            "bash-files", srv.base_url, "-n", "2", "-r", "1", "--follow", "--poll-interval", "0.5",
+            "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}})))
+        requests = srv.count
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-2000:]
+    assert "missing permission" in p.stdout and "--allow-sandbox-access" in p.stdout
+    (run,) = runs_json(tmp_path, cluster)
+    assert run["status"] == "failed" and "missing permission" in run["error"]
+    rows, meta = saved(tmp_path)
+    assert rows == [] and meta["status"] == "failed"
+    assert containers_with({"vf-test-case": label}) == []
+    assert requests == 0  # no rollout started: the model was never called
+
+
+def test_detached_run_list_show_logs_stop_then_resume(tmp_path, cluster):
+    with ModelServer(stall(0.25, compute())).run_in_thread() as srv:
+        p = vf(tmp_path, cluster, *eval_args("math-single", srv.base_url, "-n", "60", "-r", "2", "-c", "2"))
+        assert p.returncode == 0, p.stderr[-3000:]
+        (run,) = runs_json(tmp_path, cluster)  # a fresh process sees it
+        rid = run["id"]
+        assert run["status"] == "running" and run["args"]["hosted"] is True
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait for the first written groups (on the head node)
+            if cluster_rows(cluster, rid) >= 6:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the hosted run wrote no rows within 120 s")
+        show = vf(tmp_path, cluster, "runs", "show", rid)
+        assert show.returncode == 0 and "HOSTED" in show.stdout and f"vf-{rid}" in show.stdout
+        logs = vf(tmp_path, cluster, "runs", "logs", rid)
+        assert logs.returncode == 0 and "worker actor" in logs.stdout
+
+        stop = vf(tmp_path, cluster, "runs", "stop", rid)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "stopped" in stop.stdout and "removed 0 sandbox" in stop.stdout
+        (run,) = runs_json(tmp_path, cluster)
+        assert run["status"] == "stopped"
+        rows, meta = saved(tmp_path)  # the finished groups came back, whole
+        assert meta["status"] == "stopped" and 6 <= len(rows) < 120
+        assert all(n == 2 for n in Counter(r["example_id"] for r in rows).values())
+        kept = len(rows)
+
+        p = vf(tmp_path, cluster, *eval_args("math-single", srv.base_url, "-n", "60", "-r", "2", "-c", "16",
+                                             "--resume"))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        follow = vf(tmp_path, cluster, "runs", "logs", rid, "--follow", "--poll-interval", "0.5")
+        assert follow.returncode == 0 and f"run {rid}: completed" in follow.stdout, follow.stdout[-3000:]
+    rows, meta = saved(tmp_path)
+    assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(60)}
+    assert meta["status"] == "completed" and all(r["reward"] == 1.0 for r in rows)
+    (run,) = runs_json(tmp_path, cluster)
+    assert (run["id"], run["status"], run["attempts"], run["completed"]) == (rid, "completed", 2, 120)
+    assert f"resuming" in (tmp_path / "runs-logs" / f"{rid}.log").read_text() or kept == 120
+
+
+def test_swe_debug_hosted_gives_the_local_verdicts(tmp_path, cluster):
+    import asyncio
+
+    from swe_debug.examples.builder import build_dataset, build_images
+
+    examples = build_dataset()
+    asyncio.run(build_images(examples))
+    ids = f"{IDNA},{BAD_GOLD}"
+    (tmp_path / "l").mkdir()
+    local = vf(tmp_path / "l", cluster, str(examples), "-i", ids, "-o", "out", "-q", cmd=SWE)
+    hosted = vf(tmp_path, cluster, str(examples), "-i", ids, "-o", "out", "-q", "--hosted", cmd=SWE)
+    assert local.returncode == hosted.returncode == 1, hosted.stdout[-3000:] + hosted.stderr[-3000:]  # one invalid
+
+    def verdicts(base: Path) -> dict:
+        (d,) = list((base / "out" / "evals").glob("swe-debug--none/*"))
+        rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
+        return {r["info"]["verdict"]["instance_id"]: (r["info"]["verdict"]["valid"], r["info"]["verdict"]["reason"])
+                for r in rows}
+
+    assert verdicts(tmp_path) == verdicts(tmp_path / "l") == {IDNA: (True, "pass"), BAD_GOLD: (False, "gold_apply_failed")}
+    (run,) = runs_json(tmp_path, cluster)
+    assert (run["kind"], run["status"], run["args"]["hosted"]) == ("swe-debug", "completed", True)
+
+
+def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
+    """Last in the module: the second node's raylet is killed (by pid) while its actor holds
+    groups; they go to the head's actor, the run completes, every rollout written once."""
+    with ModelServer(stall(0.3, compute())).run_in_thread() as srv:
+        p = vf(tmp_path, cluster, *eval_args("math-single", srv.base_url, "-n", "40", "-r", "2", "-c", "8", "-w", "2"))
+        assert p.returncode == 0, p.stderr[-3000:]
+        (run,) = runs_json(tmp_path, cluster)
+        rid = run["id"]
+        deadline = time.time() + 120
+        while time.time() < deadline:  # both actors ready and groups written
+            job_log = head_logs(cluster) / f"job-driver-vf-{rid}.log"
+            log = job_log.read_text(errors="replace") if job_log.exists() else ""
+            if log.count("ready on") >= 2 and cluster_rows(cluster, rid) >= 8:
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("the run did not get going on both nodes within 120 s")
+        cluster.kill_raylet(1)
+        follow = vf(tmp_path, cluster, "runs", "logs", rid, "--follow", "--poll-interval", "0.5")
+    assert follow.returncode == 0 and f"run {rid}: completed" in follow.stdout, follow.stdout[-4000:]
+    assert "died" in follow.stdout and "go to the other workers" in follow.stdout
+    rows, meta = saved(tmp_path)
+    assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(40)}  # 0 lost, 0 duplicated
+    assert meta["status"] == "completed" and not any(r.get("error") for r in rows)
