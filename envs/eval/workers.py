@@ -189,7 +189,8 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         while queue and len(w.held) < depth and w.ready and not w.gone:
             gid, group = queue.popleft()
             w.held[gid] = group
-            w.conn.send_bytes(dumps({"group": gid, "inputs": group}).encode())
+            if not _send(w, {"group": gid, "inputs": group}):
+                return  # it died: its EOF arrives as an event, and its groups go back then
 
     remaining = len(queue)
     try:
@@ -225,9 +226,18 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
                 feed(w)
         for w in workers:
             if not w.gone:
-                w.conn.send_bytes(b'{"stop": true}')
+                _send(w, {"stop": True})
     finally:
         await _shut_down(workers, events, on_group, stopping=remaining > 0)
+
+
+def _send(w: _Worker, msg: dict[str, Any]) -> bool:
+    """Send to a worker; False when its pipe is already broken (it is dying)."""
+    try:
+        w.conn.send_bytes(dumps(msg).encode())
+        return True
+    except (BrokenPipeError, ConnectionResetError, OSError):
+        return False
 
 
 async def _shut_down(workers: list[_Worker], events: asyncio.Queue, on_group: GroupSink, stopping: bool) -> None:
