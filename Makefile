@@ -10,7 +10,7 @@ demo: setup
 	scripts/demo.sh
 
 test: setup
-	VF_REQUIRE_DOCKER=1 VF_REQUIRE_BROWSER=1 .venv/bin/pytest -q -p no:cacheprovider --junitxml=test-artifacts/junit.xml
+	VF_REQUIRE_DOCKER=1 VF_REQUIRE_BROWSER=1 VF_REQUIRE_RAY=1 .venv/bin/pytest -q -p no:cacheprovider --junitxml=test-artifacts/junit.xml
 
 bench: setup
 	scripts/bench.sh

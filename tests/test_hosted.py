@@ -6,7 +6,8 @@ server (in this process, reached by the actors over loopback); sandboxes are
 real Docker containers.
 
 Without Ray (or when the cluster cannot start) the module is skipped, except
-with VF_REQUIRE_DOCKER=1 (CI), where it FAILS with the reason.
+with VF_REQUIRE_RAY=1 (`make test`), VF_REQUIRE_DOCKER=1 or CI set, where it
+FAILS with the reason.
 
 The node-kill test runs last: it leaves the cluster with one node.
 """
@@ -38,7 +39,7 @@ IDNA, BAD_GOLD = "kjd__idna-3.4", "kjd__idna-3.4-bad-gold"
 
 @pytest.fixture(scope="module")
 def cluster():
-    required = os.environ.get("VF_REQUIRE_DOCKER") == "1"
+    required = "1" in (os.environ.get("VF_REQUIRE_RAY"), os.environ.get("VF_REQUIRE_DOCKER")) or bool(os.environ.get("CI"))
     try:
         import ray  # noqa: F401
     except ImportError as exc:
