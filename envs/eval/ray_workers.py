@@ -58,10 +58,13 @@ class GroupWorker:
         self.sem: asyncio.Semaphore | None = None
         self.scoring_sem: asyncio.Semaphore | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.host = socket.gethostname()
+        import ray
+
+        self.where = f"{socket.gethostname()} (node {ray.get_runtime_context().get_node_id()[:12]})"
 
     def ready(self) -> str:
-        return self.host
+        """Where this worker runs (once its environment is loaded)."""
+        return self.where
 
     async def run_group(self, gid: int, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from ..outputs import state_to_output
