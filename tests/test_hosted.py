@@ -251,6 +251,19 @@ def test_swe_debug_hosted_gives_the_local_verdicts(tmp_path, cluster):
     assert (run["kind"], run["status"], run["args"]["hosted"]) == ("swe-debug", "completed", True)
 
 
+def test_hosted_without_ray_says_how_to_install_it(tmp_path):
+    """No cluster needed: the CLI in a process where `import ray` fails."""
+    code = ("import sys; sys.modules['ray'] = None; sys.argv = ['vf-sandbox', *sys.argv[1:]]; "
+            "from envs.cli.app import main; main()")
+    e = {**os.environ, "VF_RUNS_DB": str(tmp_path / "runs.db"), "VF_TEST_KEY": "k"}
+    p = subprocess.run([sys.executable, "-c", code, *eval_args("math-single", "http://127.0.0.1:9/v1"),
+                        "--address", "http://127.0.0.1:9"], cwd=tmp_path, env=e, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0
+    assert "pip install 'vf-sandbox[ray]'" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert not (tmp_path / "out").exists()  # nothing recorded or started
+
+
 def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
     """Last in the module: the second node's raylet is killed (by pid) while its actor holds
     groups; they go to the head's actor, the run completes, every rollout written once."""
