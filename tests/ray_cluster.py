@@ -75,24 +75,39 @@ class RayCluster:
             self._run([RAY, "start", "--head", f"--port={self.base}", "--node-ip-address=127.0.0.1",
                        f"--dashboard-port={self.base + 1}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
                        f"--ray-client-server-port={self.base + 2}", *self._node_args(0)])
-            late: list[str] = []
             for i in range(1, self.n):
-                try:
-                    self._run([RAY, "start", f"--address={self.gcs}", "--node-ip-address=127.0.0.1", *self._node_args(i)])
-                except RayStartError as exc:
-                    # `ray start` gives a raylet 30 s (hard-coded) to register; on a loaded machine it may
-                    # register later: the node counts when the cluster shows it alive below
-                    if not self.pids(i):
-                        raise
-                    late.append(str(exc))
-            try:
-                self.wait_nodes(self.n, timeout=120 if late else 60)
-            except RayStartError as exc:
-                raise RayStartError(f"{exc}\n" + "\n".join(late)) from None
+                self._start_worker_node(i)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_worker_node(self, i: int, attempts: int = 2) -> None:
+        """`ray start --address` for node i, until the cluster shows it alive. On a loaded
+        machine `ray start` may give up (it gives a raylet 30 s, hard-coded, to register)
+        while the raylet still registers later; if it never does, node i's processes are
+        killed and it is started once more."""
+        errors: list[str] = []
+        for _ in range(attempts):
+            try:
+                self._run([RAY, "start", f"--address={self.gcs}", "--node-ip-address=127.0.0.1", *self._node_args(i)])
+            except RayStartError as exc:
+                errors.append(str(exc))
+            try:
+                self.wait_nodes(i + 1, timeout=90)
+                return
+            except RayStartError as exc:
+                errors.append(str(exc))
+            self._kill(self.pids(i))
+            shutil.rmtree(self.root / f"n{i}", ignore_errors=True)
+        raise RayStartError("\n".join(errors))
+
+    def _kill(self, pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _run(self, argv: list[str]) -> None:
         p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=180)

@@ -14,6 +14,7 @@ The node-kill test runs last: it leaves the cluster with one node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -63,6 +64,39 @@ def vf(tmp: Path, cluster, *args: str, cmd: list[str] = VF, timeout: float = 400
     e = {**os.environ, "VF_RUNS_DB": str(tmp / "runs.db"), "VF_TEST_KEY": "k", "RAY_ADDRESS": cluster.dashboard_url, **env}
     e.pop("VF_RUN_ID", None)
     return subprocess.run([*cmd, *args], cwd=tmp, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def dashboard(tmp: Path, cluster):
+    """`vf-sandbox dashboard` in a fresh process over this test's registry; yields GET -> JSON."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    e = {**os.environ, "VF_RUNS_DB": str(tmp / "runs.db"), "RAY_ADDRESS": cluster.dashboard_url}
+    proc = subprocess.Popen([*VF, "dashboard", "--port", str(port), "--no-launch"], cwd=tmp, env=e,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                get("/api/runs")
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        yield get
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def eval_args(env_id: str, base_url: str, *extra: str) -> list[str]:
@@ -182,8 +216,9 @@ def test_detached_run_list_show_logs_stop_then_resume(tmp_path, cluster):
 
     label = uuid.uuid4().hex[:12]
     labels = {"vf-sandbox.test": "1", "vf-test-case": label}
-    args = ["-n", "10", "-r", "2", "--allow-sandbox-access", "-a", json.dumps({"labels": labels})]
-    with ModelServer(stall(0.4, bash_files_policy_wrong_on_example_1())).run_in_thread() as srv:
+    args = ["-n", "16", "-r", "2", "--allow-sandbox-access", "-a", json.dumps({"labels": labels})]
+    with ModelServer(stall(0.5, bash_files_policy_wrong_on_example_1())).run_in_thread() as srv, \
+            dashboard(tmp_path, cluster) as api:  # it syncs running hosted runs: rows and progress live
         p = vf(tmp_path, cluster, *eval_args("bash-files", srv.base_url, *args, "-c", "2"))
         assert p.returncode == 0, p.stderr[-3000:]
         assert "submitted to" in p.stdout and "runs logs" in p.stdout
@@ -191,12 +226,14 @@ def test_detached_run_list_show_logs_stop_then_resume(tmp_path, cluster):
         rid = run["id"]
         assert run["status"] == "running" and run["args"]["hosted"] is True
         deadline = time.time() + 120
-        while time.time() < deadline:  # a group written (on the head node) and sandboxes live
-            if cluster_rows(cluster, rid) >= 2 and containers_with(labels):
+        while time.time() < deadline:  # groups written (on the head node), shown by the dashboard, sandboxes live
+            run = api(f"/api/runs/{rid}")["run"]
+            if run["status"] == "running" and run["completed"] >= 2 and containers_with(labels) and \
+                    api(f"/api/runs/{rid}/samples")["total_groups"] >= 1:
                 break
             time.sleep(0.3)
         else:
-            pytest.fail("the hosted run wrote no rows within 120 s")
+            pytest.fail(f"the dashboard did not show the hosted run's rows within 120 s: {run}")
         show = vf(tmp_path, cluster, "runs", "show", rid)
         assert show.returncode == 0 and "HOSTED" in show.stdout and f"vf-{rid}" in show.stdout
         logs = vf(tmp_path, cluster, "runs", "logs", rid)
@@ -210,20 +247,20 @@ def test_detached_run_list_show_logs_stop_then_resume(tmp_path, cluster):
         (run,) = runs_json(tmp_path, cluster)
         assert run["status"] == "stopped"
         rows, meta = saved(tmp_path)  # the finished groups came back, whole
-        assert meta["status"] == "stopped" and 2 <= len(rows) < 20
+        assert meta["status"] == "stopped" and 2 <= len(rows) < 32
         assert all(n == 2 for n in Counter(r["example_id"] for r in rows).values())
 
-        p = vf(tmp_path, cluster, *eval_args("bash-files", srv.base_url, *args, "-c", "8", "--resume"))
+        p = vf(tmp_path, cluster, *eval_args("bash-files", srv.base_url, *args, "-c", "16", "--resume"))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         follow = vf(tmp_path, cluster, "runs", "logs", rid, "--follow", "--poll-interval", "0.5")
         assert follow.returncode == 0 and f"run {rid}: completed" in follow.stdout, follow.stdout[-3000:]
         assert "resuming" in follow.stdout.lower(), follow.stdout[-3000:]
     rows, meta = saved(tmp_path)
-    assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(10)}
-    assert {r["example_id"]: r["reward"] for r in rows} == {i: 0.0 if i == 1 else 1.0 for i in range(10)}
+    assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(16)}
+    assert {r["example_id"]: r["reward"] for r in rows} == {i: 0.0 if i == 1 else 1.0 for i in range(16)}
     assert meta["status"] == "completed"
     (run,) = runs_json(tmp_path, cluster)
-    assert (run["id"], run["status"], run["attempts"], run["completed"]) == (rid, "completed", 2, 20)
+    assert (run["id"], run["status"], run["attempts"], run["completed"]) == (rid, "completed", 2, 32)
     assert wait_gone(labels) == []
 
 

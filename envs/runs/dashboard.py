@@ -12,6 +12,9 @@ API (all GET unless noted):
   /api/endpoints                        endpoint aliases from configs/endpoints.toml
   POST /api/launch                      start `vf-sandbox eval` as a subprocess
 
+Hosted runs (`--hosted`) still running are synced from their Ray cluster every
+few seconds (rows, log, progress: `envs.runs.hosted.sync`), so they show live.
+
 Loopback by default. Requests whose Host header is not the bound address or
 localhost are refused (DNS-rebinding guard) and POSTs must carry JSON (a
 cross-site form cannot), since the page can start and stop processes.
@@ -238,6 +241,31 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html")
 
 
+HOSTED_SYNC_SECONDS = 3.0
+
+
+async def _sync_hosted(app: web.Application) -> None:
+    """Keep running hosted runs' rows, logs and progress current (Ray installed or not:
+    without it, or with the cluster away, they stay as recorded)."""
+    from .hosted import sync
+
+    while True:
+        try:
+            running = await _thread(registry.list_runs, status="running")
+            for rec in running:
+                if registry.is_hosted(rec):
+                    await _thread(sync, rec)
+        except Exception:  # noqa: BLE001 - never take the dashboard down
+            pass
+        await asyncio.sleep(HOSTED_SYNC_SECONDS)
+
+
+async def _hosted_sync_ctx(app: web.Application):
+    task = asyncio.ensure_future(_sync_hosted(app))
+    yield
+    task.cancel()
+
+
 def make_app(*, host: str = "127.0.0.1", endpoints_path: str = "configs/endpoints.toml",
              allow_launch: bool = True) -> web.Application:
     app = web.Application(middlewares=[guard])
@@ -249,6 +277,7 @@ def make_app(*, host: str = "127.0.0.1", endpoints_path: str = "configs/endpoint
         "allowed_hosts": None if wildcard else {host, "localhost", "127.0.0.1", "::1"},
     }
     app[CHILDREN] = []
+    app.cleanup_ctx.append(_hosted_sync_ctx)
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/api/runs", list_runs)

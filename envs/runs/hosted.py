@@ -13,6 +13,7 @@ run-id label `vf-<run id>` on every node.
 - `pull(rec)`: the job's results.jsonl / metadata.json (on the head node, in
   `<Ray logs dir>/vf-sandbox/<job id>/`, served by Ray's log API) and its log
   into the row's local output dir and log file.
+- `sync(rec)`: pull a running run's rows, log and progress now (the dashboard).
 - `follow(rec)`: stream the job's log (polling every `poll_interval` s),
   pull the results as they come, until the job ends; the final row.
 - `stop(rec)`: stop the Ray job (SIGTERM: the run keeps finished groups and
@@ -188,6 +189,23 @@ def refresh(rec: RunRecord, client: Any | None = None) -> RunRecord:
         log_text = Path(rec.log_path).read_text(errors="replace") if Path(rec.log_path).exists() else ""
         status, error = _end_state(state, meta, info.message, log_text)
         registry.mark_status(rec.id, status, error)  # type: ignore[arg-type]
+    return registry.get_run(rec.id) or rec
+
+
+def sync(rec: RunRecord) -> RunRecord:
+    """A running hosted run brought up to date now: its rows, log and progress pulled
+    while it runs (its end recorded once the job has ended). For watchers that do not
+    follow (the dashboard); an unreachable cluster leaves the row as it is."""
+    if not is_hosted(rec) or rec.status != "running":
+        return rec
+    try:
+        client = jobs_client(address_of(rec))
+        state = _status_name(client.get_job_status(job_id(rec)))
+        if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return refresh(rec, client)
+        _record(rec, pull(rec, client))
+    except Exception:  # noqa: BLE001 - the cluster is away or has written nothing yet
+        return rec
     return registry.get_run(rec.id) or rec
 
 

@@ -1,5 +1,6 @@
 """Stopping a running run: SIGTERM its process (only if it is this host's and
-still the same process) and wait until the registry shows it ended. Used by
+still the same process) and wait until the registry shows it ended; a hosted
+run's Ray job is stopped instead (`envs.runs.hosted.stop`). Used by
 `vf-sandbox runs stop` and the dashboard's stop button."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import signal
 import socket
 import time
 
-from .registry import RunRecord, get_run, pid_alive, request_stop
+from .registry import RunRecord, get_run, is_hosted, pid_alive, request_stop
 
 
 class StopError(RuntimeError):
@@ -23,6 +24,15 @@ def stop_run(run_id: str, *, timeout: float = 60.0, force: bool = False) -> RunR
         raise StopError(f"no run {run_id!r}")
     if rec.status != "running":
         return rec
+    if is_hosted(rec):
+        from sandboxes.errors import UsageError
+
+        from .hosted import stop
+
+        try:
+            return stop(rec, timeout=max(timeout, 120.0))[0]
+        except UsageError as exc:
+            raise StopError(str(exc)) from None
     if rec.host != socket.gethostname():
         raise StopError(f"run {rec.id} runs on host {rec.host}; stop it there")
     request_stop(rec.id)
