@@ -190,13 +190,17 @@ def test_hosted_sandbox_eval_follow_every_row_once_and_secrets_unrecorded(tmp_pa
 
 
 def test_missing_sandbox_permission_fails_before_any_rollout(tmp_path, cluster):
+    """Submitted from a TOML config (`hosted = true`, the cluster from RAY_ADDRESS)."""
     from test_sandbox_env import containers_with
 
     label = uuid.uuid4().hex[:12]
     with ModelServer(bash_files_policy_wrong_on_example_1()).run_in_thread() as srv:
-        p = vf(tmp_path, cluster, *eval_args(
-            "bash-files", srv.base_url, "-n", "2", "-r", "1", "--follow", "--poll-interval", "0.5",
-            "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}})))
+        (tmp_path / "hosted.toml").write_text(
+            f'model = "test-model"\napi_base_url = "{srv.base_url}"\napi_key_var = "VF_TEST_KEY"\n'
+            f'env_dir_path = "{ENVS}"\noutput_dir = "out"\nhosted = true\nnum_examples = 2\n'
+            f'rollouts_per_example = 1\n[[eval]]\nenv_id = "bash-files"\n'
+            f'[eval.env_args.labels]\n"vf-sandbox.test" = "1"\n"vf-test-case" = "{label}"\n')
+        p = vf(tmp_path, cluster, "eval", "hosted.toml", "--follow", "--poll-interval", "0.5")
         requests = srv.count
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-2000:]
     assert "missing permission" in p.stdout and "--allow-sandbox-access" in p.stdout
