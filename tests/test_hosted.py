@@ -292,6 +292,28 @@ def test_swe_debug_hosted_gives_the_local_verdicts(tmp_path, cluster):
     assert (run["kind"], run["status"], run["args"]["hosted"]) == ("swe-debug", "completed", True)
 
 
+def test_permission_rules_sandboxes_and_instances(monkeypatch):
+    """No cluster needed: what the job checks before any rollout (envs.eval.hosted_job)."""
+    from envs.eval.config import configs_from_cli
+    from envs.eval.hosted_job import MissingPermission, check_permissions
+    from envs.eval.setup import load_run_env
+
+    monkeypatch.setenv("VF_TEST_KEY", "k")
+
+    def cfg(env_id: str, **kw):
+        (c,) = configs_from_cli([env_id], {"model": "m", "api_base_url": "http://127.0.0.1:9/v1",
+                                           "api_key_var": "VF_TEST_KEY", "env_dir_path": str(ENVS), **kw})
+        return c, load_run_env(c)
+
+    check_permissions(*cfg("math-single"))  # no sandboxes: no permission needed
+    with pytest.raises(MissingPermission, match="--allow-sandbox-access"):
+        check_permissions(*cfg("bash-files"))
+    check_permissions(*cfg("bash-files", allow_sandbox_access=True))
+    with pytest.raises(MissingPermission, match="--allow-instances-access"):
+        check_permissions(*cfg("bash-files", allow_sandbox_access=True, backend="kubernetes"))
+    check_permissions(*cfg("bash-files", allow_sandbox_access=True, allow_instances_access=True, backend="kubernetes"))
+
+
 def test_hosted_without_ray_says_how_to_install_it(tmp_path):
     """No cluster needed: the CLI in a process where `import ray` fails."""
     code = ("import sys; sys.modules['ray'] = None; sys.argv = ['vf-sandbox', *sys.argv[1:]]; "
