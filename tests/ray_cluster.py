@@ -77,6 +77,8 @@ class RayCluster:
                        f"--ray-client-server-port={self.base + 2}", *self._node_args(0)])
             for i in range(1, self.n):
                 self._start_worker_node(i)
+            if self.n > 1:
+                self.wait_schedulable()
         except BaseException:
             self.stop()
             raise
@@ -131,6 +133,29 @@ class RayCluster:
                 pass
             time.sleep(0.5)
         raise RayStartError(f"the Ray cluster did not show {n} alive nodes within {timeout:.0f}s (saw {alive})")
+
+    def wait_schedulable(self, timeout: float = 120) -> None:
+        """Until a task pinned (hard node affinity) to each node runs: a node the GCS shows
+        alive is not yet in the head's scheduler view for a moment after it joined (an actor
+        meant for it would be placed elsewhere)."""
+        code = (
+            "import sys, time, ray\n"
+            "from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as A\n"
+            "ray.init(address=sys.argv[1], log_to_driver=False)\n"
+            "f = ray.remote(num_cpus=0, max_retries=0)(lambda: ray.get_runtime_context().get_node_id())\n"
+            "todo = [n['NodeID'] for n in ray.nodes() if n['Alive']]\n"
+            "deadline = time.time() + float(sys.argv[2])\n"
+            "while todo and time.time() < deadline:\n"
+            "    try:\n"
+            "        ray.get(f.options(scheduling_strategy=A(todo[0], soft=False)).remote(), timeout=30)\n"
+            "        todo.pop(0)\n"
+            "    except Exception:\n"
+            "        time.sleep(0.5)\n"
+            "sys.exit(1 if todo else 0)\n")
+        p = subprocess.run([sys.executable, "-c", code, self.gcs, str(timeout)], env=self.env, capture_output=True,
+                           text=True, timeout=timeout + 60)
+        if p.returncode != 0:
+            raise RayStartError(f"a node of the cluster never took a task within {timeout:.0f}s:\n{p.stderr[-3000:]}")
 
     # -- processes, by pid
     def pids(self, node: int | None = None) -> list[int]:
