@@ -12,7 +12,7 @@ dies (its process, or its whole node) gives its unfinished groups back to
 the others, and no group is written twice.
 
 Placement: `max(-w, number of alive nodes)` actors, placed round-robin on
-the alive nodes (soft node affinity, 0 CPUs reserved: an actor is mostly
+the alive nodes (hard node affinity, 0 CPUs reserved: an actor is mostly
 waiting on the model and the sandboxes), each with its share of `-c`.
 
 Stopping (the job gets SIGTERM from `ray job stop` / `vf-sandbox runs stop`,
@@ -125,7 +125,9 @@ def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
     n = max(cfg.num_workers, len(nodes))
     Actor = _actor_class()
     cfg_json = cfg.model_dump_json()
-    return [Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True))
+    # hard affinity: Ray 2.60 places soft-affinity 0-CPU actors on any node; an actor whose node is gone
+    # before it is placed fails like a dead one (its groups go to the others)
+    return [Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=False))
             .remote(cfg_json, sandbox_run_id, n) for i in range(n)]
 
 
@@ -147,7 +149,8 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
                           sandbox_run_id: str) -> None:
     """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
     awaiting `on_group(rows)` here for every finished group."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.exceptions import (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
+                                RuntimeEnvSetupError)
 
     prestarted = [a for rid, a in _PRESTARTED if rid == sandbox_run_id]
     _PRESTARTED.clear()
@@ -178,7 +181,8 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
             for fut in done:
                 i, gid = pending.pop(fut)
                 exc = fut.exception()
-                if isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError)):
+                if isinstance(exc, (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
+                                    RuntimeEnvSetupError)):
                     if i not in groups.held:
                         continue
                     lost = groups.lost(i)
