@@ -295,6 +295,12 @@ def test_cli_exit_code_and_junit(examples, tmp_path):
     assert cases[IDNA].find("failure") is None
     fail = cases[BAD_GOLD].find("failure")
     assert fail.get("message").startswith("gold_apply_failed") and "Hunk #1 FAILED" in fail.text
+    # the suite's time is the run's wall time (image, set-up and queueing included), not a sum of parts
+    (meta_path,) = [p for p in out.glob("evals/swe-debug--*/*/metadata.json")
+                    if json.loads(p.read_text()).get("completed_rollouts") == 2]
+    wall = json.loads(meta_path.read_text())["time_ms"] / 1000
+    assert float(suite.get("time")) == pytest.approx(wall, abs=0.002)
+    assert all(float(c.get("time")) <= wall + 0.002 for c in cases.values())
     unknown = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", "nope", "-o", str(out), "-q"],
                              capture_output=True, text=True, cwd=ROOT, env=env)
     assert unknown.returncode == 2 and "nope" in unknown.stderr
