@@ -449,6 +449,12 @@ async def test_image_keys_follow_content_and_a_wrong_base_commit_fails_the_build
     base_id = await b.image_id(b.base_image)
     assert b.environment_key(env2, base_id) != b.environment_key(idna.environment, base_id)
 
+    # a Python the base image does not have is refused, clearly, before any download or build
+    py39 = idna.model_copy(update={"instance_id": "py39", "environment": idna.environment.model_copy(
+        update={"python_version": "3.9"})})
+    rows = await _run(instances, [], taskset=_taskset({"py39": py39}, ["py39"]))
+    assert rows["py39"]["reason"] == "setup_failed" and "python_version 3.9 is not available" in rows["py39"]["detail"]
+
     # the snapshot's commit must be the instance's base_commit: a wrong one is a broken instance
     wrong = idna.model_copy(update={"instance_id": "wrong-base", "base_commit": "f" * 40})
     rows = await _run(instances, [], taskset=_taskset({"wrong-base": wrong}, ["wrong-base"]))
