@@ -273,7 +273,9 @@ async def test_prebuilt_image_and_missing_image(instances, tmp_path):
     ts = SWETaskSet([pre, gone, other, norepo])
     rows = await _run(instances, [], taskset=ts)
     assert rows["prebuilt"]["reason"] == "pass" and rows["prebuilt"]["image"] == tag
-    assert rows["gone"]["reason"] == "setup_failed" and "cannot be pulled" in rows["gone"]["detail"]
+    # an image that cannot be pulled is the row's infrastructure error (retried, resumable), never a verdict
+    assert rows["gone"]["error_type"] == "ImagePullFailed" and "cannot be pulled" in rows["gone"]["error"]
+    assert rows["gone"]["attempts"] == 3 and not rows["gone"].get("valid")
     assert rows["other"]["reason"] == "setup_failed" and "not in this repository" in rows["other"]["detail"]
     assert rows["norepo"]["reason"] == "setup_failed" and "no git work tree" in rows["norepo"]["detail"]
 
