@@ -291,6 +291,11 @@ class SupportsImageBuild(Protocol):
         pulled (no such image or tag, bad credentials: the message says which)."""
         ...
 
+    async def remove_image(self, image: str) -> bool:
+        """Remove the local image (or just this name of it); False when it is absent or in
+        use by a container (never forced)."""
+        ...
+
     async def push_image(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
         """Tag the local `image` as `target` (`registry/repository:tag`) and push it;
         returns the pushed digest. ImagePushFailed when the registry refuses it."""

@@ -19,6 +19,7 @@ are spent the row carries that infra error (and the verdict reason
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Any, Literal
@@ -187,10 +188,14 @@ class SWEDebugEnv(Environment):
             return o.summary()
         image_s = round(time.perf_counter() - t_img, 4)
         before: DebugOutcome | None = None
-        if self.check_fails_before:
-            before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared, live=live)
-        outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
-                    for _ in range(self.repeat)]
+        try:
+            if self.check_fails_before:
+                before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared,
+                                         live=live)
+            outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
+                        for _ in range(self.repeat)]
+        finally:
+            await asyncio.shield(self.taskset.release(inst, prepared))  # the image may go (keep_images)
         final = outcomes[0]
         if len({o.valid for o in outcomes}) > 1:  # valid only sometimes: flaky, shown by a failing run
             bad = next(o for o in outcomes if not o.valid)
@@ -253,6 +258,7 @@ def load_environment(
     backend: str | None = None,
     namespace: str | None = None,
     push_to: str | None = None,
+    keep_images: int | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
     Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use).
@@ -263,7 +269,9 @@ def load_environment(
     SWE-bench name `{namespace}/sweb.eval.{arch}.{id}` (pulled; built from `source`
     when it cannot be), else built from `source`; `push_to` pushes built images to that
     registry. Registry credentials come from VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD
-    or the Docker config, never from arguments (so never from results or metadata)."""
+    or the Docker config, never from arguments (so never from results or metadata).
+    `keep_images`: of the images this run pulled or built, keep only that many (least
+    recently used go first, never one in use, never one the run did not make)."""
     from .instances import dataset_name, load_instances
     from .taskset import SWETaskSet
 
@@ -284,12 +292,13 @@ def load_environment(
         for e in report.errors
     ]
     builder = None
-    if namespace or push_to:
+    if namespace or push_to or keep_images is not None:
         from sandboxes.images import RegistryAuth
 
         from .images import ImageBuilder
 
-        builder = ImageBuilder(namespace=namespace, push_to=push_to, auth=RegistryAuth.from_env())
+        builder = ImageBuilder(namespace=namespace, push_to=push_to, auth=RegistryAuth.from_env(),
+                               keep_images=keep_images)
     taskset = SWETaskSet(selected, name=dataset_name(dataset), builder=builder)
     return SWEDebugEnv(
         taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,

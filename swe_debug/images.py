@@ -151,7 +151,13 @@ class ImageBuilder:
         push_to: str | None = None,
         auth: RegistryAuth | None = None,
         pull_concurrency: int = 2,
+        keep_images: int | None = None,
     ):
+        # disk policy: of the images THIS builder pulled or built (never others), keep the
+        # `keep_images` most recently used ones that no rollout holds; None = keep all
+        self.keep_images = keep_images
+        self._held: dict[str, int] = {}  # image -> rollouts holding it
+        self._owned: dict[str, float] = {}  # images pulled/built here -> last use (monotonic)
         self.namespace = namespace  # rows without an image field: the SWE-bench name under it
         self.push_to = push_to  # built instance images are pushed to `push_to/<repository>:<tag>`
         self.auth = auth  # registry credentials (else the engine's Docker config)
@@ -383,6 +389,41 @@ class ImageBuilder:
         pushed = await self.push(image.name) if self.push_to else None
         return ImageRef(tag=image.name, layer="instance", built=built, env_tag=env_tag, pushed=pushed,
                         seconds=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ disk policy
+
+    def hold(self, ref: ImageRef) -> None:
+        """A rollout uses `ref` (pulled or built by this call: the builder owns it)."""
+        self._held[ref.tag] = self._held.get(ref.tag, 0) + 1
+        if ref.built and ref.layer in ("instance", "prebuilt"):
+            self._owned[ref.tag] = time.monotonic()
+
+    async def release(self, ref: ImageRef) -> list[str]:
+        """The rollout is done with `ref`; past `keep_images`, remove the least recently used
+        owned images nobody holds. Returns the images removed."""
+        n = self._held.get(ref.tag, 0) - 1
+        if n > 0:
+            self._held[ref.tag] = n
+        else:
+            self._held.pop(ref.tag, None)
+        if ref.tag in self._owned:
+            self._owned[ref.tag] = time.monotonic()
+        if self.keep_images is None or len(self._owned) <= self.keep_images:
+            return []
+        idle = sorted((t, img) for img, t in self._owned.items() if img not in self._held)
+        removed = []
+        for _, img in idle[: len(self._owned) - self.keep_images]:
+            self._owned.pop(img, None)
+            self._image_ids.pop(img, None)
+            self._found = {k: v for k, v in self._found.items() if v.name != img}
+            try:
+                if await self.builder.remove_image(img):
+                    removed.append(img)
+            except Exception as exc:  # noqa: BLE001 - disk hygiene never fails a rollout
+                log.warning("could not remove image %s: %s", img, exc)
+        if removed:
+            log.info("removed %d image(s) past keep_images=%d: %s", len(removed), self.keep_images, ", ".join(removed))
+        return removed
 
     def _pull_slots(self) -> asyncio.Semaphore:
         """The pull semaphore of the running loop (a builder may outlive one asyncio.run)."""

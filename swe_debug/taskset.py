@@ -79,6 +79,9 @@ class SandboxTaskSet(abc.ABC, Generic[T]):
         """Host-side work before a sandbox can be created (build or check its image)."""
         return None
 
+    async def release(self, inst: T, prepared: Any) -> None:
+        """The rollout that `prepare`d `inst` is done with it (e.g. its image may go)."""
+
     @abc.abstractmethod
     def sandbox_spec(self, inst: T, prepared: Any = None, *, timeout_seconds: float = 1800,
                      cpu_cores: float | None = None, memory_gb: float | None = None,
@@ -181,7 +184,13 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         return inst.FAIL_TO_PASS
 
     async def prepare(self, inst: SWEInstance) -> ImageRef:
-        return await self.builder.ensure(inst)
+        ref = await self.builder.ensure(inst)
+        self.builder.hold(ref)
+        return ref
+
+    async def release(self, inst: SWEInstance, prepared: Any) -> None:
+        if isinstance(prepared, ImageRef):
+            await self.builder.release(prepared)
 
     def sandbox_spec(self, inst: SWEInstance, prepared: ImageRef | None = None, *, timeout_seconds: float = 1800,
                      cpu_cores: float | None = None, memory_gb: float | None = None,

@@ -125,3 +125,31 @@ def test_cli_namespace_run_keeps_the_password_out_of_everything(instances, regis
     for p in files:
         assert registry.password.encode() not in p.read_bytes(), p
     _untag(name)
+
+
+async def test_keep_images_removes_only_what_the_run_pulled_least_recent_first(instances, registry):
+    """--keep-images 1 over two instances pulled from the registry: the first pulled image
+    goes after its rollout, the last stays, and the local build both came from (an image
+    the run did not make) is never touched."""
+    from sandboxes.images import image_builder
+    from swe_debug.images import ImageBuilder, swebench_image_name
+    from swe_debug.instances import SWEInstance
+    from swe_debug.taskset import SWETaskSet
+
+    ns = f"{registry.url}/keep"
+    builder = image_builder("docker")
+    local = (await ImageBuilder().ensure(instances[IDNA])).tag
+    ids = ["org__first-1", "org__second-1"]
+    names = [swebench_image_name(ns, i) for i in ids]
+    for name in names:
+        await builder.push_image(local, name, _auth(registry))
+        _untag(name)
+    rows_in = [SWEInstance.model_validate(_bare_row(instances[IDNA], instance_id=i), context={"named_images": True})
+               for i in ids]
+    rows = await _run(instances, [], taskset=SWETaskSet(rows_in, builder=ImageBuilder(
+        namespace=ns, auth=_auth(registry), keep_images=1)), concurrency=1)
+    assert all(rows[i]["valid"] and rows[i]["images_built"] == ["pull"] for i in ids), rows
+    assert await builder.image_id(names[0]) is None  # pulled by the run, least recently used: removed
+    assert await builder.image_id(names[1]) is not None  # within keep_images
+    assert await builder.image_id(local) is not None  # not the run's: never removed
+    _untag(names[1])

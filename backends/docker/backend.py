@@ -267,6 +267,10 @@ class DockerBackend:
         """Pull `image` from its registry (ImageNotFound where it cannot be)."""
         return await asyncio.to_thread(self._engine_images.pull, image, auth)
 
+    async def remove_image(self, image: str) -> bool:
+        """Remove the local image name (never forced; see backends/docker/build.py)."""
+        return await asyncio.to_thread(self._engine_images.remove, image)
+
     async def push_image(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
         """Tag `image` as `target` and push it (see backends/docker/build.py)."""
         return await asyncio.to_thread(self._engine_images.push, image, target, auth)

@@ -117,6 +117,21 @@ class EngineImages:
             raise ImageNotFound(f"image {image}: pull finished but the image is not present")
         return image_id
 
+    def remove(self, image: str) -> bool:
+        """Untag/remove `image`; False when absent or used by a container (never forced)."""
+        import docker
+
+        with self.api(f"remove {image}") as api:
+            try:
+                api.remove_image(image, force=False, noprune=False)
+            except docker.errors.NotFound:
+                return False
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # a container uses it
+                    return False
+                raise
+        return True
+
     def push(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
         """Tag `image` as `target` and push it; the pushed digest. ImagePushFailed when refused."""
         import docker
