@@ -143,6 +143,7 @@ class SandboxEnv(StatefulToolEnv):
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         workdir: str | None = None,
         network: bool = False,
+        isolation: str = "runc",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
@@ -164,6 +165,7 @@ class SandboxEnv(StatefulToolEnv):
             environment_vars=dict(environment_vars or {}),
             labels=labels if labels is not None else {sandbox_name: "true"},
             network=network,
+            isolation=isolation,
         )
         if workdir:
             spec_fields["workdir"] = workdir
@@ -279,7 +281,7 @@ class SandboxEnv(StatefulToolEnv):
         "docker_image": "image", "sandbox_name": "name", "start_command": "start_command", "cpu_cores": "cpu_cores",
         "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
         "timeout_minutes": "timeout_minutes", "environment_vars": "environment_vars", "network": "network",
-        "workdir": "workdir", "labels": "labels",
+        "workdir": "workdir", "labels": "labels", "isolation": "isolation",
     }
 
     def set_sandbox_settings(self, **settings: Any) -> None:

@@ -70,6 +70,7 @@ def run(
     output_tail_chars: Annotated[int, typer.Option("--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = 2000,
     cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores")] = None,
     memory_gb: Annotated[Optional[float], typer.Option("--memory-gb")] = None,
+    isolation: Annotated[str, typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime).")] = "runc",
     name: Annotated[Optional[str], typer.Option("--name", help="Run name in the run registry.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -86,7 +87,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
-        "memory_gb": a["memory_gb"],
+        "memory_gb": a["memory_gb"], "isolation": a["isolation"],
     }
     return {k: v for k, v in out.items() if v is not None}
 
