@@ -292,6 +292,18 @@ class SandboxEnv(StatefulToolEnv):
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings {settings} for {type(self).__name__}: {exc}") from exc
 
+    def set_isolation(self, isolation: str) -> None:
+        """Run this env's sandboxes under `isolation` ("runc" or "gvisor"): -x isolation=gvisor,
+        TOML `isolation`, the run definition."""
+        super().set_isolation(isolation)
+        if isolation != self.sandbox_spec.isolation:
+            if self._pool is not None:
+                raise ConfigError("set_isolation() after the warm pool was started")
+            self.set_sandbox_settings(isolation=isolation)
+
+    def isolation_in_use(self) -> str | None:
+        return self.sandbox_spec.isolation
+
     def set_timeout_per_command_seconds(self, seconds: float) -> None:
         try:
             self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), "timeout_per_command_seconds": seconds})
@@ -552,7 +564,8 @@ def _spec_setter(name: str) -> Any:
 
 
 for _name in SandboxEnv._SPEC_SETTINGS:
-    setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
+    if f"set_{_name}" not in SandboxEnv.__dict__:  # a setter written out (set_isolation) is kept
+        setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
 
 
 class _ReleaseAfterScoring(Rubric):

@@ -12,7 +12,7 @@ that cannot give gVisor refuse it with a ConfigError rather than run weaker.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -21,6 +21,7 @@ from .errors import ConfigError
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024  # bytes kept per output stream
 Isolation = Literal["runc", "gvisor"]
+ISOLATIONS: tuple[str, ...] = get_args(Isolation)
 
 
 class SandboxSpec(BaseModel):

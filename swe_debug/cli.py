@@ -70,7 +70,7 @@ def run(
     output_tail_chars: Annotated[int, typer.Option("--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = 2000,
     cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores")] = None,
     memory_gb: Annotated[Optional[float], typer.Option("--memory-gb")] = None,
-    isolation: Annotated[str, typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime).")] = "runc",
+    isolation: Annotated[Optional[str], typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) \\[default: runc].")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Run name in the run registry.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -87,7 +87,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
-        "memory_gb": a["memory_gb"], "isolation": a["isolation"],
+        "memory_gb": a["memory_gb"],
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -101,7 +101,7 @@ def eval_config(a: dict[str, Any]):
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
         "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
         "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
-        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
+        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"], "isolation": a["isolation"],
     }
     (cfg,) = configs_from_cli([ENV_ID], cli)
     return cfg

@@ -74,7 +74,7 @@ class SWEDebugEnv(Environment):
         cpu_cores: float | None = None,
         memory_gb: float | None = None,
         disk_size_gb: float | None = None,
-        isolation: str = "runc",
+        isolation: str | None = None,
         labels: list[str] | dict[str, str] | None = None,
         timeout_seconds: float = 1800.0,
         output_tail_chars: int = 2000,
@@ -141,7 +141,11 @@ class SWEDebugEnv(Environment):
         self._set_option(disk_size_gb=disk_size_gb)
 
     def set_isolation(self, isolation: str) -> None:
+        super().set_isolation(isolation)
         self._set_option(isolation=isolation)
+
+    def isolation_in_use(self) -> str | None:
+        return self.options.isolation or "runc"
 
     def set_timeout_seconds(self, timeout_seconds: float) -> None:
         self._set_option(timeout_seconds=timeout_seconds)
@@ -252,7 +256,7 @@ def load_environment(
     output_tail_chars: int = 2000,
     cpu_cores: float | None = None,
     memory_gb: float | None = None,
-    isolation: str = "runc",
+    isolation: str | None = None,
     backend: str | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.

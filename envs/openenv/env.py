@@ -151,6 +151,14 @@ class OpenEnvEnv(MultiTurnEnv):
             raise ConfigError("set_backend() after the first sandbox was created")
         self.backend_spec, self.backend_options = backend, dict(options or {})
 
+    def set_isolation(self, isolation: str) -> None:
+        """Run the OpenEnv servers' sandboxes under `isolation` ("runc" or "gvisor")."""
+        super().set_isolation(isolation)
+        self.sandbox_spec = self.sandbox_spec.model_copy(update={"isolation": isolation})
+
+    def isolation_in_use(self) -> str | None:
+        return self.sandbox_spec.isolation
+
     # ------------------------------------------------------------------ plumbing
     def _get_backend(self) -> SandboxBackend:
         if self._backend is None:
