@@ -48,7 +48,9 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "images" / "swe"
-BASE_IMAGE = os.environ.get("VF_SWE_BASE_IMAGE", "vf-sandbox/base:bookworm")
+DEFAULT_BASE_IMAGE = "vf-sandbox/base:bookworm"
+DEFAULT_BASE_PYTHON = "3.11"  # Debian bookworm's python3: the only interpreter of the default base image
+BASE_IMAGE = os.environ.get("VF_SWE_BASE_IMAGE", DEFAULT_BASE_IMAGE)
 CACHE_DIR = Path(os.environ.get("VF_SWE_CACHE", ROOT / ".cache" / "swe-images"))
 RECIPE_VERSION = "1"
 
@@ -284,8 +286,19 @@ class ImageBuilder:
 
     # ------------------------------------------------------------------ layers
 
+    def check_python(self, env: EnvironmentSpec) -> None:
+        """Refuse an `environment.python_version` the base image cannot provide (the venv
+        is made with the base image's python3, offline: no other interpreter to fetch)."""
+        if self.base_image == DEFAULT_BASE_IMAGE and env.python_version != DEFAULT_BASE_PYTHON:
+            raise ImageBuildError(
+                f"environment.python_version {env.python_version} is not available: the base image "
+                f"{self.base_image} has Python {DEFAULT_BASE_PYTHON} only (and builds are offline). Use a "
+                f"prebuilt image_name with Python {env.python_version}, or a base image that has it "
+                f"(VF_SWE_BASE_IMAGE)")
+
     async def ensure_environment(self, env: EnvironmentSpec) -> tuple[str, bool]:
         """(tag, built?) of the environment layer."""
+        self.check_python(env)
         base_id = await self.image_id(self.base_image)
         if base_id is None:
             raise ImageNotFound(f"base image {self.base_image} is missing: run images/base/build.sh")

@@ -95,6 +95,18 @@ class SWEInstance(BaseModel):
     eval_env: dict[str, str] = Field(default_factory=dict, description="Extra environment of setup/debug/test commands.")
     workdir: str = "/testbed"
 
+    @field_validator("log_parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        """An unknown parser is the row's error at load time (not an infrastructure error
+        every resume would retry after running the tests)."""
+        from .parsers import known_parsers
+
+        if v not in known_parsers():
+            raise ValueError(f"unknown log parser {v!r}; known: {', '.join(sorted(known_parsers()))} "
+                             "(register one with swe_debug.parsers.register_parser)")
+        return v
+
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
     def _json_list(cls, v: Any) -> Any:
