@@ -161,7 +161,7 @@ class DockerBackend:
         self.api_timeout = api_timeout
         self.python = python
         self.gvisor_runtime = gvisor_runtime
-        self._runtimes: dict[str, Any] | None = None  # the engine's runtimes (docker info), read once
+        self._runtimes: dict[str, Any] | None = None  # the engine's runtimes (docker info), kept once it has gVisor
         self._docker: aiodocker.Docker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._images: dict[str, str] = {}  # requested image -> image to run
@@ -306,7 +306,7 @@ class DockerBackend:
         when gVisor is asked for and the engine has no such runtime."""
         if spec.isolation != "gvisor":
             return None
-        if self._runtimes is None:
+        if self._runtimes is None or self.gvisor_runtime not in self._runtimes:  # read again until registered
             docker = await self._client()
             async with self._api("info"):
                 info = await docker._query_json("info")
