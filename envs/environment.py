@@ -282,6 +282,21 @@ class Environment(ABC):
         self.sandbox_backend = backend
         self.sandbox_backend_options = dict(options or {})
 
+    def set_isolation(self, isolation: str) -> None:
+        """The run's sandbox isolation ("runc" or "gvisor"). Envs without sandboxes only
+        remember it; sandbox-backed envs override to put it on their sandbox spec."""
+        from sandboxes.errors import ConfigError
+        from sandboxes.spec import ISOLATIONS
+
+        if isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+        self.sandbox_isolation = isolation
+
+    def isolation_in_use(self) -> str | None:
+        """The isolation this env's sandboxes run under (recorded in metadata.json);
+        None for an env without sandboxes that was never given one."""
+        return getattr(self, "sandbox_isolation", None)
+
     def set_concurrency(self, concurrency: int) -> None:
         """Set the concurrency and size the sync-code thread pool to match."""
         self.concurrency = max(1, int(concurrency))

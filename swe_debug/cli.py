@@ -73,6 +73,7 @@ def run(
     namespace: Annotated[Optional[str], typer.Option("--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD or the Docker config.")] = None,
     push_to: Annotated[Optional[str], typer.Option("--push-to", help="Push instance images built here to this registry (host:port or host:port/ns), so other machines, Kubernetes and Ray nodes pull them by name.")] = None,
     keep_images: Annotated[Optional[int], typer.Option("--keep-images", min=0, help="Disk bound: of the images this run pulls or builds, keep at most N (least recently used removed first; never an image in use or one the run did not make). Default: keep all.")] = None,
+    isolation: Annotated[Optional[str], typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) \\[default: runc].")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Run name in the run registry.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -104,7 +105,7 @@ def eval_config(a: dict[str, Any]):
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
         "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
         "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
-        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
+        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"], "isolation": a["isolation"],
     }
     (cfg,) = configs_from_cli([ENV_ID], cli)
     return cfg

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
+from sandboxes.spec import Isolation
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
@@ -45,6 +46,7 @@ class DebugOptions(BaseModel):
     cpu_cores: float | None = None
     memory_gb: float | None = None
     disk_size_gb: float | None = None
+    isolation: Isolation | None = None  # None: the task set's spec (runc)
     labels: list[str] | dict[str, str] | None = None
     timeout_seconds: float = 1800.0
     output_tail_chars: int = 2000
@@ -186,6 +188,8 @@ async def run_debug(
         out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
     spec = taskset.sandbox_spec(inst, prepared, timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores,
                                 memory_gb=opts.memory_gb, disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
+    if opts.isolation is not None and opts.isolation != spec.isolation:
+        spec = spec.model_copy(update={"isolation": opts.isolation})
     clock.lap()
     sandbox: Sandbox | None = None
     try:

@@ -75,6 +75,7 @@ class SWEDebugEnv(Environment):
         cpu_cores: float | None = None,
         memory_gb: float | None = None,
         disk_size_gb: float | None = None,
+        isolation: str | None = None,
         labels: list[str] | dict[str, str] | None = None,
         timeout_seconds: float = 1800.0,
         output_tail_chars: int = 2000,
@@ -89,7 +90,7 @@ class SWEDebugEnv(Environment):
         self.options = DebugOptions(
             run_setup=run_setup, debug_step=debug_step, run_tests=run_tests, debug_command=debug_command,
             debug_script=debug_script, debug_script_path=debug_script_path, debug_timeout=debug_timeout,
-            test_timeout=test_timeout, cpu_cores=cpu_cores, memory_gb=memory_gb, disk_size_gb=disk_size_gb,
+            test_timeout=test_timeout, cpu_cores=cpu_cores, memory_gb=memory_gb, disk_size_gb=disk_size_gb, isolation=isolation,
             labels=labels, timeout_seconds=timeout_seconds, output_tail_chars=output_tail_chars,
         )
         self.options.check()
@@ -139,6 +140,13 @@ class SWEDebugEnv(Environment):
 
     def set_disk_size_gb(self, disk_size_gb: float) -> None:
         self._set_option(disk_size_gb=disk_size_gb)
+
+    def set_isolation(self, isolation: str) -> None:
+        super().set_isolation(isolation)
+        self._set_option(isolation=isolation)
+
+    def isolation_in_use(self) -> str | None:
+        return self.options.isolation or "runc"
 
     def set_timeout_seconds(self, timeout_seconds: float) -> None:
         self._set_option(timeout_seconds=timeout_seconds)
@@ -255,6 +263,7 @@ def load_environment(
     output_tail_chars: int = 2000,
     cpu_cores: float | None = None,
     memory_gb: float | None = None,
+    isolation: str | None = None,
     backend: str | None = None,
     namespace: str | None = None,
     push_to: str | None = None,
@@ -305,5 +314,5 @@ def load_environment(
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
         timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, run_setup=run_setup,
         run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores, memory_gb=memory_gb,
-        backend=backend, input_errors=input_errors,
+        isolation=isolation, backend=backend, input_errors=input_errors,
     )

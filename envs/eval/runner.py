@@ -89,6 +89,7 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     meta["shuffle"] = cfg.shuffle
     meta["shuffle_seed"] = cfg.shuffle_seed
     meta["updated"] = now_iso()
+    meta["isolation"] = env.isolation_in_use()  # what the sandboxes ran under (cfg.isolation None = env's own)
     meta["eval_config"] = cfg.public_args()  # the run definition: enough to run it again (--from-run)
     return meta
 

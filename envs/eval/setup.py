@@ -21,6 +21,8 @@ def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
     env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
     env.set_backend(cfg.backend, cfg.backend_options)
     env.set_retry_policy(cfg.retry_policy())
+    if cfg.isolation is not None:
+        env.set_isolation(cfg.isolation)
     if cfg.extra_env_kwargs:
         env.set_kwargs(**cfg.extra_env_kwargs)
     if "concurrency" not in cfg.extra_env_kwargs:
