@@ -68,9 +68,9 @@ def run(
     no_setup: Annotated[bool, typer.Option("--no-setup", help="Skip the setup step.")] = False,
     no_tests: Annotated[bool, typer.Option("--no-tests", help="Stop after the debug step.")] = False,
     output_tail_chars: Annotated[int, typer.Option("--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = 2000,
-    cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores")] = None,
-    memory_gb: Annotated[Optional[float], typer.Option("--memory-gb")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="Run name in the run registry.")] = None,
+    cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).")] = None,
+    memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).")] = None,
+    name: Annotated[Optional[str], typer.Option("--eval-name", "--name", help="Run name in the run registry (default: the dataset's name and the debug step).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run the debug step and the tests for every selected instance and report which are valid."""
@@ -91,6 +91,13 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def run_name(dataset: str, step: str) -> str:
+    """The default name of a run: "<dataset name> <debug step>" (e.g. "tasks gold_patch")."""
+    p = Path(dataset)
+    base = p.stem if p.suffix in (".json", ".jsonl", ".parquet") else (p.name or dataset)
+    return f"{base} {step}"
+
+
 def eval_config(a: dict[str, Any]):
     """The run definition of these flags (raises ConfigError)."""
     from envs.eval.config import configs_from_cli
@@ -99,7 +106,7 @@ def eval_config(a: dict[str, Any]):
         "env_args": env_args(a), "model": MODEL, "api_key_var": "EMPTY", "num_examples": -1, "rollouts_per_example": 1,
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
         "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
-        "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
+        "name": a["name"] or run_name(a["dataset"], a["debug_step"].value), "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
         "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
     }
     (cfg,) = configs_from_cli([ENV_ID], cli)

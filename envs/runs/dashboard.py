@@ -264,6 +264,21 @@ def make_app(*, host: str = "127.0.0.1", endpoints_path: str = "configs/endpoint
 
 def serve(*, host: str = "127.0.0.1", port: int = 8787, endpoints_path: str = "configs/endpoints.toml",
           allow_launch: bool = True) -> None:
+    """Bind first (an OSError, e.g. the port is taken, reaches the caller before
+    anything is printed), then say where the dashboard is and serve until Ctrl-C."""
     app = make_app(host=host, endpoints_path=endpoints_path, allow_launch=allow_launch)
-    print(f"vf-sandbox dashboard on http://{host}:{port}/  (registry {registry.db_path()})", flush=True)
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            print(f"vf-sandbox dashboard on http://{host}:{port}/  (registry {registry.db_path()})", flush=True)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

@@ -77,6 +77,20 @@ def result_files(rec: RunRecord) -> list[Path]:
     return []
 
 
+def outputs_state(rec: RunRecord) -> str:
+    """Where the run's results are: "saved" (result files exist), "not saved" (an
+    eval run without -s), "deleted" (written once, gone now), "none yet" (running,
+    nothing written) or "none" (ended before writing anything)."""
+    if result_files(rec):
+        return "saved"
+    args = rec.args or {}
+    if rec.kind == "eval" and args and not args.get("save_results") and not args.get("resume"):
+        return "not saved"
+    if rec.status == "running":
+        return "none yet"
+    return "deleted" if rec.completed > 0 else "none"
+
+
 def read_rows(rec: RunRecord) -> list[dict]:
     rows: list[dict] = []
     for f in result_files(rec):
