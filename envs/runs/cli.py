@@ -249,15 +249,16 @@ def stop_cmd(
 
     _use_db(db)
     rec = _get(run_id)
-    if rec.status != "running":
+    finished = rec.status != "running"
+    if finished:  # nothing to stop: say so (exit 0), but still clean up after a vanished process
         typer.echo(f"run {rec.id} already finished: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
-        return
-    try:
-        rec = stop_run(rec.id, timeout=timeout, force=force)
-    except StopError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
+    else:
+        try:
+            rec = stop_run(rec.id, timeout=timeout, force=force)
+        except StopError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
     if rec.vanished and not keep_sandboxes:  # it died without its own teardown
         try:
             n = remove_orphaned_sandboxes(rec)
@@ -266,7 +267,7 @@ def stop_cmd(
         else:
             if n:
                 typer.echo(f"removed {n} sandbox(es) the run left behind")
-    if rec.status != "stopped":
+    if rec.status != "stopped" and not finished:
         raise typer.Exit(1)
 
 
