@@ -201,10 +201,11 @@ def test_runs_stop_cleans_up_on_the_recorded_backend(tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig):
-    """SIGINT / SIGTERM at -c 8 mid-run of a SandboxEnv eval: in-flight rollouts are
-    cancelled, finished groups are saved, every sandbox is deleted, status `stopped`."""
+@pytest.mark.parametrize("sig,workers", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
+def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig, workers):
+    """SIGINT / SIGTERM at -c 8 mid-run of a SandboxEnv eval (in one process, and with two
+    worker processes): in-flight rollouts are cancelled, finished groups are saved,
+    every sandbox is deleted, status `stopped`."""
     label = uuid.uuid4().hex[:12]
     from envs.testing.model_server import PolicyRequest
 
@@ -221,8 +222,9 @@ def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig):
             {"env_id": "bash-files", "num_examples": 12, "rollouts_per_example": 1, "max_concurrent": 8,
              "env_args": {"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}},
         ])
-        proc = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "eval", str(path), "-d"], cwd=tmp_path,
-                                env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "eval", str(path), "-d", "-w", str(workers)],
+                                cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
         try:
             deadline = time.time() + 300  # sandbox starts on a loaded 2-core machine can be slow
             rec = None

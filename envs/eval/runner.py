@@ -182,6 +182,10 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if rec is not None:
             result.run_id = rec.id
             log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, rec.id, rec.id)
+        if cfg.num_workers > 1:
+            from .workers import warm_up_workers
+
+            warm_up_workers(cfg)  # the workers' start-up overlaps this process loading its env
         env = load_run_env(cfg)
         clients = make_run_clients(cfg, env)
         if getattr(env, "requires_model", True):

@@ -2,7 +2,8 @@
 
 The runner's process keeps everything a run has once: the run definition,
 the results writer, the registry entry, the display. Each worker is a
-spawned process with its own event loop, environment and model clients,
+process forked from a clean fork server (spawned where there is none) with
+its own event loop, environment and model clients,
 built from the same run definition (`envs.eval.setup`). The runner hands out
 groups (one example's rollouts) a few at a time, so a fast worker takes more;
 a worker sends back the finished rows of each group and the runner writes
@@ -138,6 +139,29 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None
 # --------------------------------------------------------------------------- the runner's side
 
 
+def worker_context() -> Any:
+    """How workers start: from a fork server (a clean, single-threaded process that
+    imported the eval stack once, so each worker forks ready instead of importing it
+    again), or spawned where fork servers do not exist. Never a plain fork of the
+    runner, whose threads and event loop a child must not inherit."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.setup", "envs.outputs", "envs.clients"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def warm_up_workers(cfg: EvalConfig) -> None:
+    """Start the fork server now (it imports in the background while the runner loads
+    its environment), so the workers are ready sooner."""
+    if cfg.num_workers > 1:
+        ctx = worker_context()
+        if ctx.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+
+
 class _Worker:
     def __init__(self, index: int, proc: Any, conn: Connection):
         self.index, self.proc, self.conn = index, proc, conn
@@ -161,7 +185,7 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     group_size = max(len(g) for g in groups.values())
     depth = max(1, (share if share > 0 else len(inputs)) // group_size + 1)  # groups in flight per worker
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()
     loop = asyncio.get_running_loop()
     workers: list[_Worker] = []
     events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
@@ -189,7 +213,8 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         while queue and len(w.held) < depth and w.ready and not w.gone:
             gid, group = queue.popleft()
             w.held[gid] = group
-            w.conn.send_bytes(dumps({"group": gid, "inputs": group}).encode())
+            if not _send(w, {"group": gid, "inputs": group}):
+                return  # it died: its EOF arrives as an event, and its groups go back then
 
     remaining = len(queue)
     try:
@@ -225,9 +250,18 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
                 feed(w)
         for w in workers:
             if not w.gone:
-                w.conn.send_bytes(b'{"stop": true}')
+                _send(w, {"stop": True})
     finally:
         await _shut_down(workers, events, on_group, stopping=remaining > 0)
+
+
+def _send(w: _Worker, msg: dict[str, Any]) -> bool:
+    """Send to a worker; False when its pipe is already broken (it is dying)."""
+    try:
+        w.conn.send_bytes(dumps(msg).encode())
+        return True
+    except (BrokenPipeError, ConnectionResetError, OSError):
+        return False
 
 
 async def _shut_down(workers: list[_Worker], events: asyncio.Queue, on_group: GroupSink, stopping: bool) -> None:
