@@ -114,6 +114,37 @@ def test_failed_load_gets_environment_code_category_and_traceback(workdir):
     assert "Traceback" in log and "in helper" in log
 
 
+@pytest.mark.parametrize("case", ["missing key", "key refused", "permission", "infra", "timeout"])
+def test_failure_category_and_hint(workdir, case):
+    """Each cause a newcomer meets gets its category and the next thing to try,
+    in `runs show` (text and JSON); every run here really fails (or times out)."""
+    policy = {"key refused": fail(401), "permission": fail(403), "timeout": stall(60)}.get(case, compute())
+    with ModelServer(policy).run_in_thread() as srv:
+        if case == "infra":  # the sandbox tool fails on every call and nothing retries it
+            res = run_cli(workdir, "e2e-flaky", "-n", "2", "-r", "1", "-d", base_url=srv.base_url)
+        elif case == "timeout":
+            res = run_cli(workdir, "e2e-basic", "-n", "1", "-r", "1", "-d", "--timeout-minutes", "0.02",
+                          base_url=srv.base_url)
+        else:
+            res = run_cli(workdir, "e2e-basic", "-n", "1", "-r", "1", "-d", base_url=srv.base_url,
+                          key="VF_UX_UNSET_KEY" if case == "missing key" else "VF_E2E_KEY")
+    assert res.returncode == 1, res.stderr
+    category, hint_words, status = {
+        "missing key": ("missing secret / API key", "export NAME", "failed"),
+        "key refused": ("missing secret / API key", "-k", "failed"),
+        "permission": ("missing permission", "permission", "failed"),
+        "infra": ("sandbox infrastructure", "--max-retries", "failed"),
+        "timeout": ("timeout", "--timeout-minutes", "stopped"),
+    }[case]
+    rid = run_id_of(res)
+    info = show_json(workdir, rid)
+    assert info["run"]["status"] == status, info["run"]
+    assert info["diagnosis"]["category"] == category, (info["run"]["error"], info["diagnosis"])
+    assert hint_words in info["diagnosis"]["hint"]
+    text = vf(workdir, "runs", "show", rid).stdout
+    assert category in text and info["diagnosis"]["hint"][:40] in " ".join(text.split())
+
+
 def test_n_larger_than_dataset_is_said_and_reported(workdir):
     with ModelServer(compute()).run_in_thread() as srv:
         res = run_cli(workdir, "e2e-basic", "-n", "50", "-r", "1", "-s", "-d", "-a", '{"n": 4}', base_url=srv.base_url)

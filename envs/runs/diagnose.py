@@ -1,6 +1,7 @@
 """Why a run failed, in the reference dashboard's terms: a failure category and
 the next thing to try, read from the run's recorded error (and its rows' error
-kinds). Shown by `vf-sandbox runs show` and the dashboard for `failed` runs.
+kinds). Shown by `vf-sandbox runs show` and the dashboard for `failed` runs
+(and for runs stopped by their time limit).
 
 Categories: environment code error, missing secret / API key, missing
 permission, timeout, model API, sandbox infrastructure, configuration,
@@ -55,10 +56,14 @@ _RULES: list[tuple[str, re.Pattern[str], str]] = [
 
 
 _MODEL_HINT = next(h for c, _, h in _RULES if c == "model API")
+_TIMEOUT, _TIMEOUT_HINT = next((p, h) for c, p, h in _RULES if c == "timeout")
 
 
 def diagnose(rec: RunRecord, summary: dict[str, Any] | None = None) -> Diagnosis | None:
-    """The failure category and hint of a failed run; None for other runs."""
+    """The failure category and hint of a failed run, or of a run stopped by its
+    time limit (--timeout-minutes); None for other runs."""
+    if rec.status == "stopped" and _TIMEOUT.search(rec.error or ""):
+        return Diagnosis(category="timeout", hint=_TIMEOUT_HINT.format(id=rec.id))
     if rec.status != "failed":
         return None
     if rec.vanished:
