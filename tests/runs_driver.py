@@ -76,7 +76,10 @@ for i in range(done, n if mode != "nosave" else 0):
         rec.finish("stopped")
         sys.exit(0)
     if mode == "fail" and i == 1:
-        log.error("environment raised while scoring example 1")
+        try:  # a real exception, logged with its traceback as the eval runner does
+            float("boom at example 1")
+        except ValueError:
+            log.exception("environment raised while scoring example 1")
         rec.finish("failed", error="ValueError: boom at example 1")
         sys.exit(1)
     if mode == "crash" and i == 1:

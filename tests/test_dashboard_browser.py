@@ -285,6 +285,13 @@ def test_runs_list_avg_reward_pass_at_k_sort_and_compare(world, page):
     page.wait_for_function("() => document.querySelectorAll('#runs-body tr[data-run-id]').length === 0")
     page.fill("#f-model", "toy")
     row.wait_for()
+    # filter by env: the swe-debug run's env only
+    page.fill("#f-model", "")
+    page.fill("#f-env", "swe-mini")
+    page.wait_for_function("() => document.querySelectorAll('#runs-body tr[data-run-id]').length === 1")
+    page.fill("#f-env", "")
+    page.fill("#f-model", "toy")
+    row.wait_for()
     # compare two runs
     assert page.locator("#compare-btn").is_disabled()
     page.locator(f'tr[data-run-id="{ids["completed"]}"] input.pick').click()
@@ -324,6 +331,10 @@ def test_failed_run_shows_error_and_log(world, page):
     log = page.locator("pre#log")
     page.wait_for_function("() => document.querySelector('pre#log').textContent.includes('scoring example 1')")
     assert "finished example 0" in log.inner_text()
+    # the full traceback, not only its last line
+    text = log.inner_text()
+    assert "Traceback (most recent call last)" in text and 'float("boom at example 1")' in text
+    assert "ValueError: could not convert string to float" in text
     overflow = page.evaluate("getComputedStyle(document.querySelector('pre#log')).overflowY")
     assert overflow == "auto"
     # search: only the matching lines, highlighted
