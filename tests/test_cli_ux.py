@@ -70,12 +70,14 @@ def test_model_server_dies_mid_run_fails_with_classified_cause(workdir):
     assert "model server is up" in info["diagnosis"]["hint"]
 
 
-def test_rollout_retries_follow_the_run_policy_with_a_line_each(workdir):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_rollout_retries_follow_the_run_policy_with_a_line_each(workdir, workers):
     """A 503 on every call, no SDK retries: each rollout is tried 1 + --max-retries times
-    under the run's policy, one log line per retry, and the run fails on the 5xx cause."""
+    under the run's policy, one log line per retry (also from worker processes, -w 2),
+    and the run fails on the 5xx cause."""
     with ModelServer(fail(503)).run_in_thread() as srv:
         res = run_cli(workdir, "e2e-basic", "-n", "2", "-r", "1", "-d", "-s", "--max-retries", "2",
-                      "--client-max-retries", "0", base_url=srv.base_url)
+                      "--client-max-retries", "0", "-w", workers, base_url=srv.base_url)
         calls = srv.count
     assert res.returncode == 1 and calls == 6
     retry_lines = [x for x in res.stderr.splitlines() if "failed with retryable error" in x]
@@ -83,6 +85,9 @@ def test_rollout_retries_follow_the_run_policy_with_a_line_each(workdir):
     assert res.stderr.count("model API client retry") == 0
     assert "all 2 rollouts failed (model API errors)" in res.stderr.strip().splitlines()[-1]
     assert all(r["attempts"] == 3 for r in read_rows(run_dirs(workdir, "e2e-basic")[0]))
+    # the run log has them too (with -w 2 they happen in the worker processes)
+    log = vf(workdir, "runs", "logs", run_id_of(res)).stdout
+    assert sum("failed with retryable error" in x for x in log.splitlines()) == 4, log
 
 
 def test_env_exception_keeps_its_traceback_in_run_log_and_row(workdir):
