@@ -275,6 +275,8 @@ def test_model_endpoint_down(workdir):
         port = s.getsockname()[1]
     res = run_cli(workdir, "e2e-basic", "-d", "-s", base_url=f"http://127.0.0.1:{port}/v1")
     assert res.returncode == 1 and "not reachable" in res.stderr and f"127.0.0.1:{port}" in res.stderr
+    assert "Connection refused" in res.stderr and "is the server running?" in res.stderr
+    assert "$VF_E2E_KEY (set)" in res.stderr  # the variable its key is read from
 
 
 def test_env_without_model_needs_no_key_or_endpoint(workdir):

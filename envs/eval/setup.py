@@ -54,8 +54,9 @@ def check_endpoint(base_url: str, timeout: float = 3.0, key_var: str | None = No
         if base_url.rstrip("/") == DEFAULT_BASE_URL:
             default = (f" (the default endpoint, Prime Inference: it needs network access and ${DEFAULT_KEY_VAR}; "
                        "for a local server pass -m ALIAS or -b URL)")
+        running = "; is the server running?" if isinstance(exc, ConnectionRefusedError) else ""
         raise UsageError(
-            f"model endpoint {base_url} is not reachable ({why}){default}{key}; is the server running? "
+            f"model endpoint {base_url} is not reachable ({why}){default}{key}{running} "
             "(check -m / -b or the endpoints registry)"
         ) from None
 
