@@ -318,8 +318,9 @@ def test_metrics_parameters_and_unsaved_run(world, page):
     page.locator("#no-results").wait_for(timeout=10_000)
     assert page.locator("#no-results").inner_text() == "completed, results not saved (the eval ran without -s)"
     page.goto(f'{world["base"]}/#/run/{world["ids"]["deleted"]}/samples')
-    page.locator("#no-results").wait_for(timeout=10_000)
-    assert page.locator("#no-results").inner_text().startswith("completed, outputs deleted")
+    # a hash change re-renders in place: wait for the new run's text, not the previous #no-results
+    page.wait_for_function("() => (document.querySelector('#no-results') || {}).textContent"
+                           "?.startsWith('completed, outputs deleted')", timeout=10_000)
 
 
 def test_failed_run_shows_error_and_log(world, page):
