@@ -55,7 +55,7 @@ fi
 log "docker engine answers ($(docker version -f '{{.Server.Version}}'))"
 
 # 3. Tools the backends and tests use ------------------------------------------
-apt_install debootstrap bubblewrap patch git
+apt_install debootstrap bubblewrap patch git docker-registry apache2-utils  # registry: the real registry:2 server of the registry tests
 if [ "${VF_SETUP_SKIP_BROWSER:-0}" != 1 ] && [ -x scripts/install-browser.sh ]; then
   scripts/install-browser.sh
 fi

@@ -70,6 +70,8 @@ def run(
     output_tail_chars: Annotated[int, typer.Option("--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = 2000,
     cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).")] = None,
     memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).")] = None,
+    namespace: Annotated[Optional[str], typer.Option("--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD or the Docker config.")] = None,
+    push_to: Annotated[Optional[str], typer.Option("--push-to", help="Push instance images built here to this registry (host:port or host:port/ns), so other machines, Kubernetes and Ray nodes pull them by name.")] = None,
     name: Annotated[Optional[str], typer.Option("--eval-name", "--name", help="Run name in the run registry (default: the dataset's name and the debug step).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -86,7 +88,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
-        "memory_gb": a["memory_gb"],
+        "memory_gb": a["memory_gb"], "namespace": a["namespace"], "push_to": a["push_to"],
     }
     return {k: v for k, v in out.items() if v is not None}
 

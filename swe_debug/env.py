@@ -201,6 +201,8 @@ class SWEDebugEnv(Environment):
             final, fb = with_fails_before(final, before, self.taskset.fail_to_pass(inst))
         final.timings.image_s = image_s
         verdict = final.summary()
+        if getattr(prepared, "pushed", None):
+            verdict["image_pushed"] = prepared.pushed
         if before is not None and fb is not None:
             verdict["fails_before"] = {"ok": fb.ok, "passing_before": fb.passing_before[:50], "reason": before.reason,
                                        "test_exit_code": before.test_exit_code, "timings": before.timings.model_dump()}
@@ -249,11 +251,19 @@ def load_environment(
     cpu_cores: float | None = None,
     memory_gb: float | None = None,
     backend: str | None = None,
+    namespace: str | None = None,
+    push_to: str | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
     Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use).
     Malformed dataset rows are skipped and listed in the metadata's `input_errors`
-    (unless `instance_ids` selects the instances to run)."""
+    (unless `instance_ids` selects the instances to run).
+
+    Images: a row's `image_name` (pulled when absent), else with `namespace` the
+    SWE-bench name `{namespace}/sweb.eval.{arch}.{id}` (pulled; built from `source`
+    when it cannot be), else built from `source`; `push_to` pushes built images to that
+    registry. Registry credentials come from VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD
+    or the Docker config, never from arguments (so never from results or metadata)."""
     from .instances import dataset_name, load_instances
     from .taskset import SWETaskSet
 
@@ -262,7 +272,7 @@ def load_environment(
 
         path = DEFAULT_OUT / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
-    report = load_instances(dataset, split=split)
+    report = load_instances(dataset, split=split, named_images=bool(namespace))
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
     try:
         selected = report.select(ids)
@@ -273,7 +283,14 @@ def load_environment(
          "message": f"{e.field}: {e.message}"}
         for e in report.errors
     ]
-    taskset = SWETaskSet(selected, name=dataset_name(dataset))
+    builder = None
+    if namespace or push_to:
+        from sandboxes.images import RegistryAuth
+
+        from .images import ImageBuilder
+
+        builder = ImageBuilder(namespace=namespace, push_to=push_to, auth=RegistryAuth.from_env())
+    taskset = SWETaskSet(selected, name=dataset_name(dataset), builder=builder)
     return SWEDebugEnv(
         taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,

@@ -115,14 +115,19 @@ class SandboxTaskSet(abc.ABC, Generic[T]):
 APPLY_LADDER = (
     ("git apply", "git apply --verbose {p}"),
     ("git apply --reject", "git apply --verbose --reject {p}"),
-    ("patch --fuzz", "patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {p}"),
+    # --forward: a patch that looks reversed or already applied is refused (patch --batch
+    # alone "assumes reversed" and un-applies it, so a reversed gold patch turned the
+    # tree into the fixed one and graded valid)
+    ("patch --fuzz", "patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch -i {p}"),
 )
 RESET_TREE = "git checkout -q -- . && git clean -fdq"
 """Back to the base commit between rungs (a failed --reject leaves a half-patched tree)."""
 
 
 async def apply_patch_ladder(sandbox: Sandbox, patch: str, workdir: str, path: str = PATCH_PATH) -> ApplyResult:
-    """Apply `patch` trying `git apply`, `git apply --reject`, `patch --fuzz=5`, resetting the tree between tries."""
+    """Apply `patch` trying `git apply`, `git apply --reject`, `patch --forward --fuzz=5`,
+    resetting the tree between tries. No rung ever applies a patch in reverse: one that
+    is already applied, or applies only reversed, fails to apply."""
     res = ApplyResult(applied=False)
     if not patch.strip():
         res.attempts.append({"cmd": "(empty patch)", "exit_code": None, "output": "the patch is empty"})

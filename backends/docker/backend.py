@@ -39,7 +39,7 @@ from sandboxes.errors import (
     SandboxCreateError,
     SandboxNotRunning,
 )
-from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus
+from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus, RegistryAuth
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent, retry_infra
@@ -263,9 +263,13 @@ class DockerBackend:
         """Build `request` through the Engine API (see backends/docker/build.py) unless cached."""
         return await asyncio.to_thread(self._engine_images.build, request, force=force, on_log=on_log)
 
-    async def pull_image(self, image: str) -> str:
-        """Pull `image` from its registry (ImageNotFound where there is none)."""
-        return await asyncio.to_thread(self._engine_images.pull, image)
+    async def pull_image(self, image: str, auth: RegistryAuth | None = None) -> str:
+        """Pull `image` from its registry (ImageNotFound where it cannot be)."""
+        return await asyncio.to_thread(self._engine_images.pull, image, auth)
+
+    async def push_image(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
+        """Tag `image` as `target` and push it (see backends/docker/build.py)."""
+        return await asyncio.to_thread(self._engine_images.push, image, target, auth)
 
     # ---------------------------------------------------------- recipes (SupportsImageRecipes)
     async def image_recipes(self) -> list[RecipeStatus]:
