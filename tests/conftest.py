@@ -116,3 +116,17 @@ async def docker_sandbox(docker_backend, docker_spec):
     sb = await docker_backend.create(docker_spec)
     yield sb
     await sb.delete()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory):
+    """The per-user run registry of every run a test starts (in this process or a
+    subprocess) goes to a session temp dir, never the real user's state directory.
+    Tests that need their own registry set VF_RUNS_DB; tests of the default unset both."""
+    old = os.environ.get("VF_STATE_DIR")
+    os.environ["VF_STATE_DIR"] = str(tmp_path_factory.mktemp("vf-state"))
+    yield
+    if old is None:
+        os.environ.pop("VF_STATE_DIR", None)
+    else:
+        os.environ["VF_STATE_DIR"] = old

@@ -75,7 +75,8 @@ def eval_command(
     max_concurrent_scoring: Optional[int] = typer.Option(None, "--max-concurrent-scoring", help="Concurrent scoring requests \\[default: same as -c]"),
     no_interleave_scoring: bool = typer.Option(False, "--no-interleave-scoring", "-N", help="Score after generation instead of per group"),
     independent_scoring: bool = typer.Option(False, "--independent-scoring", "-i", help="Score each rollout individually"),
-    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries per rollout on InfraError \\[default: 0]"),
+    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries of a rollout after an infrastructure or transient model-API error, each logged \\[default: 0]"),
+    client_max_retries: Optional[int] = typer.Option(None, "--client-max-retries", help="The model API client's own quick retries of one request (SDK max_retries), each logged \\[default: 2]"),
     num_workers: str = typer.Option("auto", "--num-workers", "-w", help="Worker processes sharing the run (auto = 1)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging"),
     fullscreen: bool = typer.Option(False, "--fullscreen", "-f", help="Use the alternate screen for the live display"),
@@ -121,6 +122,7 @@ def eval_command(
             "backend_options": parse_json_object(backend_options, "--backend-options") or None,
             "num_workers": workers,
             "max_retries": max_retries,
+            "client_max_retries": client_max_retries,
             "max_concurrent": max_concurrent,
             "save_results": save_results or None,
             "junit_xml": junit_xml,
@@ -215,6 +217,8 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
                         fg=typer.colors.RED if res.status == "failed" else typer.colors.YELLOW, err=True)
         if res.run_dir is not None and res.metadata.get("path_to_save"):
             typer.echo(f"results: {res.run_dir}")
+        elif res.rows:
+            typer.echo("results not saved (add -s to save them)")
         if res.run_id:
             typer.echo(f"run {res.run_id}: vf-sandbox runs show {res.run_id} · dashboard: vf-sandbox dashboard "
                        f"(http://127.0.0.1:8787/#/run/{res.run_id})")

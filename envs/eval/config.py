@@ -40,6 +40,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "endpoints_path": "./configs/endpoints.toml",
     "env_dir_path": "./environments",
     "max_retries": 0,
+    "client_max_retries": 2,
     "timeout_minutes": 120.0,
     "backend": DEFAULT_BACKEND,
     "num_workers": 1,
@@ -58,7 +59,7 @@ SETTING_KEYS = frozenset(
         "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
-        "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation",
+        "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -323,10 +324,14 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
     from_state.update({str(k): str(v) for k, v in (s.get("headers_from_state") or {}).items()})
     from_state.update(parse_header_lines(s.get("header_from_state"), "header_from_state"))
 
+    client_retries = s.get("client_max_retries", BUILTIN_DEFAULTS["client_max_retries"])
+    if isinstance(client_retries, bool) or not isinstance(client_retries, int) or client_retries < 0:
+        raise ConfigError(f"client_max_retries must be an integer >= 0, got {client_retries!r}")
     endpoint_configs: list[EndpointClientConfig] = []
     if len(replicas) > 1 and not settings.get("api_base_url"):
         endpoint_configs = [
-            EndpointClientConfig(api_key_var=settings.get("api_key_var") or r.key, api_base_url=r.url, extra_headers=r.headers)
+            EndpointClientConfig(api_key_var=settings.get("api_key_var") or r.key, api_base_url=r.url,
+                                 extra_headers=r.headers, max_retries=client_retries)
             for r in replicas
         ]
     client_config = ClientConfig(
@@ -336,6 +341,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         endpoint_configs=endpoint_configs,
         extra_headers=headers,
         extra_headers_from_state=from_state,
+        max_retries=client_retries,
     )
 
     sampling = dict(s.get("sampling_args") or {})
@@ -594,7 +600,12 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> Eva
             ", ".join(sorted(set(dropped))))
     for key in ("resume", "resume_path"):  # a rerun is a new run unless asked to resume
         data.pop(key, None)
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    overrides = dict(overrides or {})
+    client_retries = overrides.pop("client_max_retries", None)
+    if client_retries is not None:  # the client's own retries live in the client config
+        for c in [cc, *(cc.get("endpoint_configs") or [])]:
+            c["max_retries"] = client_retries
+    data.update({k: v for k, v in overrides.items() if v is not None})
     secret_opts = sorted(k for k, v in (data.get("backend_options") or {}).items() if v == REDACTED)
     if secret_opts:
         raise ConfigError(f"--from-run {source}: backend option(s) {', '.join(secret_opts)} look secret and were not "
