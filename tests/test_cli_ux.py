@@ -276,6 +276,6 @@ def test_swe_runs_get_a_name():
          "timeout_seconds": 1800, "check_fails_before": False, "repeat": 1, "no_setup": False, "no_tests": False,
          "output_tail_chars": 2000, "cpu_cores": None, "memory_gb": None, "concurrency": 1, "max_retries": 0,
          "output_dir": None, "resume": False, "name": None, "junit_xml": None, "backend": "docker",
-         "timeout_minutes": 10, "namespace": None, "push_to": None}
+         "timeout_minutes": 10, "namespace": None, "push_to": None, "keep_images": None, "isolation": None}
     assert eval_config(a).name == "tasks gold_patch"
     assert eval_config({**a, "name": "mine"}).name == "mine"
