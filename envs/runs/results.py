@@ -335,19 +335,20 @@ def swe_instances(rows: list[dict]) -> list[dict]:
     return out
 
 
+def rows_by_example(rows: list[dict]) -> dict[Any, list[int]]:
+    """Row indices by example id, examples in first-seen order, rows in row order."""
+    by_ex: dict[Any, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_ex.setdefault(r.get("example_id", f"row{i}"), []).append(i)
+    return by_ex
+
+
 def sample_groups(rows: list[dict], offset: int = 0, limit: int = 20) -> dict:
     """Rollouts grouped by example (first-seen order), paged by group."""
-    order: list[Any] = []
-    by_ex: dict[Any, list[dict]] = {}
-    for i, r in enumerate(rows):
-        ex = r.get("example_id", f"row{i}")
-        if ex not in by_ex:
-            order.append(ex)
-            by_ex[ex] = []
-        by_ex[ex].append(r)
+    by_ex = rows_by_example(rows)
     groups = []
-    for ex in order[offset: offset + limit]:
-        rs = by_ex[ex]
+    for ex in list(by_ex)[offset: offset + limit]:
+        rs = [rows[i] for i in by_ex[ex]]
         rewards = [(_num(r.get("reward")) or 0.0) for r in rs]
         groups.append({
             "example_id": ex,
@@ -364,7 +365,7 @@ def sample_groups(rows: list[dict], offset: int = 0, limit: int = 20) -> dict:
                 "timing": timing_phases(r.get("timing")),
             } for r in rs],
         })
-    return {"total_groups": len(order), "offset": offset, "groups": groups}
+    return {"total_groups": len(by_ex), "offset": offset, "groups": groups}
 
 
 # ------------------------------------------------------------ samples table
@@ -423,17 +424,10 @@ def sample_table(rows: list[dict]) -> dict:
     """One compact entry per rollout, groups in example order (first seen) and
     rollouts in row order inside a group: `idx` (the row's index, for the raw row),
     example, rollout, its OWN reward, metrics, error, turns, tokens, duration."""
-    order: list[Any] = []
-    by_ex: dict[Any, list[int]] = {}
-    for i, r in enumerate(rows):
-        ex = r.get("example_id", f"row{i}")
-        if ex not in by_ex:
-            order.append(ex)
-            by_ex[ex] = []
-        by_ex[ex].append(i)
+    by_ex = rows_by_example(rows)
     out = []
     tokens_total = 0.0
-    for ex in order:
+    for ex in by_ex:
         for j, i in enumerate(by_ex[ex]):
             r = rows[i]
             tok = total_tokens(r)
@@ -446,7 +440,7 @@ def sample_table(rows: list[dict]) -> dict:
                 "attempts": r.get("attempts"),
                 "prompt_preview": _preview(r.get("prompt")), "completion_preview": _preview(r.get("completion"), last=True),
             })
-    return {"rows": out, "n_groups": len(order), "total_tokens": tokens_total}
+    return {"rows": out, "n_groups": len(by_ex), "total_tokens": tokens_total}
 
 
 def sample_detail(rows: list[dict], idx: int) -> dict | None:
