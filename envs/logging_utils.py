@@ -10,6 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 LOGGER = "envs"
+RUN_LOG_ONLY = {"run_log_only": True}
+"""`extra=` for records meant for the run's log file only (a full traceback, an
+error the CLI prints itself): console handlers drop them with `for_console`."""
+
+
+def for_console(record: logging.LogRecord) -> bool:
+    """Filter of console handlers: False for records logged with `extra=RUN_LOG_ONLY`."""
+    return not getattr(record, "run_log_only", False)
 
 
 def setup_logging(level: str | int | None = None, stream: Any = None) -> None:
@@ -21,6 +29,7 @@ def setup_logging(level: str | int | None = None, stream: Any = None) -> None:
         handler = logging.StreamHandler(stream or sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._vf = True  # type: ignore[attr-defined]
+        handler.addFilter(for_console)
         logger.addHandler(handler)
 
 

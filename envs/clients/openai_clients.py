@@ -12,7 +12,7 @@ import openai
 
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, classify_sdk_error
+from .base import Client, classify_sdk_error, log_sdk_retries
 from .config import ClientConfig, resolve_api_key
 
 # Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
@@ -37,6 +37,7 @@ _COMPLETION_ARGS = frozenset(
 def build_async_openai(config: ClientConfig) -> openai.AsyncOpenAI:
     """An AsyncOpenAI on the aiohttp transport configured from `config`."""
     timeout = openai.Timeout(config.timeout, connect=config.connect_timeout)
+    log_sdk_retries("openai._base_client")
     try:
         http_client = openai.DefaultAioHttpClient(timeout=timeout)
     except Exception:  # aiohttp extra missing: fall back to the SDK's default transport
