@@ -131,9 +131,12 @@ class Client(ABC, Generic[ClientT]):
     @abstractmethod
     def from_native_response(self, response: Any) -> Response: ...
 
-    @abstractmethod
     def classify_error(self, exc: BaseException) -> BaseException:
-        """Map an SDK exception to ModelAuthError / ModelError (with `from exc`)."""
+        """The vf error an SDK exception becomes (raised `from exc`). Not abstract, as in
+        the reference: a custom client implementing only the reference's abstract methods
+        gets ModelError; the built-in clients map auth / transient / overlong errors
+        (`classify_sdk_error`)."""
+        return ModelError(f"{type(exc).__name__}: {exc}")
 
     async def close(self) -> None:
         close = getattr(self._client, "close", None)
