@@ -105,6 +105,8 @@ def eval_command(
     from ..logging_utils import setup_logging
 
     setup_logging("DEBUG" if verbose else "INFO")
+    # the run's log file (envs.runs.registry) is a root handler: the CLI's records propagate to it
+    logging.getLogger("envs").propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
     resume_path = None if resume in (None, _AUTO) else resume
     env_ids = list(env_id_or_path or [])
