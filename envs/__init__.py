@@ -83,6 +83,8 @@ _LAZY: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "v1":  # the v1 API (Taskset / Harness / Env), `vf.v1`
+        return importlib.import_module("envs.v1")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'envs' has no attribute {name!r}")

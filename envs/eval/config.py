@@ -54,7 +54,7 @@ SETTING_KEYS = frozenset(
         "endpoints_path", "api_base_url", "api_key_var", "api_client_type", "sampling_args", "max_tokens",
         "temperature", "headers", "header", "headers_from_state", "header_from_state", "max_concurrent",
         "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
-        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
+        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path", "env",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
         "retry_initial_delay", "retry_max_delay", "junit_xml",
@@ -412,6 +412,42 @@ def configs_from_cli(env_ids: list[str], cli: dict[str, Any]) -> list[EvalConfig
     return out
 
 
+V1_ENV_SECTIONS = ("taskset", "harness")
+
+
+def _v1_env_table(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """`[env.taskset]` / `[env.harness]` (v1 envs) become env_args["config"], which the
+    loader validates against the env's EnvConfig (unknown fields named there)."""
+    env = table.pop("env", None)
+    if env is None:
+        return table
+    if not isinstance(env, dict) or set(env) - set(V1_ENV_SECTIONS):
+        raise ConfigError(f"{where}: [env] takes only the sections {list(V1_ENV_SECTIONS)}, got {sorted(env) if isinstance(env, dict) else env!r}")
+    for name, section in env.items():
+        if not isinstance(section, dict):
+            raise ConfigError(f"{where}: env.{name} must be a table")
+    args = dict(table.get("env_args") or {})
+    config = dict(args.get("config") or {})
+    for name, section in env.items():
+        config[name] = {**(config.get(name) or {}), **section}
+    args["config"] = config
+    table["env_args"] = args
+    return table
+
+
+def _merge_env_args(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; a v1 `config` table merges per section (taskset / harness)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "config" and isinstance(value, dict) and isinstance(out.get("config"), dict):
+                out["config"] = {n: {**(out["config"].get(n) or {}), **(value.get(n) or {})}
+                                 for n in {*out["config"], *value}}
+            else:
+                out[key] = value
+    return out
+
+
 def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
     table = dict(table)
     if "id" in table:
@@ -420,6 +456,7 @@ def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
         if "env_args" in table:
             raise ConfigError(f"{where}: set either 'args' or 'env_args', not both")
         table["env_args"] = table.pop("args")
+    table = _v1_env_table(table, where)
     for key in ("env_args", "extra_env_kwargs", "sampling_args", "headers", "headers_from_state", "backend_options"):
         if key in table and not isinstance(table[key], dict):
             raise ConfigError(f"{where}: {key} must be a table, got {type(table[key]).__name__}")
@@ -474,6 +511,7 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
     data = load_toml(p)
     top = {k: v for k, v in data.items() if k not in ("eval", "ablation")}
     _check_keys(top, SETTING_KEYS, f"{p}: top level")
+    top = _v1_env_table(top, f"{p}: top level")
     evals = data.get("eval", [])
     ablations = data.get("ablation", [])
     if not isinstance(evals, list) or not isinstance(ablations, list):
@@ -498,7 +536,7 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
         try:
             merged = _with_env_defaults([entry, top], entry["env_id"], entry.get("env_dir_path") or top.get("env_dir_path"))
             if "env_args" in top or "env_args" in entry:
-                merged["env_args"] = {**merged.get("env_args", {}), **top.get("env_args", {}), **entry.get("env_args", {})}
+                merged["env_args"] = _merge_env_args(merged.get("env_args", {}), top.get("env_args", {}), entry.get("env_args", {}))
             merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
             out.append(build_eval_config(merged, cache))
         except ConfigError as exc:
