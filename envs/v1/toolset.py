@@ -15,22 +15,33 @@ A Toolset packages callables (and MCP servers) with:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from sandboxes.errors import ConfigError, UsageError
+from sandboxes.errors import ConfigError, InfraError, UsageError
 
 from ..tool_schema import convert_func_to_tool_def
 from ..types import Tool
 from .config import ToolsetConfig, resolve_ref
 
 Scope = Literal["rollout", "group", "global"]
+log = logging.getLogger(__name__)
 
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+def _field(obj: Any, *names: str) -> Any:
+    """An attribute under its mcp 2.x or 1.x name."""
+    for name in names:
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
 
 
 class MCPTool:
@@ -39,34 +50,64 @@ class MCPTool:
     def __init__(self, command: str, args: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
                  cwd: str | None = None):
         self.command, self.args, self.env, self.cwd = command, list(args or []), dict(env) if env else None, cwd
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._owner: asyncio.Task[None] | None = None
         self._session: Any = None
         self.tool_defs: list[Tool] = []
 
     async def start(self) -> None:
+        """Start the server once. Its client lives in one owner task (anyio scopes must be
+        entered and left by the same task); calls come from any task."""
         if self._session is not None:
             return
+        if self._owner is None:
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._closing = asyncio.Event()
+            self._owner = asyncio.create_task(self._own(ready))
+            self._ready = ready
+        await asyncio.shield(self._ready)
+
+    async def _own(self, ready: "asyncio.Future[None]") -> None:
         try:
-            from mcp import ClientSession, StdioServerParameters
-            from mcp.client.stdio import stdio_client
+            from mcp import StdioServerParameters
         except ImportError as exc:
-            raise ConfigError("MCPTool needs the `mcp` package: install vf-sandbox[mcp]") from exc
-        stack = contextlib.AsyncExitStack()
+            ready.set_exception(ConfigError("MCPTool needs the `mcp` package: install vf-sandbox[mcp]"))
+            return
         params = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
-        read, write = await stack.enter_async_context(stdio_client(params))
-        session = await stack.enter_async_context(ClientSession(read, write))
-        await session.initialize()
-        listed = await session.list_tools()
-        self.tool_defs = [Tool(name=t.name, description=t.description or "",
-                               parameters=t.inputSchema or {"type": "object", "properties": {}}) for t in listed.tools]
-        self._stack, self._session = stack, session
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    from mcp.client.client import Client  # mcp >= 2
+
+                    session = await stack.enter_async_context(Client(params))
+                except ImportError:  # mcp 1.x
+                    from mcp import ClientSession
+                    from mcp.client.stdio import stdio_client
+
+                    read, write = await stack.enter_async_context(stdio_client(params))
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    await session.initialize()
+                listed = await session.list_tools()
+                self.tool_defs = [
+                    Tool(name=t.name, description=t.description or "",
+                         parameters=_field(t, "input_schema", "inputSchema") or {"type": "object", "properties": {}})
+                    for t in listed.tools]
+                self._session = session
+                ready.set_result(None)
+                await self._closing.wait()
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(InfraError(f"MCP server {self.command} {' '.join(self.args)} failed: {exc}"))
+            else:
+                log.warning("MCP server %s ended with %s", self.command, exc)
+        finally:
+            self._session = None
 
     def callables(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         def make(name: str) -> Callable[..., Awaitable[Any]]:
             async def call(**kwargs: Any) -> Any:
                 result = await self._session.call_tool(name, kwargs)
                 parts = [{"type": "text", "text": c.text} for c in result.content if getattr(c, "type", "") == "text"]
-                if result.isError:
+                if _field(result, "is_error", "isError"):
                     raise RuntimeError(" ".join(p["text"] for p in parts) or f"MCP tool {name} failed")
                 return parts[0]["text"] if len(parts) == 1 else parts
             call.__name__ = name
@@ -75,9 +116,11 @@ class MCPTool:
         return {t.name: make(t.name) for t in self.tool_defs}
 
     async def close(self) -> None:
-        if self._stack is not None:
-            stack, self._stack, self._session = self._stack, None, None
-            await stack.aclose()
+        if self._owner is not None:
+            owner, self._owner = self._owner, None
+            self._closing.set()
+            with contextlib.suppress(Exception):
+                await owner
 
 
 class Toolset:
