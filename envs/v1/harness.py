@@ -235,7 +235,7 @@ class Harness:
         for ts in self.toolsets:
             await ts.teardown()
         await self.endpoint.close()
-        if self._backend is not None:
+        if self._backend is not None and self._backend is not self.backend_name:  # ours to close, not a given instance
             close = getattr(self._backend, "close", None)
             if close is not None:
                 await _maybe(close())
