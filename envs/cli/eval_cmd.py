@@ -104,7 +104,8 @@ def eval_command(
     from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object
     from ..logging_utils import setup_logging
 
-    setup_logging("DEBUG" if verbose else "INFO")
+    setup_logging("DEBUG" if verbose else "INFO", log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                  date_format="%H:%M:%S")
     # the run's log file (envs.runs.registry) is a root handler: the CLI's records propagate to it
     logging.getLogger("envs").propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
