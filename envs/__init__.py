@@ -79,6 +79,7 @@ _LAZY: dict[str, str] = {
     "OpenAIChatCompletionsClient": "envs.clients.openai_clients",
     "OpenAICompletionsClient": "envs.clients.openai_clients",
     "AnthropicMessagesClient": "envs.clients.anthropic_client",
+    "OpenAIResponsesClient": "envs.clients.openai_responses",
 }
 
 

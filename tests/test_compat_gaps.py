@@ -245,3 +245,42 @@ def test_setup_logging_configures_the_package_logger(restore_envs_logger, tmp_pa
         vf.setup_logging("INFO", file_logging=True)
     vf.setup_logging(None)
     assert logging.getLogger("envs").handlers == []
+
+
+# --------------------------------------------------------------------------- clients
+
+
+async def test_openai_responses_client_end_to_end_with_tools():
+    from envs.testing.model_server import Reply, ToolCallSpec
+
+    def policy(req):
+        if not req.tool_results():
+            return Reply(tool_calls=[ToolCallSpec("add", {"a": 1, "b": 2})], reasoning_content="thinking")
+        return Reply(content="\\boxed{" + req.tool_results()[-1] + "}")
+
+    def add2(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    async with ModelServer(policy) as srv:
+        cfg = vf.ClientConfig(client_type="openai_responses", api_base_url=srv.base_url, api_key_var="EMPTY")
+        from envs.clients import make_client
+
+        client = make_client(cfg)
+        assert type(client).__name__ == "OpenAIResponsesClient" and isinstance(client, vf.OpenAIResponsesClient)
+        resp = await client.get_response([{"role": "system", "content": "s"}, {"role": "user", "content": "1+2?"}], "m",
+                                         {"max_tokens": 50, "temperature": 0.2}, [vf.convert_func_to_tool_def(add2)])
+        assert resp.message.tool_calls[0].name == "add" and json.loads(resp.message.tool_calls[0].arguments) == {"a": 1, "b": 2}
+        assert resp.message.reasoning_content == "thinking" and resp.message.finish_reason == "tool_calls"
+        body = srv.requests[-1].body
+        assert srv.requests[-1].api == "responses" and body["max_output_tokens"] == 50 and body["tools"][0]["name"] == "add2"
+        env = vf.ToolEnv(tools=[add2], dataset=[{"question": "1+2?", "answer": "3"}])
+        env.tool_map["add"] = add2  # the scripted model calls it "add"
+        out = await env.evaluate(cfg, "m", num_examples=1, rollouts_per_example=1)
+        row = out["outputs"][0]
+        assert row["error"] is None and row["completion"][-1]["content"] == "\\boxed{3}"
+        # the tool round trip went back as function_call / function_call_output items
+        last = srv.requests[-1]
+        assert [i.get("type", "message") for i in last.body["input"]][-2:] == ["function_call", "function_call_output"]
+        assert last.messages[-1] == {"role": "tool", "tool_call_id": row["completion"][0]["tool_calls"][0]["id"], "content": "3"}
+        await client.close()

@@ -18,12 +18,14 @@ _LAZY = {
     "OpenAIChatCompletionsClient": ".openai_clients",
     "OpenAICompletionsClient": ".openai_clients",
     "AnthropicMessagesClient": ".anthropic_client",
+    "OpenAIResponsesClient": ".openai_responses",
 }
 
 CLIENT_TYPES = {
     "openai_chat_completions": "OpenAIChatCompletionsClient",
     "openai_chat_completions_token": "OpenAIChatCompletionsClient",
     "openai_completions": "OpenAICompletionsClient",
+    "openai_responses": "OpenAIResponsesClient",
     "anthropic_messages": "AnthropicMessagesClient",
 }
 
@@ -62,6 +64,7 @@ __all__ = [
     "TransientModelError",
     "OpenAIChatCompletionsClient",
     "OpenAICompletionsClient",
+    "OpenAIResponsesClient",
     "client_class",
     "make_client",
     "resolve_api_key",
