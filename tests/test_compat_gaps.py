@@ -284,3 +284,16 @@ async def test_openai_responses_client_end_to_end_with_tools():
         assert [i.get("type", "message") for i in last.body["input"]][-2:] == ["function_call", "function_call_output"]
         assert last.messages[-1] == {"role": "tool", "tool_call_id": row["completion"][0]["tool_calls"][0]["id"], "content": "3"}
         await client.close()
+
+
+@pytest.mark.parametrize("client_type", ["openai_chat_completions_token", "renderer", "nemorl_chat_completions"])
+def test_unimplemented_reference_client_types_are_refused_loudly(client_type):
+    from envs.clients import client_class, make_client
+    from envs.eval.config import CLIENT_TYPES
+    from sandboxes.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not available in vf-sandbox"):
+        client_class(client_type)
+    with pytest.raises(ConfigError, match=client_type):
+        make_client(vf.ClientConfig(client_type=client_type))
+    assert client_type not in CLIENT_TYPES and "openai_responses" in CLIENT_TYPES

@@ -26,6 +26,7 @@ from sandboxes.errors import ConfigError
 from sandboxes.registry import DEFAULT_BACKEND, backend_names
 from sandboxes.retry import RetryPolicy
 
+from .. import clients as _clients
 from ..clients.config import ClientConfig, EndpointClientConfig
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -45,7 +46,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
 }
 MAX_TIMEOUT_MINUTES = 1440.0
 DEFAULT_HEADER_FROM_STATE = {"X-Session-ID": "example_id"}
-CLIENT_TYPES = ("openai_chat_completions", "openai_completions", "openai_chat_completions_token", "anthropic_messages")
+CLIENT_TYPES = tuple(_clients.CLIENT_TYPES)  # the implemented ones
 
 # Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]]).
 SETTING_KEYS = frozenset(
@@ -218,7 +219,10 @@ def load_endpoints(path: str | Path | None) -> dict[str, list[Endpoint]]:
             raise ConfigError(f"{where}: set either 'headers' or 'extra_headers', not both")
         ctype = row.get("api_client_type", row.get("type", "openai_chat_completions"))
         if ctype not in CLIENT_TYPES:
-            raise ConfigError(f"{where}: unknown api_client_type {ctype!r}; one of {CLIENT_TYPES}")
+            try:
+                _clients.check_client_type(ctype)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: api_client_type: {exc}") from None
         headers = row.get("headers", row.get("extra_headers", {})) or {}
         out.setdefault(row["endpoint_id"], []).append(
             Endpoint(endpoint_id=row["endpoint_id"], model=row["model"], url=row["url"], key=row["key"],
@@ -296,7 +300,10 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         key_var = s["api_key_var"]
     client_type = client_type or BUILTIN_DEFAULTS["api_client_type"]
     if client_type not in CLIENT_TYPES:
-        raise ConfigError(f"unknown api_client_type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
+        try:
+            _clients.check_client_type(client_type)
+        except ConfigError as exc:
+            raise ConfigError(f"api_client_type: {exc}") from None
     headers.update({str(k): str(v) for k, v in (s.get("headers") or {}).items()})
     headers.update(parse_header_lines(s.get("header"), "header"))
     from_state = dict(DEFAULT_HEADER_FROM_STATE)
