@@ -175,3 +175,20 @@ def test_v1_env_resume_after_sigkill(tmp_path, docker_backend):
     assert after[: len(before)] == before and len(after) == 8
     assert sorted(r["example_id"] for r in after) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert all(r["reward"] == 1.0 for r in after)
+
+
+async def test_base_loop_with_a_sandbox_gets_a_bash_tool_there(docker_backend, python_image):
+    from envs.testing.model_server import tool_then_answer
+
+    async with ModelServer(tool_then_answer("bash", {"command": "echo hi > /tmp/f && cat /tmp/f && exit 3"})) as srv:
+        harness = Harness(program={"base": True}, sandbox={"image": python_image},
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), model="m")
+        harness.set_backend(docker_backend)
+        task = Task(prompt="go").freeze()
+        state = await harness.run(task)
+        assert state["error"] is None and [t["name"] for t in srv.requests[0].tools] == ["bash"]
+        assert state["completion"][1]["content"] == "hi\n\n[exit code 3]"
+        sandbox = state.runtime["sandbox"]
+        await harness.cleanup_group([task], [state])
+        assert not await sandbox.alive()
+        await harness.teardown()

@@ -22,6 +22,7 @@ from sandboxes.registry import get_backend
 from sandboxes.spec import SandboxSpec
 
 from ..errors import Error
+from ..tool_schema import convert_func_to_tool_def
 from .config import HarnessConfig, SandboxConfig, resolve_ref
 from .interception import InterceptionServer, Registration
 from .programs import base_loop, call_program, program_kind, run_local_command, run_sandboxed_command
@@ -64,6 +65,20 @@ def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
     if hasattr(system_prompt, "content"):
         return [{"role": "system", "content": system_prompt.content}]
     return [dict(m) for m in system_prompt]
+
+
+def sandbox_bash(sandbox: Any, timeout: float) -> Callable[..., Any]:
+    async def bash(command: str) -> str:
+        """Run a shell command in the sandbox; returns its output and exit code.
+
+        Args:
+            command: The shell command.
+        """
+        res = await sandbox.exec(["/bin/sh", "-c", command], timeout=timeout)
+        out = (res.stdout + res.stderr)[-8000:]
+        return out if res.exit_code == 0 else f"{out}\n[exit code {res.exit_code}{', timed out' if res.timed_out else ''}]"
+
+    return bash
 
 
 class Harness:
@@ -162,6 +177,10 @@ class Harness:
                 callables, tdefs = await ts.resolve(task, state)
                 tools.update(callables)
                 defs.extend(tdefs)
+            if self.kind == "base" and self.sandbox is not None:  # the base loop with a sandbox: a bash tool in it
+                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds)
+                tools["bash"] = bash
+                defs.append(convert_func_to_tool_def(bash))
             rt["tools"], rt["tool_defs"] = tools, defs
             state["tool_defs"] = [d.model_dump() for d in defs] or None
             for fn in self.setups:
