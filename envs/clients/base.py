@@ -94,6 +94,9 @@ def classify_sdk_error(sdk: Any, exc: BaseException) -> BaseException:
 class Client(ABC, Generic[ClientT]):
     """Base of every model client. `get_response` is the one public call."""
 
+    config: ClientConfig | None = None  # set by __init__; a subclass that skips it still has one
+    _client: Any = None
+
     def __init__(self, client_or_config: ClientT | ClientConfig) -> None:
         if isinstance(client_or_config, ClientConfig):
             self.config: ClientConfig | None = client_or_config
