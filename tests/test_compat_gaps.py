@@ -297,3 +297,30 @@ def test_unimplemented_reference_client_types_are_refused_loudly(client_type):
     with pytest.raises(ConfigError, match=client_type):
         make_client(vf.ClientConfig(client_type=client_type))
     assert client_type not in CLIENT_TYPES and "openai_responses" in CLIENT_TYPES
+
+
+async def test_client_config_connection_limit_is_honoured():
+    import asyncio
+
+    from envs.clients import make_client
+    from envs.testing.model_server import Reply
+
+    inflight, peak = 0, 0
+
+    async def policy(req):
+        nonlocal inflight, peak
+        inflight += 1
+        peak = max(peak, inflight)
+        await asyncio.sleep(0.2)
+        inflight -= 1
+        return Reply(content="ok")
+
+    async with ModelServer(policy) as srv:
+        for client_type, limit, expected in (("openai_chat_completions", 2, 2), ("openai_chat_completions", 100, 6),
+                                             ("anthropic_messages", 3, 3), ("openai_responses", 2, 2)):
+            peak = 0
+            client = make_client(vf.ClientConfig(client_type=client_type, api_base_url=srv.base_url, api_key_var="EMPTY",
+                                                 max_connections=limit, max_keepalive_connections=limit))
+            await asyncio.gather(*(client.get_response([{"role": "user", "content": "x"}], "m", {}) for _ in range(6)))
+            assert peak == expected, (client_type, limit, peak)
+            await client.close()
