@@ -113,7 +113,8 @@ def test_v1_env_under_vf_sandbox_eval(tmp_path):
     rows = rows_of(run_dir)
     expected = {i: t["answer"] for i, t in enumerate(v1_sandbox_agent.make_tasks(4, 11))}
     assert len(rows) == 4 and all(r["error"] is None for r in rows)
-    assert all(r["reward"] == 1.0 and r["metrics"] == {"correct": 1.0, "agent_exit_ok": 1.0} for r in rows)
+    assert all(r["reward"] == 1.0 and r["metrics"] == {"correct": 1.0, "agent_exit_ok": 1.0, "recount_in_sandbox": 1.0}
+               for r in rows)
     assert all(r["answer"] == expected[r["example_id"]] for r in rows)  # seed 11 from [env.taskset]
     assert all(len(r["trajectory"]) == 2 and r["completion"][1]["role"] == "tool" for r in rows)
     meta = json.loads((run_dir / "metadata.json").read_text())

@@ -8,8 +8,10 @@ inside the sandbox. The sandbox keeps its network off: the agent's requests
 reach the v1 interception endpoint through the relay over the sandbox's
 command channel, and every model call lands in the rollout's trajectory.
 
-Rewards: `correct` (the final \\boxed{} equals the count); metric
-`agent_exit_ok`. Configure with eval TOML `[env.taskset]` (num_tasks, seed)
+Rewards: `correct` (the final \\boxed{} equals the count); metrics
+`agent_exit_ok` and `recount_in_sandbox` (a child harness that borrows the
+rollout's sandbox, `state.for_task(..., borrow=["model", "sandbox"])`, and
+recounts there). Configure with eval TOML `[env.taskset]` (num_tasks, seed)
 and `[env.harness]` (max_turns, sandbox = {image = ...}).
 """
 
@@ -93,6 +95,19 @@ def correct(task, state) -> float:
     return 1.0 if vf.extract_boxed_answer(text or "", strict=True) == task["answer"] else 0.0
 
 
+CHECKER = vf.v1.Harness(program={"command": ["/bin/sh", "-c", "grep -c ERROR /task/app.log || true"]},
+                        sandbox=SandboxConfig(image="vf-sandbox/python:3.11"))
+
+
+async def recount_in_sandbox(task, state) -> float:
+    """A child harness run in the rollout's own sandbox (borrowed, not a new one):
+    recounts the ERROR lines there and checks the task's answer against it."""
+    child = state.for_task({"prompt": "recount", "example_id": task.get("example_id")}, borrow=["model", "sandbox"])
+    await CHECKER.run(child.runtime["task"], child)
+    result = child.get("program_result") or {}
+    return 1.0 if result.get("exit_code") == 0 and result.get("stdout", "").strip() == task["answer"] else 0.0
+
+
 def agent_exit_ok(task, state) -> float:
     return 1.0 if (state.get("program_result") or {}).get("exit_code") == 0 else 0.0
 
@@ -102,7 +117,7 @@ def load_environment(config: AgentEnvConfig | None = None) -> vf.Environment:
     ts_cfg, h_cfg = config.taskset, config.harness
     taskset = vf.v1.Taskset(
         source=lambda: make_tasks(ts_cfg.num_tasks, ts_cfg.seed), taskset_id="v1-sandbox-agent",
-        system_prompt=ts_cfg.system_prompt or SYSTEM_PROMPT, rewards=[correct], metrics=[agent_exit_ok],
+        system_prompt=ts_cfg.system_prompt or SYSTEM_PROMPT, rewards=[correct], metrics=[agent_exit_ok, recount_in_sandbox],
     )
     harness = vf.v1.Harness(
         program={"command": ["python3", AGENT_PATH], "files": {AGENT_PATH: AGENT_SOURCE},
