@@ -161,6 +161,14 @@ async def test_base_loop_max_turns_and_model_errors_are_typed():
         state = await harness.run({"prompt": "x"})
         assert state["stop_condition"] == "max_turns_reached" and len(state["trajectory"]) == 1
         await harness.teardown()
+        # {"base": true} is the same loop; its max_turns, and a task's, win over the harness's
+        harness = Harness(program={"base": True, "max_turns": 1}, client=client_for(srv), model="m",
+                          toolsets=[Toolset(tools=[mul])], max_turns=5)
+        state = await harness.run({"prompt": "x"})
+        assert state["stop_condition"] == "max_turns_reached" and len(state["trajectory"]) == 1
+        state = await harness.run({"prompt": "x", "max_turns": 2})
+        assert state["stop_condition"] == "no_tools_called" and len(state["trajectory"]) == 2
+        await harness.teardown()
     from envs.testing.model_server import fail
 
     async with ModelServer(fail(400, "bad request body")) as srv:

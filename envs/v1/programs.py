@@ -32,7 +32,7 @@ def program_kind(program: Any) -> str:
         kinds = [k for k in ("base", "fn", "command") if program.get(k)]
         if len(kinds) != 1:
             raise ConfigError(f"a program mapping needs exactly one of base / fn / command, got {dict(program)!r}")
-        known = {"base", "fn", "command", "env", "cwd", "timeout", "files", "args"}
+        known = {"base", "fn", "command", "env", "cwd", "timeout", "files", "args", "max_turns"}
         unknown = set(program) - known
         if unknown:
             raise ConfigError(f"unknown program field(s) {sorted(unknown)}; known: {sorted(known)}")
