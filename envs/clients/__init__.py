@@ -34,6 +34,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def client_module(client_type: str) -> str:
+    """The module that defines `client_type`'s client (what a fork server preloads)."""
+    try:
+        return __name__ + _LAZY[CLIENT_TYPES[client_type]]
+    except KeyError:
+        raise ValueError(f"unknown client type {client_type!r}; one of {sorted(CLIENT_TYPES)}") from None
+
+
 def client_class(client_type: str) -> type[Client]:
     try:
         return __getattr__(CLIENT_TYPES[client_type])
@@ -63,6 +71,7 @@ __all__ = [
     "OpenAIChatCompletionsClient",
     "OpenAICompletionsClient",
     "client_class",
+    "client_module",
     "make_client",
     "resolve_api_key",
 ]
