@@ -20,7 +20,8 @@ Hooks a subclass (e.g. a sandbox-backed env) can rely on:
   the row's `metrics` and in `avg_metrics` next to the rubric's.
 - Sync user code (reward functions, tools) runs in `self.sync_pool`, one
   thread pool per env sized by `set_concurrency(n)` (initially `max_workers`)
-  and shut down by `teardown()`; see envs/sync_pool.py.
+  and shut down by `teardown()`; a callable measured fast (under 1 ms, 8 times
+  in a row) skips the thread hop; see envs/sync_pool.py.
 """
 
 from __future__ import annotations
@@ -302,6 +303,21 @@ class Environment(ABC):
         sandboxes only remember it; sandbox-backed envs override to use it."""
         self.sandbox_backend = backend
         self.sandbox_backend_options = dict(options or {})
+
+    def set_isolation(self, isolation: str) -> None:
+        """The run's sandbox isolation ("runc" or "gvisor"). Envs without sandboxes only
+        remember it; sandbox-backed envs override to put it on their sandbox spec."""
+        from sandboxes.errors import ConfigError
+        from sandboxes.spec import ISOLATIONS
+
+        if isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+        self.sandbox_isolation = isolation
+
+    def isolation_in_use(self) -> str | None:
+        """The isolation this env's sandboxes run under (recorded in metadata.json);
+        None for an env without sandboxes that was never given one."""
+        return getattr(self, "sandbox_isolation", None)
 
     def set_concurrency(self, concurrency: int) -> None:
         """Set the concurrency and size the sync-code thread pool to match."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -21,9 +22,12 @@ def module_name(env_id: str) -> str:
     return env_id.split("/")[-1].replace("-", "_")
 
 
+_NOT_ENVIRONMENTS = frozenset({"envs"})  # the library itself defines load_environment(env_id)
+
+
 def installed_environments(env_dir: str | Path | None = None) -> list[str]:
     """Ids of environments that can be loaded: installed distributions whose top-level
-    module exposes load_environment, plus packages under `env_dir` (./environments)."""
+    module defines load_environment, plus packages under `env_dir` (./environments)."""
     found: set[str] = set()
     base = Path(env_dir or "environments")
     if base.is_dir():
@@ -37,6 +41,8 @@ def installed_environments(env_dir: str | Path | None = None) -> list[str]:
             text = ""
         names = text.split() or [str(dist.metadata.get("Name", "")).replace("-", "_")]
         for top in names:
+            if top in _NOT_ENVIRONMENTS:
+                continue
             path = _find_spec_path(top)
             if path and _mentions_load_environment(path):
                 found.add(top.replace("_", "-"))
@@ -78,9 +84,11 @@ def import_env_module(env_id: str, env_dir: str | Path | None = None) -> Any:
                 if exc.name != name:
                     raise
     available = installed_environments(env_dir)
+    close = difflib.get_close_matches(env_id.split("/")[-1].replace("_", "-"), available, n=1, cutoff=0.6)
+    guess = f" Did you mean {close[0]!r}?" if close else ""
     hint = ", ".join(available) if available else "none found"
     raise EnvNotFoundError(
-        f"unknown environment {env_id!r}: no module {name!r} is importable. Installed: {hint}. "
+        f"unknown environment {env_id!r}.{guess} Available: {hint}. "
         f"Install one with `vf-sandbox env install NAME` (from ./environments/NAME)."
     )
 

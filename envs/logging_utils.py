@@ -12,6 +12,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 LOGGER = "envs"
+RUN_LOG_ONLY = {"run_log_only": True}
+"""`extra=` for records meant for the run's log file only (a full traceback, an
+error the CLI prints itself): console handlers drop them with `for_console`."""
+
+
+def for_console(record: logging.LogRecord) -> bool:
+    """Filter of console handlers: False for records logged with `extra=RUN_LOG_ONLY`."""
+    return not getattr(record, "run_log_only", False)
 
 
 class JsonFormatter(logging.Formatter):
@@ -73,7 +81,9 @@ def setup_logging(
     logger.setLevel(lvl)
     handlers: list[logging.Handler] = []
     if console_logging:
-        handlers.append(logging.StreamHandler(stream or sys.stderr))
+        console = logging.StreamHandler(stream or sys.stderr)
+        console.addFilter(for_console)  # records for the run's log file only stay off the console
+        handlers.append(console)
     if file_logging:
         handlers.append(logging.FileHandler(str(log_file), mode="a", encoding="utf-8"))
     for h in handlers:
@@ -86,6 +96,7 @@ def setup_logging(
         root.setLevel(lvl)
         root_handler = logging.StreamHandler(stream or sys.stderr)
         root_handler.setFormatter(formatter)
+        root_handler.addFilter(for_console)
         root.addHandler(root_handler)
         for noisy in ("httpcore", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -143,6 +143,7 @@ class SandboxEnv(StatefulToolEnv):
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         workdir: str | None = None,
         network: bool = False,
+        isolation: str = "runc",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
@@ -164,6 +165,7 @@ class SandboxEnv(StatefulToolEnv):
             environment_vars=dict(environment_vars or {}),
             labels=labels if labels is not None else {sandbox_name: "true"},
             network=network,
+            isolation=isolation,
         )
         if workdir:
             spec_fields["workdir"] = workdir
@@ -279,7 +281,7 @@ class SandboxEnv(StatefulToolEnv):
         "docker_image": "image", "sandbox_name": "name", "start_command": "start_command", "cpu_cores": "cpu_cores",
         "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
         "timeout_minutes": "timeout_minutes", "environment_vars": "environment_vars", "network": "network",
-        "workdir": "workdir", "labels": "labels",
+        "workdir": "workdir", "labels": "labels", "isolation": "isolation",
     }
 
     def set_sandbox_settings(self, **settings: Any) -> None:
@@ -289,6 +291,18 @@ class SandboxEnv(StatefulToolEnv):
             self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings {settings} for {type(self).__name__}: {exc}") from exc
+
+    def set_isolation(self, isolation: str) -> None:
+        """Run this env's sandboxes under `isolation` ("runc" or "gvisor"): -x isolation=gvisor,
+        TOML `isolation`, the run definition."""
+        super().set_isolation(isolation)
+        if isolation != self.sandbox_spec.isolation:
+            if self._pool is not None:
+                raise ConfigError("set_isolation() after the warm pool was started")
+            self.set_sandbox_settings(isolation=isolation)
+
+    def isolation_in_use(self) -> str | None:
+        return self.sandbox_spec.isolation
 
     def set_timeout_per_command_seconds(self, seconds: float) -> None:
         try:
@@ -550,7 +564,8 @@ def _spec_setter(name: str) -> Any:
 
 
 for _name in SandboxEnv._SPEC_SETTINGS:
-    setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
+    if f"set_{_name}" not in SandboxEnv.__dict__:  # a setter written out (set_isolation) is kept
+        setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
 
 
 class _ReleaseAfterScoring(Rubric):

@@ -75,6 +75,10 @@ class ImageNotFound(UsageError):
     """The image does not exist locally and no recipe can build it."""
 
 
+class ImagePushFailed(UsageError):
+    """The registry refused a push (bad credentials, no such registry): the message says why."""
+
+
 class PathError(UsageError):
     """A bad path: traversal outside the destination, missing file, wrong type."""
 

@@ -55,6 +55,12 @@ def check_client_type(client_type: str) -> None:
         raise ConfigError(f"unknown client type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
 
 
+def client_module(client_type: str) -> str:
+    """The module that defines `client_type`'s client (what a fork server preloads)."""
+    check_client_type(client_type)
+    return __name__ + _LAZY[CLIENT_TYPES[client_type]]
+
+
 def client_class(client_type: str) -> type[Client]:
     check_client_type(client_type)
     return __getattr__(CLIENT_TYPES[client_type])
@@ -83,6 +89,7 @@ __all__ = [
     "OpenAICompletionsClient",
     "OpenAIResponsesClient",
     "client_class",
+    "client_module",
     "make_client",
     "resolve_api_key",
 ]

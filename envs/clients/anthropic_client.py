@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover - older SDKs use httpx itself
 
 from ..errors import InvalidModelResponseError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, classify_sdk_error
+from .base import Client, classify_sdk_error, log_sdk_retries
 from .config import ClientConfig, resolve_api_key
 
 DEFAULT_MAX_TOKENS = 4096
@@ -44,6 +44,7 @@ class AnthropicMessagesClient(Client[anthropic.AsyncAnthropic]):
         base = config.api_base_url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
+        log_sdk_retries("anthropic._base_client")
         return anthropic.AsyncAnthropic(
             api_key=resolve_api_key(config.api_key_var),
             base_url=base,

@@ -13,7 +13,7 @@ import openai
 
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, classify_sdk_error
+from .base import Client, classify_sdk_error, log_sdk_retries
 from .config import ClientConfig, resolve_api_key
 
 # Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
@@ -39,6 +39,7 @@ def build_async_openai(config: ClientConfig) -> openai.AsyncOpenAI:
     """An AsyncOpenAI on the aiohttp transport configured from `config` (timeouts,
     connection limits, retries, headers, the key by variable name)."""
     timeout = openai.Timeout(config.timeout, connect=config.connect_timeout)
+    log_sdk_retries("openai._base_client")
     limits = httpx.Limits(max_connections=config.max_connections,
                           max_keepalive_connections=config.max_keepalive_connections)
     try:

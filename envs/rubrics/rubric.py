@@ -9,7 +9,8 @@ answers, prompts, infos, tasks) is a *group* function: it gets the lists of
 a whole group and returns one score per rollout. Sync and async both work:
 a sync function runs in the owning environment's thread pool (`sync_pool`,
 attached by the env before scoring, sized by `env.set_concurrency`), so a
-slow one does not block the event loop; async ones run on the loop. A rubric
+slow one does not block the event loop (one measured fast moves onto the
+loop: see envs/sync_pool.py); async ones run on the loop. A rubric
 used on its own (no pool attached) calls sync functions inline. Functions
 run one after another for a rollout, each for all rollouts of a group at
 once.
