@@ -324,3 +324,17 @@ async def test_client_config_connection_limit_is_honoured():
             await asyncio.gather(*(client.get_response([{"role": "user", "content": "x"}], "m", {}) for _ in range(6)))
             assert peak == expected, (client_type, limit, peak)
             await client.close()
+
+
+def test_sandbox_env_reference_arguments_are_used_or_refused():
+    from sandboxes.errors import ConfigError
+
+    rows = [{"question": "q", "answer": "a"}]
+    with pytest.raises(ConfigError, match="advanced_configs"):
+        vf.SandboxEnv(dataset=rows, advanced_configs={"x": 1})
+    env = vf.SandboxEnv(dataset=rows, team_id="team-7")
+    with pytest.raises(ConfigError, match="prime backend only"):
+        env.backend  # docker: a team means nothing there
+    env = vf.SandboxEnv(dataset=rows, team_id="team-7")
+    env.set_backend("prime", {"api_key": "k", "base_url": "http://127.0.0.1:9"})
+    assert env.backend.config.team_id == "team-7"
