@@ -107,11 +107,41 @@ def load_environment(env_id: str, env_dir: str | Path | None = None, **env_args:
             f"load_environment() of {env_id!r} takes no argument(s) {unknown}; it accepts: "
             + ", ".join(p for p in params if params[p].kind not in (inspect.Parameter.VAR_POSITIONAL,))
         )
-    env = fn(**env_args)
+    env = fn(**_typed_config_args(fn, env_args))
     if not getattr(env, "env_id", None):
         env.env_id = env_id
     env.env_args = dict(env_args)
     return env
+
+
+def _typed_config_args(fn: Any, env_args: dict[str, Any]) -> dict[str, Any]:
+    """A v1 env's `load_environment(config: SomeEnvConfig)` gets `config` (a table:
+    eval TOML `[env.taskset]` / `[env.harness]`, or `-a '{"config": ...}'`) as that
+    Config, validated: an unknown field is a ConfigError naming it."""
+    raw = env_args.get("config")
+    if not isinstance(raw, dict):
+        return env_args
+    import typing
+
+    from pydantic import ValidationError
+
+    from sandboxes.errors import ConfigError
+
+    from .v1.config import Config
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return env_args
+    ann = hints.get("config")
+    candidates = [a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, Config)]
+    if not candidates:
+        return env_args
+    try:
+        return {**env_args, "config": candidates[0](raw)}
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid env config for {getattr(fn, '__module__', '?')}: {problems}") from None
 
 
 def env_package_dir(env_id: str, env_dir: str | Path | None = None) -> Path | None:

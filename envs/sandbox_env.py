@@ -173,8 +173,11 @@ class SandboxEnv(StatefulToolEnv):
             self.sandbox_spec = SandboxSpec(**spec_fields)
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings for {type(self).__name__}: {exc}") from exc
-        self.team_id = team_id  # reference compatibility (no meaning here)
-        self.advanced_configs = advanced_configs
+        if advanced_configs is not None:
+            raise ConfigError("SandboxEnv(advanced_configs=...) is a Prime SDK setting vf-sandbox does not support; "
+                              "use the sandbox spec arguments (cpu_cores, memory_gb, ...) or backend options")
+        self.team_id = team_id  # the Prime team: becomes the prime backend's team_id option
+        self.advanced_configs = None
         self.timeout_per_command_seconds = float(timeout_per_command_seconds)
         self.persistent_shell = persistent_shell
         self.output_limit_bytes = int(output_limit_bytes)
@@ -327,7 +330,13 @@ class SandboxEnv(StatefulToolEnv):
     @property
     def backend(self) -> SandboxBackend:
         if self._backend is None:
-            self._backend = get_backend(self._backend_arg, **self._backend_options)
+            options = dict(self._backend_options)
+            if self.team_id is not None:
+                if self._backend_arg != "prime":
+                    raise ConfigError(f"SandboxEnv(team_id=...) applies to the prime backend only, not "
+                                      f"{self._backend_arg or 'docker'!r}")
+                options.setdefault("team_id", self.team_id)
+            self._backend = get_backend(self._backend_arg, **options)
         return self._backend
 
     def get_sandbox_spec(self, state: State) -> SandboxSpec:

@@ -61,7 +61,7 @@ def eval_command(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or endpoint alias \\[default: openai/gpt-4.1-mini]"),
     api_base_url: Optional[str] = typer.Option(None, "--api-base-url", "-b", help="API base URL \\[default: https://api.pinference.ai/api/v1]"),
     api_key_var: Optional[str] = typer.Option(None, "--api-key-var", "-k", help="Environment variable holding the API key \\[default: PRIME_API_KEY]"),
-    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_chat_completions_token | anthropic_messages"),
+    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_responses | anthropic_messages"),
     endpoints_path: Optional[str] = typer.Option(None, "--endpoints-path", "-e", help="TOML endpoints registry \\[default: ./configs/endpoints.toml]"),
     header: Optional[list[str]] = typer.Option(None, "--header", help="Extra HTTP header 'Name: Value' (repeatable)"),
     header_from_state: Optional[list[str]] = typer.Option(None, "--header-from-state", help="Per-request header 'Name: state_key' (repeatable) \\[default: X-Session-ID: example_id]"),
@@ -112,7 +112,10 @@ def eval_command(
     from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object, parse_kwargs
     from ..logging_utils import setup_logging
 
-    setup_logging("DEBUG" if verbose else "INFO")
+    setup_logging("DEBUG" if verbose else "INFO", log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                  date_format="%H:%M:%S")
+    # the run's log file (envs.runs.registry) is a root handler: the CLI's records propagate to it
+    logging.getLogger("envs").propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
     resume_path = None if resume in (None, _AUTO) else resume
     env_ids = list(env_id_or_path or [])

@@ -175,6 +175,9 @@ def _innermost(exc: BaseException) -> str:
 class Client(ABC, Generic[ClientT]):
     """Base of every model client. `get_response` is the one public call."""
 
+    config: ClientConfig | None = None  # set by __init__; a subclass that skips it still has one
+    _client: Any = None
+
     def __init__(self, client_or_config: ClientT | ClientConfig) -> None:
         if isinstance(client_or_config, ClientConfig):
             self.config: ClientConfig | None = client_or_config
@@ -212,9 +215,12 @@ class Client(ABC, Generic[ClientT]):
     @abstractmethod
     def from_native_response(self, response: Any) -> Response: ...
 
-    @abstractmethod
     def classify_error(self, exc: BaseException) -> BaseException:
-        """Map an SDK exception to ModelAuthError / ModelError (with `from exc`)."""
+        """The vf error an SDK exception becomes (raised `from exc`). Not abstract, as in
+        the reference: a custom client implementing only the reference's abstract methods
+        gets ModelError; the built-in clients map auth / transient / overlong errors
+        (`classify_sdk_error`)."""
+        return ModelError(f"{type(exc).__name__}: {exc}")
 
     async def close(self) -> None:
         close = getattr(self._client, "close", None)

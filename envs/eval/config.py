@@ -28,6 +28,7 @@ from sandboxes.registry import DEFAULT_BACKEND, backend_names
 from sandboxes.retry import RetryPolicy
 from sandboxes.spec import ISOLATIONS, Isolation
 
+from .. import clients as _clients
 from ..clients.config import ClientConfig, EndpointClientConfig
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -48,7 +49,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
 }
 MAX_TIMEOUT_MINUTES = 1440.0
 DEFAULT_HEADER_FROM_STATE = {"X-Session-ID": "example_id"}
-CLIENT_TYPES = ("openai_chat_completions", "openai_completions", "openai_chat_completions_token", "anthropic_messages")
+CLIENT_TYPES = tuple(_clients.CLIENT_TYPES)  # the implemented ones
 
 # Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]]).
 SETTING_KEYS = frozenset(
@@ -57,7 +58,7 @@ SETTING_KEYS = frozenset(
         "endpoints_path", "api_base_url", "api_key_var", "api_client_type", "sampling_args", "max_tokens",
         "temperature", "headers", "header", "headers_from_state", "header_from_state", "max_concurrent",
         "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
-        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
+        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path", "env",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
         "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
@@ -250,7 +251,10 @@ def load_endpoints(path: str | Path | None) -> dict[str, list[Endpoint]]:
             raise ConfigError(f"{where}: set either 'headers' or 'extra_headers', not both")
         ctype = row.get("api_client_type", row.get("type", "openai_chat_completions"))
         if ctype not in CLIENT_TYPES:
-            raise ConfigError(f"{where}: unknown api_client_type {ctype!r}; one of {CLIENT_TYPES}")
+            try:
+                _clients.check_client_type(ctype)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: api_client_type: {exc}") from None
         headers = row.get("headers", row.get("extra_headers", {})) or {}
         out.setdefault(row["endpoint_id"], []).append(
             Endpoint(endpoint_id=row["endpoint_id"], model=row["model"], url=row["url"], key=row["key"],
@@ -328,7 +332,10 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         key_var = s["api_key_var"]
     client_type = client_type or BUILTIN_DEFAULTS["api_client_type"]
     if client_type not in CLIENT_TYPES:
-        raise ConfigError(f"unknown api_client_type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
+        try:
+            _clients.check_client_type(client_type)
+        except ConfigError as exc:
+            raise ConfigError(f"api_client_type: {exc}") from None
     headers.update({str(k): str(v) for k, v in (s.get("headers") or {}).items()})
     headers.update(parse_header_lines(s.get("header"), "header"))
     from_state = dict(DEFAULT_HEADER_FROM_STATE)
@@ -492,6 +499,42 @@ def configs_from_cli(env_ids: list[str], cli: dict[str, Any]) -> list[EvalConfig
     return out
 
 
+V1_ENV_SECTIONS = ("taskset", "harness")
+
+
+def _v1_env_table(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """`[env.taskset]` / `[env.harness]` (v1 envs) become env_args["config"], which the
+    loader validates against the env's EnvConfig (unknown fields named there)."""
+    env = table.pop("env", None)
+    if env is None:
+        return table
+    if not isinstance(env, dict) or set(env) - set(V1_ENV_SECTIONS):
+        raise ConfigError(f"{where}: [env] takes only the sections {list(V1_ENV_SECTIONS)}, got {sorted(env) if isinstance(env, dict) else env!r}")
+    for name, section in env.items():
+        if not isinstance(section, dict):
+            raise ConfigError(f"{where}: env.{name} must be a table")
+    args = dict(table.get("env_args") or {})
+    config = dict(args.get("config") or {})
+    for name, section in env.items():
+        config[name] = {**(config.get(name) or {}), **section}
+    args["config"] = config
+    table["env_args"] = args
+    return table
+
+
+def _merge_env_args(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; a v1 `config` table merges per section (taskset / harness)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "config" and isinstance(value, dict) and isinstance(out.get("config"), dict):
+                out["config"] = {n: {**(out["config"].get(n) or {}), **(value.get(n) or {})}
+                                 for n in {*out["config"], *value}}
+            else:
+                out[key] = value
+    return out
+
+
 def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
     table = dict(table)
     if "id" in table:
@@ -500,6 +543,7 @@ def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
         if "env_args" in table:
             raise ConfigError(f"{where}: set either 'args' or 'env_args', not both")
         table["env_args"] = table.pop("args")
+    table = _v1_env_table(table, where)
     for key in ("env_args", "extra_env_kwargs", "sampling_args", "headers", "headers_from_state", "backend_options"):
         if key in table and not isinstance(table[key], dict):
             raise ConfigError(f"{where}: {key} must be a table, got {type(table[key]).__name__}")
@@ -554,6 +598,7 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
     data = load_toml(p)
     top = {k: v for k, v in data.items() if k not in ("eval", "ablation")}
     _check_keys(top, SETTING_KEYS, f"{p}: top level")
+    top = _v1_env_table(top, f"{p}: top level")
     evals = data.get("eval", [])
     ablations = data.get("ablation", [])
     if not isinstance(evals, list) or not isinstance(ablations, list):
@@ -578,7 +623,7 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
         try:
             merged = _with_env_defaults([entry, top], entry["env_id"], entry.get("env_dir_path") or top.get("env_dir_path"))
             if "env_args" in top or "env_args" in entry:
-                merged["env_args"] = {**merged.get("env_args", {}), **top.get("env_args", {}), **entry.get("env_args", {})}
+                merged["env_args"] = _merge_env_args(merged.get("env_args", {}), top.get("env_args", {}), entry.get("env_args", {}))
             merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
             out.append(build_eval_config(merged, cache))
         except ConfigError as exc:

@@ -185,14 +185,18 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection, send_lo
 # --------------------------------------------------------------------------- the runner's side
 
 
-def worker_context() -> Any:
+def worker_context(cfg: EvalConfig) -> Any:
     """How workers start: from a fork server (a clean, single-threaded process that
-    imported the eval stack once, so each worker forks ready instead of importing it
-    again), or spawned where fork servers do not exist. Never a plain fork of the
-    runner, whose threads and event loop a child must not inherit."""
+    imported the eval stack and the run's model client (the SDK: most of a worker's
+    start-up) once, so each worker forks ready instead of importing it again), or
+    spawned where fork servers do not exist. Never a plain fork of the runner, whose
+    threads and event loop a child must not inherit."""
     if "forkserver" in multiprocessing.get_all_start_methods():
+        from ..clients import client_module
+
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.setup", "envs.outputs", "envs.clients"])
+        clients = sorted({client_module(c.client_type) for c in cfg.client_config.replicas()})
+        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.setup", "envs.outputs", "envs.clients", *clients])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -201,7 +205,7 @@ def warm_up_workers(cfg: EvalConfig) -> None:
     """Start the fork server now (it imports in the background while the runner loads
     its environment), so the workers are ready sooner."""
     if cfg.num_workers > 1:
-        ctx = worker_context()
+        ctx = worker_context(cfg)
         if ctx.get_start_method() == "forkserver":
             from multiprocessing import forkserver
 
@@ -223,7 +227,7 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     if not groups.remaining:
         return
 
-    ctx = worker_context()
+    ctx = worker_context(cfg)
     loop = asyncio.get_running_loop()
     workers: list[_Worker] = []
     events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
