@@ -314,6 +314,32 @@ def test_permission_rules_sandboxes_and_instances(monkeypatch):
     check_permissions(*cfg("bash-files", allow_sandbox_access=True, allow_instances_access=True, backend="kubernetes"))
 
 
+def test_kuberay_manifest_is_consistent():
+    """configs/kuberay/raycluster.yaml cannot be applied here (no Kubernetes): at least its
+    parts agree: the sandbox namespace exists and is the one the pods' Role and the backend
+    use, both groups run as the bound service account, on one image, the head serves the Jobs API."""
+    import yaml
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "configs" / "kuberay" / "raycluster.yaml").read_text())}
+    assert set(docs) == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "RayCluster"}
+    ns = docs["Namespace"]["metadata"]["name"]
+    assert docs["Role"]["metadata"]["namespace"] == docs["RoleBinding"]["metadata"]["namespace"] == ns
+    assert {"pods", "pods/exec"} <= set(docs["Role"]["rules"][0]["resources"])
+    assert {"create", "delete", "list"} <= set(docs["Role"]["rules"][0]["verbs"])
+    sa = docs["ServiceAccount"]["metadata"]["name"]
+    assert docs["RoleBinding"]["subjects"][0]["name"] == sa and docs["RoleBinding"]["roleRef"]["name"] == "vf-sandbox-pods"
+    spec = docs["RayCluster"]["spec"]
+    pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+    assert {p["serviceAccountName"] for p in pods} == {sa}
+    containers = [c for p in pods for c in p["containers"]]
+    assert len({c["image"] for c in containers}) == 1
+    assert all({"name": "VF_K8S_NAMESPACE", "value": ns} in c["env"] for c in containers)
+    assert 8265 in [port["containerPort"] for port in containers[0]["ports"]]
+    import ray
+
+    assert spec["rayVersion"] == ray.__version__  # the cluster's Ray = the submitting side's
+
+
 def test_hosted_without_ray_says_how_to_install_it(tmp_path):
     """No cluster needed: the CLI in a process where `import ray` fails."""
     code = ("import sys; sys.modules['ray'] = None; sys.argv = ['vf-sandbox', *sys.argv[1:]]; "
