@@ -40,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 VF = [sys.executable, "-m", "envs.cli.app"]
-LOG_TIME = re.compile(r"^(\d\d:\d\d:\d\d) INFO envs\.eval\.(hosted|ray_workers): (hosted run|worker actor \d+ ready)")
+# a log line of the job (any format with an HH:MM:SS time before the logger name)
+LOG_TIME = re.compile(r"(\d\d:\d\d:\d\d)\S*\s.*envs\.eval\.(hosted|ray_workers)\b.*?(hosted run|worker actor \d+ ready)")
 
 
 def free_port() -> int:
@@ -71,7 +72,7 @@ def run_eval(base_url: str, out: Path, n: int, r: int, c: int, *extra: str) -> d
             lines.append(line)
             if "submitted to" in line and "submitted" not in marks:
                 marks["submitted"] = time.time()
-            m = LOG_TIME.match(line)
+            m = LOG_TIME.search(line)
             if m:
                 key = "job_started" if m.group(3) == "hosted run" else "actors_ready"
                 marks[key] = _clock(m.group(1), t0)  # the last actor's for actors_ready
