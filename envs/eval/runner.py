@@ -18,6 +18,7 @@ from typing import Any
 from sandboxes.errors import UsageError
 
 from ..errors import MissingKeyError
+from ..outputs import is_infra_row
 from .config import EvalConfig
 from .display import EvalProgress, PlainDisplay, RichDisplay
 from .setup import load_run_env, make_run_clients
@@ -41,7 +42,7 @@ log = logging.getLogger("envs.eval")
 @dataclass
 class EvalResult:
     config: EvalConfig
-    status: str = "pending"  # completed | failed | stopped
+    status: str = "pending"  # completed | incomplete (infra-error rollouts, --resume reruns them) | failed | stopped
     error: str | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -184,8 +185,9 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
         progress.total = len(rows) + len(todo)
         progress.done = progress.resumed = len(rows)
-        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows)
+        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if not is_infra_row(r))
         progress.errors = sum(1 for r in rows if r.get("error"))
+        progress.infra = 0
         progress.output = str(run_dir) if save else ""
         progress.status = "running"
         progress.started = time.time()
@@ -203,7 +205,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 writer.append(group_rows)  # one write + flush + fsync per group, on the loop (no torn groups)
             rows.extend(group_rows)
             progress.done += len(group_rows)
-            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows)
+            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if not is_infra_row(r))
+            progress.infra += sum(1 for r in group_rows if is_infra_row(r))
             progress.errors += sum(1 for r in group_rows if r.get("error"))
             for r in group_rows:
                 if r.get("error"):
@@ -248,6 +251,12 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             except asyncio.TimeoutError:
                 raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
         status, error = "completed", None
+        infra = sum(1 for r in rows if is_infra_row(r))
+        if infra:  # no result on those tasks: not a finished run, whatever the other rows say
+            status = "incomplete"
+            error = (f"{infra} rollout(s) ended in an infrastructure error (sandbox or backend failed after "
+                     f"{cfg.max_retries} retries): not scored, left out of the averages; run again with --resume "
+                     f"{run_dir} to run them")
         if cfg.save_to_hf_hub:
             push_to_hub(rows, cfg)
     except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
