@@ -48,6 +48,7 @@ class EvalResult:
     metadata: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None
     run_id: str | None = None
+    usage_error: bool = False  # failed on bad usage (unknown env, missing key, ...): the CLI exits 2
 
 
 class StopRequested(Exception):
@@ -265,6 +266,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         status, error = "stopped", str(exc)
     except (UsageError, MissingKeyError) as exc:
         status, error = "failed", str(exc)
+        result.usage_error = True
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         log.debug("eval %s failed", cfg.env_id, exc_info=True)

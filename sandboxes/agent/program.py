@@ -249,6 +249,21 @@ def kill_group(pid, sig=signal.SIGKILL):
         pass
 
 
+def kill_group_fully(proc, within=2.0):
+    """SIGKILL the command's process group until it is empty (a fork bomb forks between
+    signals: one killpg can miss children born meanwhile, which then hold the pids limit)."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            return
+        proc.poll()  # reap the leader: a zombie still counts as a member of its group
+        if time.monotonic() > end:
+            return
+        time.sleep(0.005)
+
+
 def spawn(req, stdin_pipe):
     return subprocess.Popen(
         command_argv(req),
@@ -382,7 +397,7 @@ def op_exec(req, ctx):
             now = time.monotonic()
             if ctx.cancelled or (deadline is not None and now >= deadline):
                 timed_out = not ctx.cancelled
-                kill_group(proc.pid)
+                kill_group_fully(proc)
                 break
             if exited_at is not None and now - exited_at > DRAIN_GRACE:
                 break  # main process gone; leftovers keep the pipes open
@@ -417,9 +432,14 @@ def op_exec(req, ctx):
         for fd in fds:
             if fd not in open_fds:
                 _close(pipes[fd])
+        drained = False
         if leftover and not timed_out and not ctx.cancelled:
-            threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
-        else:
+            try:
+                threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
+                drained = True
+            except RuntimeError:  # no thread to spare (pids limit): the leftovers lose their pipes
+                pass
+        if not drained:
             for pipe in leftover:
                 _close(pipe)
     duration = time.monotonic() - started
@@ -763,7 +783,16 @@ def dispatch(req, ctx):
             _idle[0] -= 1
             _jobs.put((req, ctx))
             return
-    threading.Thread(target=_worker, args=(req, ctx), daemon=True).start()
+    try:
+        threading.Thread(target=_worker, args=(req, ctx), daemon=True).start()
+    except RuntimeError as exc:  # the sandbox is at its pids limit (a fork bomb): answer, keep serving
+        with _requests_lock:
+            _requests.pop(req.get("id"), None)
+        try:
+            send({"id": req.get("id"), "ev": "error", "kind": "internal",
+                  "message": "cannot start a thread for the request (%s): the sandbox is at its pids limit" % exc})
+        except Exception:
+            pass
 
 
 def shutdown():
