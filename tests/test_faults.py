@@ -167,9 +167,14 @@ def killing_policy(kill_during_tool: bool, kills: list[str]):
 
     lock = threading.Lock()
 
-    def kill_later(host: str, delay: float) -> None:
-        def go():
-            time.sleep(delay)
+    def kill_during_sleep(host: str) -> None:
+        def go():  # kill only once the tool call's command really runs in the container
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                top = subprocess.run(["docker", "top", host], capture_output=True, text=True, timeout=60).stdout
+                if "sleep 20" in top:
+                    break
+                time.sleep(0.1)
             subprocess.run(["docker", "kill", host], capture_output=True, timeout=60)
         threading.Thread(target=go, daemon=True).start()
 
@@ -184,7 +189,7 @@ def killing_policy(kill_during_tool: bool, kills: list[str]):
                 if first:
                     kills.append(host)
             if first and kill_during_tool:
-                kill_later(host, 2.0)  # the tool call below is running by then
+                kill_during_sleep(host)
                 return Reply(tool_calls=[ToolCallSpec("bash", {"command": "sleep 20; " + COUNT})])
             if first:
                 subprocess.run(["docker", "kill", host], capture_output=True, timeout=60)
