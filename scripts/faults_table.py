@@ -38,8 +38,6 @@ ELSEWHERE: list[tuple[str, str, str, str]] = [
      "tests.test_swe_docker", "test_resume_after_sigkill"),
     ("SWE patches that do not apply", "`gold_apply_failed` with the patch output, exit 1, JUnit failure",
      "tests.test_swe_docker", "test_cli_exit_code_and_junit"),
-    ("secrets: API key and header token", "never in results, metadata, registry or logs",
-     "tests.test_eval_secrets", "test_api_key_and_header_values_never_written"),
 ]
 
 

@@ -12,6 +12,7 @@ left, and no containerd shim runs for a container the engine no longer lists
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -685,6 +686,53 @@ def test_swe_rows_without_patch_are_malformed(tmp_path, case):
     assert all(e["type"] == "malformed_row" and "patch" in e["message"] for e in env.input_errors)
     env_cmd = load_environment(dataset=str(ds), debug_step="command", debug_command="true")
     assert len(env_cmd.get_eval_inputs()) == 3  # no gold patch needed there
+
+
+# --------------------------------------------------------------------------- secrets
+
+API_KEY = "sk-vf-faults-key-7d2e91"
+HEADER_TOKEN = "tok-vf-faults-hdr-5a0c44"
+CUSTOM = "zz-vf-faults-custom-secret-318b"
+
+
+def test_secrets_never_written(tmp_path, case):
+    """A distinctive API key, a header token and a custom secret (a sandbox environment
+    variable given with -x) are in play in a sandbox eval with -v, yet appear in no file the
+    run wrote (results, metadata, registry, logs) nor in its console output."""
+    case.row("secrets: API key, header token, a custom secret (sandbox env var via `-x`)",
+             "never in results, metadata, registry or logs (the custom one really reached the sandbox)")
+    from envs.testing.model_server import ModelServer, Reply, ToolCallSpec
+
+    seen: list[str] = []
+
+    def policy(req):
+        seen.append(req.headers.get("Authorization", "") + " " + req.headers.get("X-Team-Token", ""))
+        if req.n_tool_turns() == 0:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": 'printf %s "$MY_API_TOKEN" | sha256sum'})])
+        return Reply(content="\\boxed{0}")
+
+    env = {**cli_env(tmp_path), "VF_FAULTS_SECRET_KEY": API_KEY}
+    with ModelServer(policy).run_in_thread() as srv:
+        cmd = eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "1", "-r", "1", "-s", "-v",
+                       "-a", json.dumps({"labels": case.labels, "pool_size": 0}),
+                       "-x", json.dumps({"environment_vars": {"MY_API_TOKEN": CUSTOM}}), "--header", f"X-Team-Token: {HEADER_TOKEN}")
+        cmd[cmd.index(KEY)] = "VF_FAULTS_SECRET_KEY"
+        res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert seen and all(s == f"Bearer {API_KEY} {HEADER_TOKEN}" for s in seen)  # really in play...
+    rows, meta, _ = saved_rows(tmp_path)
+    digest = hashlib.sha256(CUSTOM.encode()).hexdigest()
+    assert digest in json.dumps(rows[0]["completion"])  # ...the custom secret reached the sandbox
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "runs.db" for p in written) and any(p.name == "metadata.json" for p in written)
+    for p in written:
+        data = p.read_bytes()
+        for secret in (API_KEY, HEADER_TOKEN, CUSTOM):
+            assert secret.encode() not in data, f"{secret} written to {p}"
+    for secret in (API_KEY, HEADER_TOKEN, CUSTOM):
+        assert secret not in res.stdout + res.stderr
+    assert meta["eval_config"]["extra_env_kwargs"] == {"environment_vars": {"MY_API_TOKEN": "***"}}
+    case.figure(f"{len(written)} files written, 0 hold any of the 3 secrets")
 
 
 # --------------------------------------------------------------------------- load

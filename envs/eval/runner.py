@@ -19,7 +19,7 @@ from sandboxes.errors import UsageError
 
 from ..errors import MissingKeyError
 from ..outputs import is_infra_row
-from .config import EvalConfig
+from .config import EvalConfig, redact_secrets
 from .display import EvalProgress, PlainDisplay, RichDisplay
 from .setup import load_run_env, make_run_clients
 from .junit import write_junit
@@ -83,7 +83,7 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
         path_to_save=str(run_dir) if run_dir else "",
     )
     meta["env_id"] = cfg.env_id
-    meta["env_args"] = cfg.env_args
+    meta["env_args"] = redact_secrets(cfg.env_args)
     if cfg.name:
         meta["name"] = cfg.name
     meta["status"] = status
