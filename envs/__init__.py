@@ -24,6 +24,7 @@ from .errors import (
     MissingKeyError,
     ModelError,
     OverlongPromptError,
+    SandboxError,
     ToolCallError,
     ToolError,
     ToolParseError,
@@ -40,6 +41,8 @@ from .types import (
     GenerateMetadata,
     GenerateOutputs,
     Info,
+    GroupRewardFunc,
+    IndividualRewardFunc,
     Messages,
     Response,
     ResponseMessage,
@@ -47,6 +50,7 @@ from .types import (
     RolloutOutput,
     RolloutScore,
     RolloutScores,
+    RewardFunc,
     RolloutTiming,
     SamplingArgs,
     State,
@@ -75,10 +79,13 @@ _LAZY: dict[str, str] = {
     "OpenAIChatCompletionsClient": "envs.clients.openai_clients",
     "OpenAICompletionsClient": "envs.clients.openai_clients",
     "AnthropicMessagesClient": "envs.clients.anthropic_client",
+    "OpenAIResponsesClient": "envs.clients.openai_responses",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "v1":  # the v1 API (Taskset / Harness / Env), `vf.v1`
+        return importlib.import_module("envs.v1")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'envs' has no attribute {name!r}")

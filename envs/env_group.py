@@ -59,6 +59,15 @@ class EnvGroup(Environment):
         for env in self.envs:
             env.set_backend(backend, options)
 
+    def set_isolation(self, isolation: str) -> None:
+        super().set_isolation(isolation)
+        for env in self.envs:
+            env.set_isolation(isolation)
+
+    def isolation_in_use(self) -> str | None:
+        used = sorted({i for i in (env.isolation_in_use() for env in self.envs) if i})
+        return ",".join(used) or None
+
     def set_retry_policy(self, policy: Any) -> None:
         super().set_retry_policy(policy)
         for env in self.envs:

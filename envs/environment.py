@@ -20,7 +20,8 @@ Hooks a subclass (e.g. a sandbox-backed env) can rely on:
   the row's `metrics` and in `avg_metrics` next to the rubric's.
 - Sync user code (reward functions, tools) runs in `self.sync_pool`, one
   thread pool per env sized by `set_concurrency(n)` (initially `max_workers`)
-  and shut down by `teardown()`; see envs/sync_pool.py.
+  and shut down by `teardown()`; a callable measured fast (under 1 ms, 8 times
+  in a row) skips the thread hop; see envs/sync_pool.py.
 """
 
 from __future__ import annotations
@@ -206,20 +207,42 @@ class Environment(ABC):
         return rows[:n] if n is not None and n >= 0 else list(rows)
 
     @staticmethod
-    def _as_dataset(rows: list[dict[str, Any]], like: Any) -> Any:
-        if like is not None and hasattr(like, "to_list"):
-            from datasets import Dataset
+    def _as_dataset(rows: list[dict[str, Any]]) -> Any:
+        """`rows` as a `datasets.Dataset` (the reference's return type). Rows Arrow
+        cannot hold in one table (a column mixing types) stay a list, with a warning."""
+        from datasets import Dataset
 
+        try:
             return Dataset.from_list(rows) if rows else Dataset.from_dict({})
-        return rows
+        except Exception as exc:  # pyarrow.ArrowInvalid / ArrowTypeError, ...
+            log.warning("dataset rows do not fit one Arrow table (%s); returned as a list", exc)
+            return rows
 
     def get_dataset(self, n: int = -1, seed: int | None = None) -> Any:
-        """The training dataset (formatted), optionally shuffled with `seed`, first `n` rows."""
-        return self._as_dataset(self._select(self._train_rows(), n, seed), self._dataset_src)
+        """The training dataset (formatted) as a Dataset, optionally shuffled with `seed`, first `n` rows."""
+        return self._as_dataset(self._select(self._train_rows(), n, seed))
 
     def get_eval_dataset(self, n: int = -1, seed: int | None = None) -> Any:
-        """The evaluation dataset (falls back to the training one)."""
-        return self._as_dataset(self._select(self._eval_rows_all(), n, seed), self._eval_dataset_src or self._dataset_src)
+        """The evaluation dataset as a Dataset (falls back to the training one)."""
+        return self._as_dataset(self._select(self._eval_rows_all(), n, seed))
+
+    @property
+    def dataset(self) -> Any:
+        """The formatted training dataset (a Dataset), None when the env has none."""
+        return self.get_dataset() if self._train_rows() else None
+
+    @dataset.setter
+    def dataset(self, value: Any) -> None:
+        self._dataset_src, self._dataset_rows = value, None
+
+    @property
+    def eval_dataset(self) -> Any:
+        """The formatted evaluation dataset (a Dataset), None when the env has no own eval set."""
+        return self._as_dataset(self._eval_rows_all()) if self._eval_dataset_src is not None else None
+
+    @eval_dataset.setter
+    def eval_dataset(self, value: Any) -> None:
+        self._eval_dataset_src, self._eval_rows = value, None
 
     @staticmethod
     def make_dataset(inputs: Iterable[dict[str, Any]]) -> Any:
@@ -280,6 +303,21 @@ class Environment(ABC):
         sandboxes only remember it; sandbox-backed envs override to use it."""
         self.sandbox_backend = backend
         self.sandbox_backend_options = dict(options or {})
+
+    def set_isolation(self, isolation: str) -> None:
+        """The run's sandbox isolation ("runc" or "gvisor"). Envs without sandboxes only
+        remember it; sandbox-backed envs override to put it on their sandbox spec."""
+        from sandboxes.errors import ConfigError
+        from sandboxes.spec import ISOLATIONS
+
+        if isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+        self.sandbox_isolation = isolation
+
+    def isolation_in_use(self) -> str | None:
+        """The isolation this env's sandboxes run under (recorded in metadata.json);
+        None for an env without sandboxes that was never given one."""
+        return getattr(self, "sandbox_isolation", None)
 
     def set_concurrency(self, concurrency: int) -> None:
         """Set the concurrency and size the sync-code thread pool to match."""
@@ -526,8 +564,15 @@ class Environment(ABC):
             async with scoring_sem:
                 return await self._finish_states(states)
         if self.score_rollouts:
+            t0 = time.time()
             try:
                 await self._score_group(states)
+                t1 = time.time()
+                for s in states:  # the scoring span is the env's (rubrics do not touch timing)
+                    timing = s.get("timing")
+                    if timing is not None:
+                        timing.scoring.start = timing.scoring.start or t0
+                        timing.scoring.end = t1
             except Exception as exc:  # scoring itself failed (e.g. InfraError in a test run)
                 for s in states:
                     if s.get("error") is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import traceback as _traceback
 from typing import Any
 
-from sandboxes.errors import Error, InfraError, ModelError, UsageError, find_infra_error, is_infra_error, iter_causes
+from sandboxes.errors import Error, InfraError, ModelError, SandboxError, UsageError, find_infra_error, is_infra_error, iter_causes
 
 __all__ = [
     "EmptyModelResponseError",
@@ -26,6 +26,7 @@ __all__ = [
     "MissingKeyError",
     "ModelError",
     "OverlongPromptError",
+    "SandboxError",
     "ToolCallError",
     "ToolError",
     "ToolParseError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -21,9 +22,12 @@ def module_name(env_id: str) -> str:
     return env_id.split("/")[-1].replace("-", "_")
 
 
+_NOT_ENVIRONMENTS = frozenset({"envs"})  # the library itself defines load_environment(env_id)
+
+
 def installed_environments(env_dir: str | Path | None = None) -> list[str]:
     """Ids of environments that can be loaded: installed distributions whose top-level
-    module exposes load_environment, plus packages under `env_dir` (./environments)."""
+    module defines load_environment, plus packages under `env_dir` (./environments)."""
     found: set[str] = set()
     base = Path(env_dir or "environments")
     if base.is_dir():
@@ -37,6 +41,8 @@ def installed_environments(env_dir: str | Path | None = None) -> list[str]:
             text = ""
         names = text.split() or [str(dist.metadata.get("Name", "")).replace("-", "_")]
         for top in names:
+            if top in _NOT_ENVIRONMENTS:
+                continue
             path = _find_spec_path(top)
             if path and _mentions_load_environment(path):
                 found.add(top.replace("_", "-"))
@@ -78,9 +84,11 @@ def import_env_module(env_id: str, env_dir: str | Path | None = None) -> Any:
                 if exc.name != name:
                     raise
     available = installed_environments(env_dir)
+    close = difflib.get_close_matches(env_id.split("/")[-1].replace("_", "-"), available, n=1, cutoff=0.6)
+    guess = f" Did you mean {close[0]!r}?" if close else ""
     hint = ", ".join(available) if available else "none found"
     raise EnvNotFoundError(
-        f"unknown environment {env_id!r}: no module {name!r} is importable. Installed: {hint}. "
+        f"unknown environment {env_id!r}.{guess} Available: {hint}. "
         f"Install one with `vf-sandbox env install NAME` (from ./environments/NAME)."
     )
 
@@ -99,11 +107,41 @@ def load_environment(env_id: str, env_dir: str | Path | None = None, **env_args:
             f"load_environment() of {env_id!r} takes no argument(s) {unknown}; it accepts: "
             + ", ".join(p for p in params if params[p].kind not in (inspect.Parameter.VAR_POSITIONAL,))
         )
-    env = fn(**env_args)
+    env = fn(**_typed_config_args(fn, env_args))
     if not getattr(env, "env_id", None):
         env.env_id = env_id
     env.env_args = dict(env_args)
     return env
+
+
+def _typed_config_args(fn: Any, env_args: dict[str, Any]) -> dict[str, Any]:
+    """A v1 env's `load_environment(config: SomeEnvConfig)` gets `config` (a table:
+    eval TOML `[env.taskset]` / `[env.harness]`, or `-a '{"config": ...}'`) as that
+    Config, validated: an unknown field is a ConfigError naming it."""
+    raw = env_args.get("config")
+    if not isinstance(raw, dict):
+        return env_args
+    import typing
+
+    from pydantic import ValidationError
+
+    from sandboxes.errors import ConfigError
+
+    from .v1.config import Config
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return env_args
+    ann = hints.get("config")
+    candidates = [a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, Config)]
+    if not candidates:
+        return env_args
+    try:
+        return {**env_args, "config": candidates[0](raw)}
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid env config for {getattr(fn, '__module__', '?')}: {problems}") from None
 
 
 def env_package_dir(env_id: str, env_dir: str | Path | None = None) -> Path | None:

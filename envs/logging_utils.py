@@ -3,25 +3,103 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 LOGGER = "envs"
+RUN_LOG_ONLY = {"run_log_only": True}
+"""`extra=` for records meant for the run's log file only (a full traceback, an
+error the CLI prints itself): console handlers drop them with `for_console`."""
 
 
-def setup_logging(level: str | int | None = None, stream: Any = None) -> None:
-    """Log `envs.*` to stderr at `level` (default $VF_LOG_LEVEL or INFO)."""
-    level = level or os.environ.get("VF_LOG_LEVEL", "INFO")
+def for_console(record: logging.LogRecord) -> bool:
+    """Filter of console handlers: False for records logged with `extra=RUN_LOG_ONLY`."""
+    return not getattr(record, "run_log_only", False)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record (timestamp, level, name, message, module, function, line)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "level": record.levelname,
+            "name": record.name,
+            "message": record.getMessage(),
+            "module": record.module,
+            "function": record.funcName,
+            "line": record.lineno,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+_UNSET: Any = object()
+
+
+def setup_logging(
+    level: str | int | None = _UNSET,
+    log_format: str | None = None,
+    date_format: str | None = None,
+    log_file: str | None = None,
+    console_logging: bool = True,
+    file_logging: bool = False,
+    json_logging: bool = False,
+    stream: Any = None,
+) -> None:
+    """Configure the package logger (`envs`), as the reference's `setup_logging`:
+    its handlers are replaced (calling twice does not duplicate lines), it stops
+    propagating to the root logger, `level=None` silences it. Level defaults to
+    $VF_LOG_LEVEL or INFO. `json_logging` emits one JSON object per line and also
+    sets up the root logger (so an env's own `logging.getLogger(__name__)` is JSON
+    too). `file_logging` needs `log_file`."""
+    if level is _UNSET:
+        level = os.environ.get("VF_LOG_LEVEL", "INFO")
+    if file_logging and log_file is None:
+        raise ValueError("log_file must be specified when file_logging is True")
+    formatter: logging.Formatter = (
+        JsonFormatter()
+        if json_logging
+        else logging.Formatter(log_format or "%(asctime)s - %(name)s - %(levelname)s - %(message)s",
+                               date_format or "%Y-%m-%d %H:%M:%S")
+    )
     logger = logging.getLogger(LOGGER)
-    logger.setLevel(level if isinstance(level, int) else str(level).upper())
-    if not any(getattr(h, "_vf", False) for h in logger.handlers):
-        handler = logging.StreamHandler(stream or sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        handler._vf = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+    logger.propagate = False
+    if level is None:
+        return
+    lvl = level if isinstance(level, int) else logging.getLevelName(str(level).upper())
+    if not isinstance(lvl, int):
+        raise ValueError(f"unknown log level {level!r}")
+    logger.setLevel(lvl)
+    handlers: list[logging.Handler] = []
+    if console_logging:
+        console = logging.StreamHandler(stream or sys.stderr)
+        console.addFilter(for_console)  # records for the run's log file only stay off the console
+        handlers.append(console)
+    if file_logging:
+        handlers.append(logging.FileHandler(str(log_file), mode="a", encoding="utf-8"))
+    for h in handlers:
+        h.setFormatter(formatter)
+        h.setLevel(lvl)
+        logger.addHandler(h)
+    if json_logging:
+        root = logging.getLogger()
+        root.handlers = [h for h in root.handlers if not isinstance(h.formatter, JsonFormatter)]
+        root.setLevel(lvl)
+        root_handler = logging.StreamHandler(stream or sys.stderr)
+        root_handler.setFormatter(formatter)
+        root_handler.addFilter(for_console)
+        root.addHandler(root_handler)
+        for noisy in ("httpcore", "httpx"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

@@ -223,4 +223,5 @@ class SingleTurnEnv(MultiTurnEnv):
         super().__init__(**kwargs)
 
     async def env_response(self, messages: Messages, state: State, **kwargs: Any) -> Messages:
-        return []
+        """Never called (one turn); calling it is an error, as in the reference."""
+        raise NotImplementedError("SingleTurnEnv has no environment response")

@@ -1,5 +1,6 @@
 """One run directory's files: `results.jsonl` (rows appended one group per
-write, flushed and fsynced; a torn last line from a killed writer is cut
+write and flushed, so a killed process loses nothing; fsynced at most once a
+second and on close, so a machine crash loses at most the last second; a torn last line from a killed writer is cut
 before appending) and `metadata.json` (rewritten atomically: temp file +
 os.replace). Used by `Environment.generate(save_results=True)` and by the
 eval run layer (`envs.eval.writer`, which adds the directory layout and
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,12 @@ def dumps(obj: Any) -> str:
 class ResultsWriter:
     """Appends groups of rows to results.jsonl and keeps metadata.json current."""
 
-    def __init__(self, run_dir: str | Path, fsync: bool = True):
+    def __init__(self, run_dir: str | Path, fsync: bool = True, fsync_interval: float = 1.0):
         self.run_dir = Path(run_dir)
         self.fsync = fsync
+        self.fsync_interval = fsync_interval  # seconds between fsyncs of results.jsonl (0 = every group)
+        self._synced_at = 0.0
+        self._unsynced = False
         self._fh: Any = None
         self.rows_written = 0
 
@@ -67,7 +72,9 @@ class ResultsWriter:
             fh.truncate(cut)
 
     def append(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Write one group (one write call, then flush + fsync)."""
+        """Write one group (one write call, then flush; fsync when the last one is
+        `fsync_interval` old: an fsync per group would block the event loop for
+        milliseconds per group on a busy disk)."""
         if self._fh is None:
             self.open()
         text = "".join(dumps(r) + "\n" for r in rows)
@@ -75,9 +82,15 @@ class ResultsWriter:
             return
         self._fh.write(text)
         self._fh.flush()
-        if self.fsync:
-            os.fsync(self._fh.fileno())
+        self._unsynced = True
+        if self.fsync and time.monotonic() - self._synced_at >= self.fsync_interval:
+            self._sync()
         self.rows_written += text.count("\n")
+
+    def _sync(self) -> None:
+        os.fsync(self._fh.fileno())
+        self._synced_at = time.monotonic()
+        self._unsynced = False
 
     def rewrite(self, rows: Iterable[dict[str, Any]]) -> None:
         """Replace results.jsonl with `rows` (atomically: temp file + os.replace), e.g. a
@@ -104,5 +117,7 @@ class ResultsWriter:
 
     def close(self) -> None:
         if self._fh is not None:
+            if self.fsync and self._unsynced:
+                self._sync()
             self._fh.close()
             self._fh = None

@@ -143,6 +143,7 @@ class SandboxEnv(StatefulToolEnv):
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         workdir: str | None = None,
         network: bool = False,
+        isolation: str = "runc",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
@@ -164,6 +165,7 @@ class SandboxEnv(StatefulToolEnv):
             environment_vars=dict(environment_vars or {}),
             labels=labels if labels is not None else {sandbox_name: "true"},
             network=network,
+            isolation=isolation,
         )
         if workdir:
             spec_fields["workdir"] = workdir
@@ -171,8 +173,11 @@ class SandboxEnv(StatefulToolEnv):
             self.sandbox_spec = SandboxSpec(**spec_fields)
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings for {type(self).__name__}: {exc}") from exc
-        self.team_id = team_id  # reference compatibility (no meaning here)
-        self.advanced_configs = advanced_configs
+        if advanced_configs is not None:
+            raise ConfigError("SandboxEnv(advanced_configs=...) is a Prime SDK setting vf-sandbox does not support; "
+                              "use the sandbox spec arguments (cpu_cores, memory_gb, ...) or backend options")
+        self.team_id = team_id  # the Prime team: becomes the prime backend's team_id option
+        self.advanced_configs = None
         self.timeout_per_command_seconds = float(timeout_per_command_seconds)
         self.persistent_shell = persistent_shell
         self.output_limit_bytes = int(output_limit_bytes)
@@ -279,7 +284,7 @@ class SandboxEnv(StatefulToolEnv):
         "docker_image": "image", "sandbox_name": "name", "start_command": "start_command", "cpu_cores": "cpu_cores",
         "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
         "timeout_minutes": "timeout_minutes", "environment_vars": "environment_vars", "network": "network",
-        "workdir": "workdir", "labels": "labels",
+        "workdir": "workdir", "labels": "labels", "isolation": "isolation",
     }
 
     def set_sandbox_settings(self, **settings: Any) -> None:
@@ -289,6 +294,18 @@ class SandboxEnv(StatefulToolEnv):
             self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings {settings} for {type(self).__name__}: {exc}") from exc
+
+    def set_isolation(self, isolation: str) -> None:
+        """Run this env's sandboxes under `isolation` ("runc" or "gvisor"): -x isolation=gvisor,
+        TOML `isolation`, the run definition."""
+        super().set_isolation(isolation)
+        if isolation != self.sandbox_spec.isolation:
+            if self._pool is not None:
+                raise ConfigError("set_isolation() after the warm pool was started")
+            self.set_sandbox_settings(isolation=isolation)
+
+    def isolation_in_use(self) -> str | None:
+        return self.sandbox_spec.isolation
 
     def set_timeout_per_command_seconds(self, seconds: float) -> None:
         try:
@@ -313,7 +330,13 @@ class SandboxEnv(StatefulToolEnv):
     @property
     def backend(self) -> SandboxBackend:
         if self._backend is None:
-            self._backend = get_backend(self._backend_arg, **self._backend_options)
+            options = dict(self._backend_options)
+            if self.team_id is not None:
+                if self._backend_arg != "prime":
+                    raise ConfigError(f"SandboxEnv(team_id=...) applies to the prime backend only, not "
+                                      f"{self._backend_arg or 'docker'!r}")
+                options.setdefault("team_id", self.team_id)
+            self._backend = get_backend(self._backend_arg, **options)
         return self._backend
 
     def get_sandbox_spec(self, state: State) -> SandboxSpec:
@@ -550,7 +573,8 @@ def _spec_setter(name: str) -> Any:
 
 
 for _name in SandboxEnv._SPEC_SETTINGS:
-    setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
+    if f"set_{_name}" not in SandboxEnv.__dict__:  # a setter written out (set_isolation) is kept
+        setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
 
 
 class _ReleaseAfterScoring(Rubric):

@@ -21,7 +21,7 @@ from .decorators import stop
 from .errors import ToolCallError, ToolParseError, is_infra_error
 from .multi_turn import MultiTurnEnv
 from .rubrics.rubric import Rubric
-from .tool_schema import convert_func_to_tool_def
+from .tool_schema import convert_func_to_tool_def, tool_message_content
 from .types import Messages, State, Tool
 
 
@@ -121,7 +121,7 @@ class ToolEnv(MultiTurnEnv):
         if fn is None:
             raise KeyError(f"unknown tool {tool_name!r}; available: {sorted(self.tool_map)}")
         result = await self.sync_pool.call(fn, **tool_args)
-        return {"role": "tool", "content": result if isinstance(result, str) else str(result), "tool_call_id": tool_call_id}
+        return {"role": "tool", "content": tool_message_content(result), "tool_call_id": tool_call_id}
 
     async def _prepare_args(self, tool_name: str, tool_args: dict[str, Any], messages: Messages, state: State, **kwargs: Any) -> dict[str, Any]:
         return tool_args

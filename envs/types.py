@@ -8,10 +8,11 @@ inputs / outputs and run metadata are JSON-serialisable dicts (TypedDicts).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 ChatMessage = dict[str, Any]
 Messages = str | list[ChatMessage]
@@ -22,12 +23,48 @@ ClientType = Literal[
     "openai_completions",
     "openai_chat_completions",
     "openai_chat_completions_token",
+    "openai_responses",
+    "renderer",
     "anthropic_messages",
+    "nemorl_chat_completions",
 ]
+
+IndividualRewardFunc = Callable[..., float | Awaitable[float]]
+GroupRewardFunc = Callable[..., list[float] | Awaitable[list[float]]]
+RewardFunc = IndividualRewardFunc | GroupRewardFunc
 
 
 class CustomBaseModel(BaseModel):
+    """A pydantic model that also reads like the dict it stands for:
+    `m["name"]`, `m.get("name")`, `"name" in m`, and equality with the
+    equivalent mapping (`Tool(...) == {"name": ..., ...}`), as the reference's types."""
+
     model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and hasattr(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self.model_dump())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self.model_dump() == dict(other)
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class SystemMessage(CustomBaseModel):
@@ -42,6 +79,97 @@ class SystemMessage(CustomBaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         return {"role": "system", "content": self.content}
+
+
+# --------------------------------------------------------------------------- client configuration
+
+
+DEFAULT_KEY_VAR = "PRIME_API_KEY"
+DEFAULT_BASE_URL = "https://api.pinference.ai/api/v1"
+
+
+def _validate_extra_headers(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError("extra_headers must be a dict")
+    for k, v in value.items():
+        if not isinstance(k, str) or not k.strip():
+            raise ValueError("extra_headers keys must be non-empty strings")
+        if not isinstance(v, str):
+            raise ValueError(f"extra_headers values must be strings (header {k!r})")
+    return dict(value)
+
+
+_NESTED_ENDPOINTS = "ClientConfig.endpoint_configs entries cannot include endpoint_configs"
+
+
+class EndpointClientConfig(BaseModel):
+    """One endpoint replica inside ClientConfig.endpoint_configs (a leaf: no nesting)."""
+
+    client_idx: int = 0
+    api_key_var: str = DEFAULT_KEY_VAR
+    api_base_url: str = DEFAULT_BASE_URL
+    timeout: float = 3600.0
+    connect_timeout: float = 5.0
+    max_connections: int = 28000
+    max_keepalive_connections: int = 28000
+    max_retries: int = 10
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+
+    _check_headers = field_validator("extra_headers", mode="before")(classmethod(lambda cls, v: _validate_extra_headers(v)))
+
+
+class ClientConfig(BaseModel):
+    """How to build a Client. With `endpoint_configs`, requests go round-robin
+    over the replicas (one group stays on one replica)."""
+
+    client_idx: int = 0
+    client_type: ClientType = "openai_chat_completions"
+    preserve_all_thinking: bool = False
+    preserve_thinking_between_tool_calls: bool = False
+    api_key_var: str = DEFAULT_KEY_VAR
+    api_base_url: str = DEFAULT_BASE_URL
+    endpoint_configs: list[EndpointClientConfig] = Field(default_factory=list)
+    timeout: float = 3600.0
+    connect_timeout: float = 5.0
+    max_connections: int = 28000
+    max_keepalive_connections: int = 28000
+    max_retries: int = 10
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+    extra_headers_from_state: dict[str, str] = Field(default_factory=dict)
+
+    _check_headers = field_validator("extra_headers", mode="before")(classmethod(lambda cls, v: _validate_extra_headers(v)))
+
+    @field_validator("endpoint_configs", mode="before")
+    @classmethod
+    def _leaf_endpoints(cls, value: Any) -> Any:
+        """Entries may be ClientConfigs (their own fields, set ones only) or dicts, never nested."""
+        if not isinstance(value, list):
+            return value
+        out = []
+        for ep in value:
+            if getattr(ep, "endpoint_configs", None) or (isinstance(ep, dict) and ep.get("endpoint_configs")):
+                raise ValueError(_NESTED_ENDPOINTS)
+            if isinstance(ep, ClientConfig):
+                ep = ep.model_dump(exclude={"endpoint_configs"}, exclude_unset=True)
+                ep = {k: v for k, v in ep.items() if k in EndpointClientConfig.model_fields}
+            out.append(ep)
+        return out
+
+    def replicas(self) -> list["ClientConfig"]:
+        """One single-endpoint ClientConfig per replica (or [self])."""
+        if not self.endpoint_configs:
+            return [self]
+        out = []
+        for i, ep in enumerate(self.endpoint_configs):
+            data = self.model_dump(exclude={"endpoint_configs"})
+            data.update(ep.model_dump())
+            data["client_idx"] = i
+            data["extra_headers"] = {**self.extra_headers, **ep.extra_headers}
+            out.append(ClientConfig(**data))
+        return out
+
+    def base_urls(self) -> str:
+        return ",".join(r.api_base_url for r in self.replicas())
 
 
 # --------------------------------------------------------------------------- timing

@@ -5,10 +5,11 @@ Errors are named by what the caller can do about them:
     Error                          anything vf-sandbox raises on purpose
     ├── InfraError                 the infrastructure failed: RETRY on a fresh sandbox
     │   ├── BackendUnavailable     daemon / API server does not answer
-    │   ├── SandboxCreateError     creation failed (image pull, scheduling, quota)
-    │   ├── SandboxNotRunning      the sandbox vanished, was killed, OOM-killed as a whole
-    │   ├── AgentError             the in-sandbox agent died or spoke garbage
-    │   └── ServerStartError       a service inside the sandbox never became healthy
+    │   └── SandboxError           one sandbox failed (the reference's `vf.SandboxError`)
+    │       ├── SandboxCreateError creation failed (image pull, scheduling, quota)
+    │       ├── SandboxNotRunning  the sandbox vanished, was killed, OOM-killed as a whole
+    │       ├── AgentError         the in-sandbox agent died or spoke garbage
+    │       └── ServerStartError   a service inside the sandbox never became healthy
     ├── UsageError                 the caller asked for something wrong: do NOT retry
     │   ├── ConfigError            malformed config / spec / arguments
     │   ├── ImageNotFound          no such image and no recipe to build it
@@ -43,19 +44,23 @@ class BackendUnavailable(InfraError):
     """The backend's daemon or API does not answer (socket, URL named in the message)."""
 
 
-class SandboxCreateError(InfraError):
+class SandboxError(InfraError):
+    """One sandbox failed (as opposed to the whole backend); retry on a fresh sandbox."""
+
+
+class SandboxCreateError(SandboxError):
     """A sandbox could not be created or never became ready."""
 
 
-class SandboxNotRunning(InfraError):
+class SandboxNotRunning(SandboxError):
     """The sandbox is gone or stopped (deleted, killed, evicted, timed out as a whole)."""
 
 
-class AgentError(InfraError):
+class AgentError(SandboxError):
     """The in-sandbox agent died, closed its channel or broke the protocol."""
 
 
-class ServerStartError(InfraError):
+class ServerStartError(SandboxError):
     """A server started inside the sandbox never became healthy (message carries its log tail)."""
 
 
@@ -69,6 +74,10 @@ class ConfigError(UsageError):
 
 class ImageNotFound(UsageError):
     """The image does not exist locally and no recipe can build it."""
+
+
+class ImagePushFailed(UsageError):
+    """The registry refused a push (bad credentials, no such registry): the message says why."""
 
 
 class PathError(UsageError):

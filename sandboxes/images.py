@@ -19,6 +19,11 @@ input gives a new tag. An explicit `tag` (a fixed name such as
 
 Architecture comes from the host, once (`host_arch()`): builds target it and
 the SWE-bench-style names and wheel platform tags are derived from it.
+
+Registries: `pull_image` / `push_image` take an optional `RegistryAuth`
+(username + password as a SecretStr, never serialised in clear); without
+one the engine's own credential sources apply (the Docker config file).
+`RegistryAuth.from_env()` reads `VF_REGISTRY_USERNAME` / `VF_REGISTRY_PASSWORD`.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, SecretStr, computed_field
 
 from .errors import UsageError
 
@@ -43,6 +48,28 @@ KEY_VERSION = "1"  # bump to invalidate every content key
 LOG_TAIL_LINES = 40
 
 _T = TypeVar("_T")
+
+
+# ---------------------------------------------------------------- registries
+
+
+class RegistryAuth(BaseModel):
+    """Credentials for a registry. The password is a SecretStr: it prints and dumps as
+    `**********`, so it never reaches results, logs or the run registry."""
+
+    username: str
+    password: SecretStr
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RegistryAuth | None:
+        """From VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD; None when either is unset."""
+        env = os.environ if environ is None else environ
+        user, password = env.get("VF_REGISTRY_USERNAME"), env.get("VF_REGISTRY_PASSWORD")
+        return cls(username=user, password=SecretStr(password)) if user and password else None
+
+    def engine_config(self) -> dict[str, str]:
+        """The Engine API's auth config (sent to the engine only)."""
+        return {"username": self.username, "password": self.password.get_secret_value()}
 
 
 # ---------------------------------------------------------------- host arch

@@ -259,7 +259,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .images import BuiltImage, ImageBuildRequest, RecipeStatus
+    from .images import BuiltImage, ImageBuildRequest, RecipeStatus, RegistryAuth
 
 
 @runtime_checkable
@@ -294,8 +294,19 @@ class SupportsImageBuild(Protocol):
         """
         ...
 
-    async def pull_image(self, image: str) -> str:
-        """Fetch `image` from a registry; returns its id. ImageNotFound when it cannot be pulled."""
+    async def pull_image(self, image: str, auth: RegistryAuth | None = None) -> str:
+        """Fetch `image` from a registry; returns its id. ImageNotFound when it cannot be
+        pulled (no such image or tag, bad credentials: the message says which)."""
+        ...
+
+    async def remove_image(self, image: str) -> bool:
+        """Remove the local image (or just this name of it); False when it is absent or in
+        use by a container (never forced)."""
+        ...
+
+    async def push_image(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
+        """Tag the local `image` as `target` (`registry/repository:tag`) and push it;
+        returns the pushed digest. ImagePushFailed when the registry refuses it."""
         ...
 
 

@@ -3,16 +3,27 @@
 Defaults follow the reference `SandboxEnv` (python:3.11-slim, 1 core, 2 GB,
 5 GB disk, 60 min lifetime, 30 s per command) and are secure by default:
 networking off, every capability dropped, no-new-privileges, a pids limit.
+
+`isolation` picks the kernel boundary: "runc" (namespaces + cgroups on the
+host kernel) or "gvisor" (a user-space kernel between the sandbox and the
+host: Docker's `runsc` runtime, Kubernetes' gVisor RuntimeClass). Backends
+that cannot give gVisor refuse it with a ConfigError rather than run weaker.
 """
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import ConfigError
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024  # bytes kept per output stream
 DEFAULT_READ_LIMIT = 64 * 1024**2  # bytes read_file returns at most (held in memory)
 DEFAULT_TRANSFER_LIMIT = 1024**3  # bytes of one upload / download (streamed through a temp file)
+Isolation = Literal["runc", "gvisor"]
+ISOLATIONS: tuple[str, ...] = get_args(Isolation)
 
 
 class SandboxSpec(BaseModel):
@@ -36,6 +47,7 @@ class SandboxSpec(BaseModel):
     workdir: str = Field("/", description="Default working directory of commands.")
     user: str | None = Field(None, description="User (name or uid[:gid]) commands run as; None = image default.")
     network: bool = Field(False, description="Networking on? Off by default.")
+    isolation: Isolation = Field("runc", description='Kernel boundary: "runc" (host kernel) or "gvisor" (user-space kernel).')
     pids_limit: int = Field(1024, gt=0, description="Max processes inside the sandbox.")
     output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0, description="Bytes kept per output stream of one exec.")
 
@@ -50,3 +62,10 @@ class SandboxSpec(BaseModel):
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gb * 1024**3)
+
+
+def refuse_gvisor(spec: SandboxSpec, backend: str, instead: str) -> None:
+    """Raise ConfigError when `spec` asks for gVisor from a backend that cannot give it
+    (never silently run weaker); `instead` says which backend can."""
+    if spec.isolation == "gvisor":
+        raise ConfigError(f"isolation='gvisor' is not available on the {backend} backend; {instead}")

@@ -34,7 +34,7 @@ STAMP=.venv/.vf-installed
 HASH=$(cat pyproject.toml environments/*/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 if [ "$(cat $STAMP 2>/dev/null)" != "$HASH" ]; then
   log "installing vf-sandbox and its dependencies into .venv"
-  uv pip install -q --python .venv/bin/python -e '.[dev,prime,openenv]'
+  uv pip install -q --python .venv/bin/python -e '.[dev,prime,openenv,mcp]'
   for envdir in environments/*/; do
     [ -f "$envdir/pyproject.toml" ] && uv pip install -q --python .venv/bin/python -e "$envdir"
   done
@@ -54,8 +54,39 @@ if ! docker info >/dev/null 2>&1; then
 fi
 log "docker engine answers ($(docker version -f '{{.Server.Version}}'))"
 
+# 2b. gVisor (isolation = "gvisor"): Debian's runsc as the engine runtime "runsc",
+# ptrace platform (KVM hangs on these machines). Registered only with an engine
+# this script manages (the dockerd whose pid is in /var/run/docker.pid, started
+# with --bridge=none): daemon.json's "runtimes" is merged, then the daemon is
+# reloaded with SIGHUP (a reload: running containers survive). Any other engine
+# is only checked; sandboxes asking for gVisor there get an error saying how.
+runsc_registered() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+if ! runsc_registered; then
+  command -v runsc >/dev/null 2>&1 || apt_install runsc
+  pidfile=/var/run/docker.pid
+  if [ -f $pidfile ] && ps -o args= -p "$(cat $pidfile)" 2>/dev/null | grep -q -- '--bridge=none'; then
+    log "registering gVisor (runsc, ptrace platform) with the engine"
+    $SUDO mkdir -p /etc/docker
+    $SUDO python3 - "$(command -v runsc)" <<'PY'
+import json, os, sys
+path = "/etc/docker/daemon.json"
+conf = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+conf.setdefault("runtimes", {})["runsc"] = {"path": sys.argv[1], "runtimeArgs": ["--platform=ptrace", "--network=none"]}
+tmp = path + ".vf-tmp"
+with open(tmp, "w") as f:
+    json.dump(conf, f, indent=2)
+os.replace(tmp, path)
+PY
+    $SUDO kill -HUP "$(cat $pidfile)"
+    for _ in $(seq 1 20); do runsc_registered && break; sleep 0.5; done
+    runsc_registered || echo "warning: the engine did not pick up the runsc runtime (see /etc/docker/daemon.json)" >&2
+  else
+    log "the Docker engine is not managed here: gVisor sandboxes need its runtime 'runsc' (see backends/README.md)"
+  fi
+fi
+
 # 3. Tools the backends and tests use ------------------------------------------
-apt_install debootstrap bubblewrap patch git
+apt_install debootstrap bubblewrap patch git docker-registry apache2-utils  # registry: the real registry:2 server of the registry tests
 if [ "${VF_SETUP_SKIP_BROWSER:-0}" != 1 ] && [ -x scripts/install-browser.sh ]; then
   scripts/install-browser.sh
 fi

@@ -68,9 +68,13 @@ def run(
     no_setup: Annotated[bool, typer.Option("--no-setup", help="Skip the setup step.")] = False,
     no_tests: Annotated[bool, typer.Option("--no-tests", help="Stop after the debug step.")] = False,
     output_tail_chars: Annotated[int, typer.Option("--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = 2000,
-    cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores")] = None,
-    memory_gb: Annotated[Optional[float], typer.Option("--memory-gb")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="Run name in the run registry.")] = None,
+    cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).")] = None,
+    memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).")] = None,
+    namespace: Annotated[Optional[str], typer.Option("--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD or the Docker config.")] = None,
+    push_to: Annotated[Optional[str], typer.Option("--push-to", help="Push instance images built here to this registry (host:port or host:port/ns), so other machines, Kubernetes and Ray nodes pull them by name.")] = None,
+    keep_images: Annotated[Optional[int], typer.Option("--keep-images", min=0, help="Disk bound: of the images this run pulls or builds, keep at most N (least recently used removed first; never an image in use or one the run did not make). Default: keep all.")] = None,
+    isolation: Annotated[Optional[str], typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) \\[default: runc].")] = None,
+    name: Annotated[Optional[str], typer.Option("--eval-name", "--name", help="Run name in the run registry (default: the dataset's name and the debug step).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Run the debug step and the tests for every selected instance and report which are valid."""
@@ -86,9 +90,17 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
-        "memory_gb": a["memory_gb"],
+        "memory_gb": a["memory_gb"], "namespace": a["namespace"], "push_to": a["push_to"],
+        "keep_images": a["keep_images"],
     }
     return {k: v for k, v in out.items() if v is not None}
+
+
+def run_name(dataset: str, step: str) -> str:
+    """The default name of a run: "<dataset name> <debug step>" (e.g. "tasks gold_patch")."""
+    p = Path(dataset)
+    base = p.stem if p.suffix in (".json", ".jsonl", ".parquet") else (p.name or dataset)
+    return f"{base} {step}"
 
 
 def eval_config(a: dict[str, Any]):
@@ -99,8 +111,8 @@ def eval_config(a: dict[str, Any]):
         "env_args": env_args(a), "model": MODEL, "api_key_var": "EMPTY", "num_examples": -1, "rollouts_per_example": 1,
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
         "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
-        "name": a["name"], "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
-        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"],
+        "name": a["name"] or run_name(a["dataset"], a["debug_step"].value), "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
+        "backend": a["backend"], "timeout_minutes": a["timeout_minutes"], "isolation": a["isolation"],
     }
     (cfg,) = configs_from_cli([ENV_ID], cli)
     return cfg

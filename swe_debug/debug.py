@@ -13,6 +13,7 @@ reading the log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -20,9 +21,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
+from sandboxes.spec import Isolation
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
+
+log = logging.getLogger("swe_debug.phases")  # one line per phase of each instance: the run log's story
 
 DebugStep = Literal["none", "gold_patch", "command", "script"]
 SCRIPT_PATH = "/tmp/sandbox_debug_script.sh"
@@ -45,6 +49,7 @@ class DebugOptions(BaseModel):
     cpu_cores: float | None = None
     memory_gb: float | None = None
     disk_size_gb: float | None = None
+    isolation: Isolation | None = None  # None: the task set's spec (runc)
     labels: list[str] | dict[str, str] | None = None
     timeout_seconds: float = 1800.0
     output_tail_chars: int = 2000
@@ -172,6 +177,7 @@ async def run_debug(
     step = step or opts.debug_step
     start = time.perf_counter()
     out = DebugOutcome(instance_id=taskset.instance_id(inst), step=step, valid=False, reason="sandbox_error")
+    iid = out.instance_id
     clock = _Clock()
     if prepared is None:
         try:
@@ -180,12 +186,17 @@ async def run_debug(
             out.reason, out.detail = "setup_failed", f"image: {exc}"
             out.timings.image_s = clock.lap()
             out.timings.total_s = round(time.perf_counter() - start, 4)
+            log.info("%s: image failed: %s", iid, exc)
             return out
         out.timings.image_s = clock.lap()
     if prepared is not None and hasattr(prepared, "tag"):
         out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
+    log.info("%s: image %s ready%s", iid, getattr(prepared, "tag", "?"),
+             f" (built {', '.join(out.images_built)})" if out.images_built else "")
     spec = taskset.sandbox_spec(inst, prepared, timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores,
                                 memory_gb=opts.memory_gb, disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
+    if opts.isolation is not None and opts.isolation != spec.isolation:
+        spec = spec.model_copy(update={"isolation": opts.isolation})
     clock.lap()
     sandbox: Sandbox | None = None
     try:
@@ -197,6 +208,7 @@ async def run_debug(
         if live is not None:
             live[sandbox.id] = sandbox
         out.timings.create_s = clock.lap()
+        log.info("%s: sandbox %s created (%.2fs); step %s", iid, sandbox.id, out.timings.create_s, step)
         try:
             await asyncio.wait_for(_body(taskset, inst, sandbox, opts, step, out, clock), opts.timeout_seconds)
         except asyncio.TimeoutError:
@@ -213,6 +225,8 @@ async def run_debug(
                 pass  # the owner's teardown (or the reaper) removes it; the verdict stands
             out.timings.delete_s = clock.lap()
         out.timings.total_s = round(time.perf_counter() - start, 4)
+    log.info("%s: verdict %s (%s)%s in %.2fs", iid, "valid" if out.valid else "invalid", out.reason,
+             f": {out.detail}" if out.detail and not out.valid else "", out.timings.total_s)
     return out
 
 
@@ -223,6 +237,8 @@ async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOpti
     if opts.run_setup:
         r = await taskset.setup(sb, inst, opts.setup_timeout)
         out.timings.setup_s = clock.lap()
+        log.info("%s: setup %s (%.2fs)", out.instance_id, "ok" if r.ok else f"failed, exit {r.exit_code}",
+                 out.timings.setup_s)
         if not r.ok:
             out.reason = "timeout" if r.timed_out else "setup_failed"
             out.detail = f"setup {'timed out' if r.timed_out else f'exited {r.exit_code}'}{_last_line(r.stderr)}"
@@ -232,6 +248,8 @@ async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOpti
         ap: ApplyResult = await taskset.apply_gold_patch(sb, inst)
         out.timings.debug_s = clock.lap()
         out.apply_method = ap.method
+        log.info("%s: debug step gold_patch: %s (%.2fs)", out.instance_id,
+                 f"applied ({ap.method})" if ap.applied else "did not apply", out.timings.debug_s)
         if not ap.applied:
             out.reason, out.detail = "gold_apply_failed", "no rung of the apply ladder applied the gold patch"
             out.stdout_tail = _tail(ap.log(), n)
@@ -246,6 +264,8 @@ async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOpti
         r = await sb.exec(cmd, cwd=workdir, timeout=timeout, output_limit=opts.output_limit_bytes)
         out.timings.debug_s = clock.lap()
         out.debug_exit_code = r.exit_code
+        log.info("%s: debug step %s: exit %s%s (%.2fs)", out.instance_id, step, r.exit_code,
+                 ", timed out" if r.timed_out else "", out.timings.debug_s)
         out.stdout_tail, out.stderr_tail = _tail(r.stdout, n), _tail(r.stderr, n)
         if r.timed_out:
             out.reason, out.detail = "timeout", f"debug {step} exceeded {timeout:g}s"
@@ -259,6 +279,8 @@ async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOpti
     tr, tp = await taskset.run_tests(sb, inst, opts.test_timeout, opts.output_limit_bytes)
     out.timings.tests_s = round(tr.seconds, 4)
     out.timings.test_patch_s = round(max(0.0, clock.lap() - tr.seconds), 4)
+    log.info("%s: tests: exit %s%s (%.2fs)", out.instance_id, tr.exit_code, ", timed out" if tr.timed_out else "",
+             out.timings.tests_s)
     if not tp.applied:
         out.reason, out.detail = "setup_failed", "the test patch does not apply"
         out.stdout_tail = _tail(tp.log(), n)

@@ -19,6 +19,7 @@ are spent the row carries that infra error (and the verdict reason
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Any, Literal
@@ -74,6 +75,7 @@ class SWEDebugEnv(Environment):
         cpu_cores: float | None = None,
         memory_gb: float | None = None,
         disk_size_gb: float | None = None,
+        isolation: str | None = None,
         labels: list[str] | dict[str, str] | None = None,
         timeout_seconds: float = 1800.0,
         output_tail_chars: int = 2000,
@@ -88,7 +90,7 @@ class SWEDebugEnv(Environment):
         self.options = DebugOptions(
             run_setup=run_setup, debug_step=debug_step, run_tests=run_tests, debug_command=debug_command,
             debug_script=debug_script, debug_script_path=debug_script_path, debug_timeout=debug_timeout,
-            test_timeout=test_timeout, cpu_cores=cpu_cores, memory_gb=memory_gb, disk_size_gb=disk_size_gb,
+            test_timeout=test_timeout, cpu_cores=cpu_cores, memory_gb=memory_gb, disk_size_gb=disk_size_gb, isolation=isolation,
             labels=labels, timeout_seconds=timeout_seconds, output_tail_chars=output_tail_chars,
         )
         self.options.check()
@@ -139,6 +141,13 @@ class SWEDebugEnv(Environment):
     def set_disk_size_gb(self, disk_size_gb: float) -> None:
         self._set_option(disk_size_gb=disk_size_gb)
 
+    def set_isolation(self, isolation: str) -> None:
+        super().set_isolation(isolation)
+        self._set_option(isolation=isolation)
+
+    def isolation_in_use(self) -> str | None:
+        return self.options.isolation or "runc"
+
     def set_timeout_seconds(self, timeout_seconds: float) -> None:
         self._set_option(timeout_seconds=timeout_seconds)
 
@@ -187,10 +196,14 @@ class SWEDebugEnv(Environment):
             return o.summary()
         image_s = round(time.perf_counter() - t_img, 4)
         before: DebugOutcome | None = None
-        if self.check_fails_before:
-            before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared, live=live)
-        outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
-                    for _ in range(self.repeat)]
+        try:
+            if self.check_fails_before:
+                before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared,
+                                         live=live)
+            outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
+                        for _ in range(self.repeat)]
+        finally:
+            await asyncio.shield(self.taskset.release(inst, prepared))  # the image may go (keep_images)
         final = outcomes[0]
         if len({o.valid for o in outcomes}) > 1:  # valid only sometimes: flaky, shown by a failing run
             bad = next(o for o in outcomes if not o.valid)
@@ -201,6 +214,8 @@ class SWEDebugEnv(Environment):
             final, fb = with_fails_before(final, before, self.taskset.fail_to_pass(inst))
         final.timings.image_s = image_s
         verdict = final.summary()
+        if getattr(prepared, "pushed", None):
+            verdict["image_pushed"] = prepared.pushed
         if before is not None and fb is not None:
             verdict["fails_before"] = {"ok": fb.ok, "passing_before": fb.passing_before[:50], "reason": before.reason,
                                        "test_exit_code": before.test_exit_code, "timings": before.timings.model_dump()}
@@ -248,12 +263,24 @@ def load_environment(
     output_tail_chars: int = 2000,
     cpu_cores: float | None = None,
     memory_gb: float | None = None,
+    isolation: str | None = None,
     backend: str | None = None,
+    namespace: str | None = None,
+    push_to: str | None = None,
+    keep_images: int | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
     Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use).
     Malformed dataset rows are skipped and listed in the metadata's `input_errors`
-    (unless `instance_ids` selects the instances to run)."""
+    (unless `instance_ids` selects the instances to run).
+
+    Images: a row's `image_name` (pulled when absent), else with `namespace` the
+    SWE-bench name `{namespace}/sweb.eval.{arch}.{id}` (pulled; built from `source`
+    when it cannot be), else built from `source`; `push_to` pushes built images to that
+    registry. Registry credentials come from VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD
+    or the Docker config, never from arguments (so never from results or metadata).
+    `keep_images`: of the images this run pulled or built, keep only that many (least
+    recently used go first, never one in use, never one the run did not make)."""
     from .instances import dataset_name, load_instances
     from .taskset import SWETaskSet
 
@@ -262,7 +289,7 @@ def load_environment(
 
         path = DEFAULT_OUT / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
-    report = load_instances(dataset, split=split)
+    report = load_instances(dataset, split=split, named_images=bool(namespace))
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
     try:
         selected = report.select(ids)
@@ -282,11 +309,19 @@ def load_environment(
                           "message": "patch: missing or empty (the gold patch the gold_patch debug step applies)"}
                          for i in patchless]
         selected = [i for i in selected if i.patch.strip()]
-    taskset = SWETaskSet(selected, name=dataset_name(dataset))
+    builder = None
+    if namespace or push_to or keep_images is not None:
+        from sandboxes.images import RegistryAuth
+
+        from .images import ImageBuilder
+
+        builder = ImageBuilder(namespace=namespace, push_to=push_to, auth=RegistryAuth.from_env(),
+                               keep_images=keep_images)
+    taskset = SWETaskSet(selected, name=dataset_name(dataset), builder=builder)
     return SWEDebugEnv(
         taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
         timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, run_setup=run_setup,
         run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores, memory_gb=memory_gb,
-        backend=backend, input_errors=input_errors,
+        isolation=isolation, backend=backend, input_errors=input_errors,
     )

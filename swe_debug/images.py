@@ -39,8 +39,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.errors import ConfigError, ImageNotFound
-from sandboxes.images import BuiltImage, ImageBuildRequest, host_arch, image_builder
+from sandboxes.errors import ConfigError, ImageNotFound, InfraError
+from sandboxes.images import BuiltImage, ImageBuildRequest, RegistryAuth, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -48,7 +48,9 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "images" / "swe"
-BASE_IMAGE = os.environ.get("VF_SWE_BASE_IMAGE", "vf-sandbox/base:bookworm")
+DEFAULT_BASE_IMAGE = "vf-sandbox/base:bookworm"
+DEFAULT_BASE_PYTHON = "3.11"  # Debian bookworm's python3: the only interpreter of the default base image
+BASE_IMAGE = os.environ.get("VF_SWE_BASE_IMAGE", DEFAULT_BASE_IMAGE)
 CACHE_DIR = Path(os.environ.get("VF_SWE_CACHE", ROOT / ".cache" / "swe-images"))
 RECIPE_VERSION = "1"
 
@@ -61,6 +63,21 @@ class ImageRef(BaseModel):
     built: list[str] = []  # layers built by this call (empty = all cached)
     env_tag: str | None = None  # the environment layer under it
     seconds: float = 0.0
+    pushed: str | None = None  # where --push-to put it (`registry/repository:tag`)
+
+
+class ImagePullFailed(InfraError):
+    """An instance's image could not be pulled (no such image or tag, bad credentials,
+    registry down): an infrastructure error of the row (retried, resumable), never a
+    verdict on the instance."""
+
+
+def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest") -> str:
+    """The SWE-bench harness's published name of an instance image:
+    `{namespace}/sweb.eval.{arch}.{instance id}` lower-cased, with `__` spelled `_1776_`
+    (as on Docker Hub); `namespace` may start with a registry (`host:port/ns`)."""
+    key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", "_1776_")
+    return f"{namespace.rstrip('/')}/{key}:{tag}"
 
 
 class ImageBuildError(ConfigError):
@@ -130,7 +147,23 @@ class ImageBuilder:
         build_timeout: float = 1800,
         salt: str = "",
         no_cache: bool = False,
+        namespace: str | None = None,
+        push_to: str | None = None,
+        auth: RegistryAuth | None = None,
+        pull_concurrency: int = 2,
+        keep_images: int | None = None,
     ):
+        # disk policy: of the images THIS builder pulled or built (never others), keep the
+        # `keep_images` most recently used ones that no rollout holds; None = keep all
+        self.keep_images = keep_images
+        self._held: dict[str, int] = {}  # image -> rollouts holding it
+        self._owned: dict[str, float] = {}  # images pulled/built here -> last use (monotonic)
+        self.namespace = namespace  # rows without an image field: the SWE-bench name under it
+        self.push_to = push_to  # built instance images are pushed to `push_to/<repository>:<tag>`
+        self.auth = auth  # registry credentials (else the engine's Docker config)
+        self.pull_concurrency = max(1, pull_concurrency)
+        self._pulls: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._pushed: set[str] = set()
         self.no_cache = no_cache  # do not reuse the engine's layer cache: a truly cold build
         self.salt = salt  # mixed into every key: a separate set of tags (benchmarks' cold builds)
         self.base_image = base_image
@@ -284,8 +317,19 @@ class ImageBuilder:
 
     # ------------------------------------------------------------------ layers
 
+    def check_python(self, env: EnvironmentSpec) -> None:
+        """Refuse an `environment.python_version` the base image cannot provide (the venv
+        is made with the base image's python3, offline: no other interpreter to fetch)."""
+        if self.base_image == DEFAULT_BASE_IMAGE and env.python_version != DEFAULT_BASE_PYTHON:
+            raise ImageBuildError(
+                f"environment.python_version {env.python_version} is not available: the base image "
+                f"{self.base_image} has Python {DEFAULT_BASE_PYTHON} only (and builds are offline). Use a "
+                f"prebuilt image_name with Python {env.python_version}, or a base image that has it "
+                f"(VF_SWE_BASE_IMAGE)")
+
     async def ensure_environment(self, env: EnvironmentSpec) -> tuple[str, bool]:
         """(tag, built?) of the environment layer."""
+        self.check_python(env)
         base_id = await self.image_id(self.base_image)
         if base_id is None:
             raise ImageNotFound(f"base image {self.base_image} is missing: run images/base/build.sh")
@@ -304,19 +348,35 @@ class ImageBuilder:
         self._image_ids[image.name] = image.image_id
         return image.name, not image.cached
 
+    def remote_image(self, inst: SWEInstance) -> str | None:
+        """The image a row names (`image_name`), else its SWE-bench name under `namespace`."""
+        if inst.image_name:
+            return inst.image_name
+        return swebench_image_name(self.namespace, inst.instance_id) if self.namespace else None
+
     async def ensure(self, inst: SWEInstance) -> ImageRef:
-        """The image to run `inst` in: its prebuilt image, or the cached/built instance layer."""
+        """The image to run `inst` in: a local or pulled prebuilt image, or the cached/built
+        instance layer (pushed to `push_to` when set). Pulls run `pull_concurrency` at a time."""
         t0 = time.perf_counter()
-        if inst.image_name and (inst.source is None or await self.image_id(inst.image_name)):
-            if await self.image_id(inst.image_name):
-                return ImageRef(tag=inst.image_name, layer="prebuilt", seconds=time.perf_counter() - t0)
+        name = self.remote_image(inst)
+        if name and await self.image_id(name):
+            return ImageRef(tag=name, layer="prebuilt", seconds=time.perf_counter() - t0)
+        # pull a named image when nothing can build it, or when the registry scheme names it
+        if name and (inst.source is None or not inst.image_name):
             try:
-                await self.builder.pull_image(inst.image_name)
+                async with self._pull_slots():
+                    await self.builder.pull_image(name, self.auth)
+                self._image_ids.pop(name, None)
+                return ImageRef(tag=name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
             except ImageNotFound as exc:
-                raise ImageNotFound(f"{inst.instance_id}: image {inst.image_name} is not present and cannot be "
-                                    f"pulled, and the instance has no `source` to build it from ({exc})") from exc
-            return ImageRef(tag=inst.image_name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
-        assert inst.source is not None
+                if inst.source is None:
+                    raise ImagePullFailed(f"{inst.instance_id}: image {name} cannot be pulled and the row has no "
+                                          f"`source` to build it from: {exc}") from exc
+                log.info("%s: %s cannot be pulled (%s); building it from source", inst.instance_id, name, exc)
+        if inst.source is None:
+            raise ImageNotFound(f"{inst.instance_id}: no image (set `image_name`, or --namespace for SWE-bench "
+                                f"image names) and no `source` to build one")
+
         env_spec = inst.environment or EnvironmentSpec()
         built: list[str] = []
         env_tag, env_built = await self.ensure_environment(env_spec)
@@ -326,8 +386,62 @@ class ImageBuilder:
         image = await self._ensure_instance(inst, env_tag, self.instance_key(inst, env_id))
         if not image.cached:
             built.append("instance")
-        return ImageRef(tag=image.name, layer="instance", built=built, env_tag=env_tag,
+        pushed = await self.push(image.name) if self.push_to else None
+        return ImageRef(tag=image.name, layer="instance", built=built, env_tag=env_tag, pushed=pushed,
                         seconds=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ disk policy
+
+    def hold(self, ref: ImageRef) -> None:
+        """A rollout uses `ref` (pulled or built by this call: the builder owns it)."""
+        self._held[ref.tag] = self._held.get(ref.tag, 0) + 1
+        if ref.built and ref.layer in ("instance", "prebuilt"):
+            self._owned[ref.tag] = time.monotonic()
+
+    async def release(self, ref: ImageRef) -> list[str]:
+        """The rollout is done with `ref`; past `keep_images`, remove the least recently used
+        owned images nobody holds. Returns the images removed."""
+        n = self._held.get(ref.tag, 0) - 1
+        if n > 0:
+            self._held[ref.tag] = n
+        else:
+            self._held.pop(ref.tag, None)
+        if ref.tag in self._owned:
+            self._owned[ref.tag] = time.monotonic()
+        if self.keep_images is None or len(self._owned) <= self.keep_images:
+            return []
+        idle = sorted((t, img) for img, t in self._owned.items() if img not in self._held)
+        removed = []
+        for _, img in idle[: len(self._owned) - self.keep_images]:
+            self._owned.pop(img, None)
+            self._image_ids.pop(img, None)
+            self._found = {k: v for k, v in self._found.items() if v.name != img}
+            try:
+                if await self.builder.remove_image(img):
+                    removed.append(img)
+            except Exception as exc:  # noqa: BLE001 - disk hygiene never fails a rollout
+                log.warning("could not remove image %s: %s", img, exc)
+        if removed:
+            log.info("removed %d image(s) past keep_images=%d: %s", len(removed), self.keep_images, ", ".join(removed))
+        return removed
+
+    def _pull_slots(self) -> asyncio.Semaphore:
+        """The pull semaphore of the running loop (a builder may outlive one asyncio.run)."""
+        loop = asyncio.get_running_loop()
+        if self._pulls is None or self._pulls[0] is not loop:
+            self._pulls = (loop, asyncio.Semaphore(self.pull_concurrency))
+        return self._pulls[1]
+
+    async def push(self, image: str) -> str:
+        """Push a built image to `push_to` under its own repository and tag (content-keyed:
+        the same instance gets the same name on every machine); the pushed name."""
+        assert self.push_to
+        target = f"{self.push_to.rstrip('/')}/{image}"
+        async with self._lock("push-" + target):
+            if target not in self._pushed:
+                await self.builder.push_image(image, target, self.auth)
+                self._pushed.add(target)
+        return target
 
     async def _ensure_instance(self, inst: SWEInstance, env_tag: str, key: str) -> BuiltImage:
         assert inst.source is not None

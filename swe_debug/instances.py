@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 DEFAULT_TEST_CMD = "python -m pytest -rA -v --color=no -p no:cacheprovider"
 """pytest with every result line (-rA), one verbose line per test, colour off
@@ -95,6 +95,18 @@ class SWEInstance(BaseModel):
     eval_env: dict[str, str] = Field(default_factory=dict, description="Extra environment of setup/debug/test commands.")
     workdir: str = "/testbed"
 
+    @field_validator("log_parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        """An unknown parser is the row's error at load time (not an infrastructure error
+        every resume would retry after running the tests)."""
+        from .parsers import known_parsers
+
+        if v not in known_parsers():
+            raise ValueError(f"unknown log parser {v!r}; known: {', '.join(sorted(known_parsers()))} "
+                             "(register one with swe_debug.parsers.register_parser)")
+        return v
+
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
     def _json_list(cls, v: Any) -> Any:
@@ -135,10 +147,21 @@ class SWEInstance(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _runnable(self):
-        if not self.image_name and not self.source:
-            raise ValueError("needs `image_name` (a prebuilt image) or `source` (to build one)")
+    def _runnable(self, info: ValidationInfo):
+        if not self.image_name and not self.source and not (info.context or {}).get("named_images"):
+            raise ValueError("needs `image_name` (a prebuilt image) or `source` (to build one), "
+                             "or --namespace to run the SWE-bench image of that name")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _image_aliases(cls, row: Any) -> Any:
+        """Published datasets name the instance image `image_name`, `docker_image` or `image`."""
+        if isinstance(row, Mapping) and not row.get("image_name"):
+            for alias in ("docker_image", "image"):
+                if isinstance(row.get(alias), str) and row[alias]:
+                    return {**row, "image_name": row[alias]}
+        return row
 
     def directives(self) -> list[str]:
         """What the test command is given: `test_directives`, else the test files the test patch touches."""
@@ -230,8 +253,11 @@ def _row_error(index: int, row: Mapping[str, Any], exc: ValidationError) -> RowE
     return RowError(index=index, instance_id=iid if isinstance(iid, str) else None, field=field, message=first["msg"])
 
 
-def validate_rows(rows: Iterable[Any], base_dir: Path | None = None, source: str = "") -> LoadReport:
-    """Validate raw rows; relative source paths are resolved against `base_dir`."""
+def validate_rows(rows: Iterable[Any], base_dir: Path | None = None, source: str = "",
+                  named_images: bool = False) -> LoadReport:
+    """Validate raw rows; relative source paths are resolved against `base_dir`.
+    `named_images`: rows may have neither image nor source (a registry namespace names
+    their images)."""
     report = LoadReport(source=source)
     seen: set[str] = set()
     for index, row in enumerate(rows):
@@ -239,7 +265,7 @@ def validate_rows(rows: Iterable[Any], base_dir: Path | None = None, source: str
             report.errors.append(RowError(index=index, field="<row>", message=f"not an object: {type(row).__name__}"))
             continue
         try:
-            inst = SWEInstance.model_validate(dict(row))
+            inst = SWEInstance.model_validate(dict(row), context={"named_images": named_images})
         except ValidationError as exc:
             report.errors.append(_row_error(index, row, exc))
             continue
@@ -275,7 +301,7 @@ def _read_jsonl(path: Path, report_errors: list[RowError]) -> list[Any]:
     return rows
 
 
-def load_instances(dataset: Any, split: str = "test") -> LoadReport:
+def load_instances(dataset: Any, split: str = "test", named_images: bool = False) -> LoadReport:
     """Load instances from a path (.json, .jsonl, .parquet, a `datasets` save_to_disk
     directory), a hub name ("org/name", split `split`) or a `datasets.Dataset` /
     DatasetDict / iterable of dicts."""
@@ -285,14 +311,14 @@ def load_instances(dataset: Any, split: str = "test") -> LoadReport:
             if isinstance(dataset, str) and dataset.count("/") == 1 and not path.suffix:
                 import datasets  # a hub name such as "org/name" (needs the hub or its local cache)
 
-                return load_instances(datasets.load_dataset(dataset, split=split), split)
+                return load_instances(datasets.load_dataset(dataset, split=split), split, named_images)
             raise FileNotFoundError(f"dataset not found: {path}")
         base = path.parent.resolve()
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
             pre: list[RowError] = []
             rows = _read_jsonl(path, pre)
-            report = validate_rows(rows, base, str(path))
+            report = validate_rows(rows, base, str(path), named_images=named_images)
             # rows that were not JSON were validated as None: replace that message by the parse error
             bad = {e.index for e in pre}
             report.errors = pre + [e for e in report.errors if e.index not in bad]
@@ -302,16 +328,16 @@ def load_instances(dataset: Any, split: str = "test") -> LoadReport:
             data = json.loads(path.read_text(encoding="utf-8"))
             if isinstance(data, Mapping):
                 data = data.get("instances", data.get("data", [data]))
-            return validate_rows(data, base, str(path))
+            return validate_rows(data, base, str(path), named_images=named_images)
         if suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return validate_rows(pq.read_table(path).to_pylist(), base, str(path))
+            return validate_rows(pq.read_table(path).to_pylist(), base, str(path), named_images=named_images)
         if path.is_dir():
             import datasets
 
             ds = datasets.load_from_disk(str(path))
-            return load_instances(ds, split)
+            return load_instances(ds, split, named_images)
         raise ValueError(f"unsupported dataset file type: {path.name} (want .json, .jsonl, .parquet or a datasets dir)")
     try:
         import datasets
@@ -319,4 +345,4 @@ def load_instances(dataset: Any, split: str = "test") -> LoadReport:
         datasets = None
     if datasets is not None and isinstance(dataset, datasets.DatasetDict):
         dataset = dataset[split] if split in dataset else next(iter(dataset.values()))
-    return validate_rows(iter(dataset), None, type(dataset).__name__)
+    return validate_rows(iter(dataset), None, type(dataset).__name__, named_images=named_images)

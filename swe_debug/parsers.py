@@ -250,6 +250,11 @@ def register_parser(name: str, parser: Parser) -> None:
     _PARSERS[name] = parser
 
 
+def known_parsers() -> frozenset[str]:
+    """The names `log_parser` may take."""
+    return frozenset(_PARSERS)
+
+
 def get_parser(name: str) -> Parser:
     try:
         return _PARSERS[name]

@@ -79,6 +79,9 @@ class SandboxTaskSet(abc.ABC, Generic[T]):
         """Host-side work before a sandbox can be created (build or check its image)."""
         return None
 
+    async def release(self, inst: T, prepared: Any) -> None:
+        """The rollout that `prepare`d `inst` is done with it (e.g. its image may go)."""
+
     @abc.abstractmethod
     def sandbox_spec(self, inst: T, prepared: Any = None, *, timeout_seconds: float = 1800,
                      cpu_cores: float | None = None, memory_gb: float | None = None,
@@ -115,14 +118,19 @@ class SandboxTaskSet(abc.ABC, Generic[T]):
 APPLY_LADDER = (
     ("git apply", "git apply --verbose {p}"),
     ("git apply --reject", "git apply --verbose --reject {p}"),
-    ("patch --fuzz", "patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {p}"),
+    # --forward: a patch that looks reversed or already applied is refused (patch --batch
+    # alone "assumes reversed" and un-applies it, so a reversed gold patch turned the
+    # tree into the fixed one and graded valid)
+    ("patch --fuzz", "patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch -i {p}"),
 )
 RESET_TREE = "git checkout -q -- . && git clean -fdq"
 """Back to the base commit between rungs (a failed --reject leaves a half-patched tree)."""
 
 
 async def apply_patch_ladder(sandbox: Sandbox, patch: str, workdir: str, path: str = PATCH_PATH) -> ApplyResult:
-    """Apply `patch` trying `git apply`, `git apply --reject`, `patch --fuzz=5`, resetting the tree between tries."""
+    """Apply `patch` trying `git apply`, `git apply --reject`, `patch --forward --fuzz=5`,
+    resetting the tree between tries. No rung ever applies a patch in reverse: one that
+    is already applied, or applies only reversed, fails to apply."""
     res = ApplyResult(applied=False)
     if not patch.strip():
         res.attempts.append({"cmd": "(empty patch)", "exit_code": None, "output": "the patch is empty"})
@@ -176,7 +184,13 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         return inst.FAIL_TO_PASS
 
     async def prepare(self, inst: SWEInstance) -> ImageRef:
-        return await self.builder.ensure(inst)
+        ref = await self.builder.ensure(inst)
+        self.builder.hold(ref)
+        return ref
+
+    async def release(self, inst: SWEInstance, prepared: Any) -> None:
+        if isinstance(prepared, ImageRef):
+            await self.builder.release(prepared)
 
     def sandbox_spec(self, inst: SWEInstance, prepared: ImageRef | None = None, *, timeout_seconds: float = 1800,
                      cpu_cores: float | None = None, memory_gb: float | None = None,

@@ -3,6 +3,8 @@ backend kind that yields `(backend, base_spec)` and cleans up after itself.
 
   docker             the real engine (conftest's test image, $VF_CONFORMANCE_DOCKER_IMAGE to
                      override); FAILS when the engine is missing and VF_REQUIRE_DOCKER=1
+  docker-gvisor      the same with isolation="gvisor" (the engine's runsc runtime; setup.sh
+                     registers it): FAILS when the engine lacks it and VF_REQUIRE_DOCKER=1
   local              bubblewrap when usable, plain processes otherwise
   local-nobwrap      forced plain processes (VF_LOCAL_NO_BWRAP semantics via use_bwrap=False)
   kubernetes         against tests/fakes/k8s_server.py (a CONTRACT FAKE) through a kubeconfig
@@ -29,17 +31,20 @@ from sandboxes import SandboxSpec
 
 
 @contextlib.asynccontextmanager
-async def _docker() -> AsyncIterator[tuple[object, SandboxSpec]]:
-    from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker
+async def _docker(isolation: str = "runc") -> AsyncIterator[tuple[object, SandboxSpec]]:
+    from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker, require_gvisor
 
     require_docker()  # skips, or FAILS with VF_REQUIRE_DOCKER=1, when no engine answers
+    if isolation == "gvisor":
+        require_gvisor()
     from backends.docker import DockerBackend
     from backends.docker.images import ensure_image
 
     image = await asyncio.to_thread(ensure_image, os.environ.get("VF_CONFORMANCE_DOCKER_IMAGE", DEFAULT_TEST_IMAGE))
     backend = DockerBackend()
     try:
-        yield backend, SandboxSpec(image=image, memory_gb=1, timeout_minutes=10, labels=dict(TEST_LABELS))
+        yield backend, SandboxSpec(image=image, memory_gb=1, timeout_minutes=10, labels=dict(TEST_LABELS),
+                                   isolation=isolation)
     finally:
         await backend.close()
 
@@ -115,6 +120,7 @@ async def _kubernetes_real() -> AsyncIterator[tuple[object, SandboxSpec]]:
 
 KINDS = {
     "docker": _docker,
+    "docker-gvisor": lambda: _docker("gvisor"),
     "local": _local,
     "local-nobwrap": lambda: _local(use_bwrap=False),
     "kubernetes": _kubernetes_fake,

@@ -49,6 +49,30 @@ def require_docker() -> None:
     pytest.skip(f"no Docker engine: {reason}")
 
 
+def gvisor_unavailable_reason(runtime: str = "runsc") -> str | None:
+    """None when the engine lists the gVisor runtime `runtime`, else why not."""
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
+                             timeout=30)
+        runtimes = json.loads(out.stdout or "{}")
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return f"cannot read the engine's runtimes: {exc}"
+    return None if runtime in runtimes else f"the engine has no {runtime!r} runtime (scripts/setup.sh registers it)"
+
+
+def require_gvisor() -> None:
+    """Skip without the engine's gVisor runtime; FAIL instead when VF_REQUIRE_DOCKER=1."""
+    reason = gvisor_unavailable_reason()
+    if reason is None:
+        return
+    if docker_required():
+        pytest.fail(f"gVisor is required (VF_REQUIRE_DOCKER=1) but {reason}", pytrace=False)
+    pytest.skip(f"no gVisor: {reason}")
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("docker") is not None:
         require_docker()
@@ -92,3 +116,17 @@ async def docker_sandbox(docker_backend, docker_spec):
     sb = await docker_backend.create(docker_spec)
     yield sb
     await sb.delete()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory):
+    """The per-user run registry of every run a test starts (in this process or a
+    subprocess) goes to a session temp dir, never the real user's state directory.
+    Tests that need their own registry set VF_RUNS_DB; tests of the default unset both."""
+    old = os.environ.get("VF_STATE_DIR")
+    os.environ["VF_STATE_DIR"] = str(tmp_path_factory.mktemp("vf-state"))
+    yield
+    if old is None:
+        os.environ.pop("VF_STATE_DIR", None)
+    else:
+        os.environ["VF_STATE_DIR"] = old

@@ -4,7 +4,8 @@ results.jsonl / metadata.json one group at a time, and handles SIGTERM by
 saving finished groups and recording `stopped`.
 
 usage: runs_driver.py MODE OUT_DIR N_EXAMPLES [ROLLOUTS]
-MODE: complete | fail | slow | crash (raises after 1 group)."""
+MODE: complete | fail | slow | crash (raises after 1 group) | nosave (completes
+without writing results, as an eval without -s)."""
 
 import json
 import logging
@@ -20,7 +21,9 @@ mode, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 r = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 out.mkdir(parents=True, exist_ok=True)
 rec = RunRecorder.start(kind="eval", name="drv-" + mode, env_id="toy-env", model="toy-model",
-                        args={"num_examples": n, "rollouts_per_example": r, "mode": mode},
+                        args={"num_examples": n, "rollouts_per_example": r, "mode": mode,
+                              "save_results": mode != "nosave", "model": "toy-model",
+                              "sampling_args": {"temperature": 0.7}, "env_args": {"level": 2}},
                         output_dir=str(out))
 print(rec.id, flush=True)
 stop = False
@@ -41,6 +44,9 @@ def row(i, j):
     t0 = 1_700_000_000.0 + i
     reward = 1.0 if (i + j) % 3 else 0.0
     err = {"error": "SandboxCreateError", "message": "container died"} if (i, j) == (2, 1) else None
+    info = {"type": "SandboxCreateError", "message": "container died", "kind": "infra", "chain": ["SandboxCreateError"],
+            "traceback": 'Traceback (most recent call last):\n  File "env.py", line 7, in setup_state\n'
+                         '    sb = await backend.create(spec)\nSandboxCreateError: container died\n'} if err else None
     return {
         "example_id": i,
         "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
@@ -55,19 +61,25 @@ def row(i, j):
         "reward": reward,
         "metrics": {"correct": reward, "num_turns": 2.0 + j},
         "timing": {"start_time": t0, "generation": {"start": t0, "end": t0 + 0.5 + 0.1 * j},
-                   "scoring": {"start": t0 + 0.6 + 0.1 * j, "end": t0 + 0.7 + 0.1 * j}},
+                   "scoring": {"start": t0 + 0.6 + 0.1 * j, "end": t0 + 0.7 + 0.1 * j},
+                   "model": {"spans": [{"start": t0, "end": t0 + 0.25}, {"start": t0 + 0.3, "end": t0 + 0.42}]},
+                   "env": {"spans": [{"start": t0 + 0.25, "end": t0 + 0.3}]}},
+        "token_usage": {"input_tokens": 10 + i, "output_tokens": 5 + j},
         "is_completed": True, "is_truncated": False,
-        "error": err,
+        "error": err, "error_info": info,
     }
 
 
-for i in range(done, n):
+for i in range(done, n if mode != "nosave" else 0):
     if stop:
         log.warning("SIGTERM: saved %d groups, stopping", i)
         rec.finish("stopped")
         sys.exit(0)
     if mode == "fail" and i == 1:
-        log.error("environment raised while scoring example 1")
+        try:  # a real exception, logged with its traceback as the eval runner does
+            float("boom at example 1")
+        except ValueError:
+            log.exception("environment raised while scoring example 1")
         rec.finish("failed", error="ValueError: boom at example 1")
         sys.exit(1)
     if mode == "crash" and i == 1:

@@ -6,7 +6,7 @@ import pytest
 
 import envs as vf
 from envs.clients import make_client
-from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fail, fail_first, fixed, tool_then_answer
+from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fail, fail_first, fixed, stall, tool_then_answer
 
 TOOLS = [vf.Tool(name="add", description="Add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})]
 
@@ -141,3 +141,50 @@ async def test_raw_sdk_clients_are_wrapped():
         assert resp.message.tool_calls[0].name == "x"
         assert srv.requests[0].messages == [{"role": "user", "content": "plain string prompt"}]
         await client.close()
+
+
+def _closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+@pytest.mark.parametrize("client_type", ["openai_chat_completions", "anthropic_messages"])
+@pytest.mark.parametrize("case, policy, words", [
+    ("connection_refused", None, "connection refused"),
+    ("dns", None, "DNS lookup failed"),
+    ("timeout", stall(30), "timed out"),
+    ("rate_limit", fail(429), "rate limited (429)"),
+    ("server_error", fail(503), "server error (5xx)"),
+    ("auth", fail(401), "refused the API key (401)"),
+])
+async def test_model_api_errors_are_classified_by_cause(case, policy, words, client_type, caplog):
+    """Issue 16: each failure of the model API says its cause (not a bare
+    `APITimeoutError` for a refused connection); the client's own retries are
+    each a log line (none for auth, which is not retried)."""
+    import contextlib
+    import logging
+
+    async with contextlib.AsyncExitStack() as stack:
+        if policy is not None:
+            url = (await stack.enter_async_context(ModelServer(policy))).base_url
+        else:
+            url = _closed_port_url() if case == "connection_refused" else "http://vf-no-such-host.invalid/v1"
+        client = make_client(vf.ClientConfig(api_base_url=url, api_key_var="VF_TEST_KEY", client_type=client_type,
+                                             max_retries=1, timeout=1.0, connect_timeout=1.0))
+        with caplog.at_level(logging.WARNING, logger="envs.clients"), pytest.raises(vf.ModelError) as ei:
+            await client.get_response([{"role": "user", "content": "hi"}], "m", {})
+        await client.close()
+    err = ei.value
+    assert err.cause == case and words in str(err), str(err)
+    assert "APITimeoutError" not in str(err).split("(")[0]
+    retries = [r for r in caplog.records if "model API client retry" in r.getMessage()]
+    if case == "auth":
+        assert isinstance(err, vf.ModelAuthError) and not retries
+        assert "key read from $VF_TEST_KEY" in str(err) and url in str(err)
+    else:
+        assert not isinstance(err, vf.ModelAuthError) and err.retryable and len(retries) == 1
+        if case in ("connection_refused", "dns"):
+            assert url.rsplit("/v1", 1)[0] in str(err)  # the URL it tried

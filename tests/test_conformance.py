@@ -22,6 +22,7 @@ from sandboxes import ExecResult, InfraError, OutputChunk, PathError, SandboxNot
 
 BACKENDS = [
     pytest.param("docker", marks=pytest.mark.docker),
+    pytest.param("docker-gvisor", marks=pytest.mark.docker),
     "local",
     "local-nobwrap",
     "kubernetes",
@@ -218,7 +219,9 @@ async def test_large_tree_round_trip(sb, tmp_path):
         (src / f"f{i:03d}.txt").write_text(f"file {i}\n")
     d = await tmpdir(sb)
     await sb.upload(src, f"{d}/big")
-    r = await sb.exec(f"ls {d}/big | wc -l; wc -c < {d}/big/blob")
+    # find, not ls: coreutils >= 9 `ls` fails under Debian's runsc 20221219 (statx AT_NO_AUTOMOUNT -> EINVAL;
+    # pinned in test_gvisor.py), and this test is about the transfer, not about ls
+    r = await sb.exec(f"find {d}/big -mindepth 1 -maxdepth 1 | wc -l; wc -c < {d}/big/blob")
     assert r.stdout.split() == ["201", str(len(payload))]
     await sb.download(f"{d}/big", tmp_path / "back")
     assert (tmp_path / "back" / "blob").read_bytes() == payload

@@ -208,8 +208,11 @@ async def test_tool_env_schema_calls_and_metrics():
         env = vf.ToolEnv(tools=[add], dataset=[{"question": "add", "answer": "5"}], rubric=boxed_rubric())
         schema = env.tool_defs[0]
         assert schema.name == "add" and schema.description == "Add two integers."
-        assert schema.parameters["properties"]["a"] == {"type": "integer", "description": "the first"}
-        assert schema.parameters["required"] == ["a"]
+        # the reference's strict schema: titles, every property required, closed object
+        assert schema.parameters["properties"]["a"] == {"type": "integer", "description": "the first", "title": "A"}
+        assert schema.parameters["properties"]["b"]["default"] == 0
+        assert schema.parameters["required"] == ["a", "b"] and schema.parameters["additionalProperties"] is False
+        assert schema.strict is True and schema.parameters["title"] == "add_args"
         out = await env.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=1)
         o = out["outputs"][0]
         assert [m["role"] for m in o["completion"]] == ["assistant", "tool", "assistant"]

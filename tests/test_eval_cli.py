@@ -275,6 +275,8 @@ def test_model_endpoint_down(workdir):
         port = s.getsockname()[1]
     res = run_cli(workdir, "e2e-basic", "-d", "-s", base_url=f"http://127.0.0.1:{port}/v1")
     assert res.returncode == 2 and "not reachable" in res.stderr and f"127.0.0.1:{port}" in res.stderr
+    assert "Connection refused" in res.stderr and "is the server running?" in res.stderr
+    assert "$VF_E2E_KEY (set)" in res.stderr  # the variable its key is read from
 
 
 def test_env_without_model_needs_no_key_or_endpoint(workdir):
@@ -302,8 +304,10 @@ def test_max_retries_infra_error_attempts_in_output(workdir):
         assert [r["attempts"] for r in rows] == [2, 2, 2] and all(r["error"] is None for r in rows)
         assert "retried rollouts" in res.stdout
         res = run_cli(workdir, "e2e-flaky", "-n", "2", "-r", "1", "-s", "-d", base_url=srv.base_url)
-    # without retries every rollout ends in an infra error: no result, the run is incomplete (exit 1)
-    assert res.returncode == 1 and "2 rollout(s) ended in an infrastructure error" in res.stderr
+    # without retries every rollout ends in the infra error: nothing was evaluated, so the run failed (issue 16)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        "e2e-flaky: failed: all 2 rollouts failed (infrastructure errors): RuntimeError: bash tool failed")
     newest = max(run_dirs(workdir, "e2e-flaky"), key=lambda d: d.stat().st_mtime)
     rows = read_rows(newest)
     assert all(r["attempts"] == 1 and r["error_kind"] == "infra" and "InfraError" in r["error_info"]["chain"] for r in rows)

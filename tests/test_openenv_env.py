@@ -192,20 +192,86 @@ async def test_mcp_reply_without_tool_calls_stops(built, run_label):
 # ------------------------------------------------------------------ failures
 
 
-async def test_server_that_never_starts_is_infra_error_with_log_tail(built, run_label, tmp_path):
-    broken = tmp_path / "broken_env"
-    shutil.copytree(ECHO, broken, ignore=shutil.ignore_patterns(".build.json", "__pycache__"))
-    app = broken / "server" / "app.py"
-    app.write_text(app.read_text() + "\nraise RuntimeError('boom at import: vf-marker-7731')\n")
+BREAK_VAR = "VF_TEST_BREAK_SERVER"
+
+
+@pytest.fixture(scope="module")
+def breakable(tmp_path_factory):
+    """The echo project whose server dies at import when BREAK_VAR is set in its sandbox
+    (built once; the build's probe runs without it, so the build succeeds)."""
+    proj = tmp_path_factory.mktemp("breakable") / "breakable_echo"
+    shutil.copytree(ECHO, proj, ignore=shutil.ignore_patterns(".build.json", "__pycache__"))
+    app = proj / "server" / "app.py"
+    app.write_text(app.read_text() + f"\nimport os\nif os.environ.get({BREAK_VAR!r}):\n"
+                   "    raise RuntimeError('boom at import: vf-marker-7731')\n")
+    m = ensure_built(proj)
+    yield proj
+    subprocess.run(["docker", "rmi", "-f", m.image], capture_output=True)
+
+
+def _broken_spec(env: OpenEnvEnv):
+    return env.sandbox_spec.model_copy(update={"environment_vars": {**env.sandbox_spec.environment_vars, BREAK_VAR: "1"}})
+
+
+async def test_server_that_never_starts_is_infra_error_with_log_tail(breakable, run_label):
     async with ModelServer(fixed("{}")) as srv:
-        env = OpenEnvEnv(broken, prompt_renderer=echo_render, startup_timeout=90, labels={LABEL: run_label})
+        env = OpenEnvEnv(breakable, prompt_renderer=echo_render, startup_timeout=90, start_attempts=2,
+                         labels={LABEL: run_label})
+        env.sandbox_spec = _broken_spec(env)
         t0 = time.monotonic()
         state = await _rollout(env, srv)
     err = state.get("error")
     assert isinstance(err, ServerStartError) and is_infra_error(err)
     assert "vf-marker-7731" in str(err)  # the server's own traceback, from its log tail
-    assert time.monotonic() - t0 < 60  # the dead process is noticed, not waited out
+    assert len(env.start_gate.starts) == 2  # retried once on a fresh sandbox, then given up
+    assert time.monotonic() - t0 < 120  # the dead process is noticed, not waited out (90 s each)
     assert srv.count == 0  # the model was never asked
+
+
+async def test_a_failed_server_start_is_retried_on_a_fresh_sandbox(breakable, run_label):
+    """The first sandbox's server dies; the start is retried on a new sandbox (the
+    first one deleted) and the rollout completes normally."""
+    from backends.docker import DockerBackend
+
+    class FirstStartBreaks(DockerBackend):
+        specs: list = []
+
+        async def create(self, spec, **kw):
+            self.specs.append(spec)
+            if len(self.specs) == 1:
+                spec = spec.model_copy(update={"environment_vars": {**spec.environment_vars, BREAK_VAR: "1"}})
+            return await super().create(spec, **kw)
+
+    backend = FirstStartBreaks()
+    replies = iter(['{"message": "hello"}'] * 3)
+    try:
+        async with ModelServer(lambda req: Reply(content=next(replies))) as srv:
+            env = OpenEnvEnv(breakable, prompt_renderer=echo_render, max_turns=1, backend=backend,
+                             labels={LABEL: run_label})
+            state = await _rollout(env, srv)
+        assert state.get("error") is None, state.get("error")
+        assert len(backend.specs) == 2 and len(env.start_gate.starts) == 2
+        assert state["prompt"][0]["content"].startswith("Say something: Echo Env environment ready!")  # reset served
+    finally:
+        await backend.close()
+
+
+async def test_server_starts_are_admitted_a_few_at_a_time(built, run_label):
+    """Six rollouts at once with max_concurrent_starts=2: never more than two servers
+    starting at the same time, and every rollout completes."""
+    import asyncio
+
+    async with ModelServer(lambda req: Reply(content='{"message": "hi"}')) as srv:
+        env = OpenEnvEnv(ECHO, prompt_renderer=echo_render, max_turns=1, max_concurrent_starts=2,
+                         labels={LABEL: run_label})
+        rows = env._eval_rows_all()[:6]
+        try:
+            states = await asyncio.gather(*(env.rollout(env._to_input(r), _client(srv), "m") for r in rows))
+        finally:
+            await env.teardown()
+    assert [s.get("error") for s in states] == [None] * 6
+    assert all(s["prompt"][0]["content"].startswith("Say something: Echo Env") for s in states)
+    assert env.start_gate.peak == 2 and len(env.start_gate.starts) == 6
 
 
 async def test_contract_mismatch_names_both_sides(built, run_label, tmp_path):

@@ -1,5 +1,5 @@
 """OpenEnv project plumbing without Docker: openenv.yaml, the .build.json
-manifest, contract detection (source AST and /schema), content hashing,
+manifest, contract detection from /schema, content hashing,
 requirement resolution, and action parsing / tool conversion."""
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from envs.openenv.build import content_hash, project_requirements
 from envs.openenv.contract import (
     ContractMismatch,
     check_contract,
+    app_source_path,
     contract_from_schema,
-    detect_contract,
-    detect_contract_in_source,
 )
 from envs.openenv.manifest import (
     BuildManifest,
@@ -104,26 +103,15 @@ def test_manifest_round_trip_and_errors(tmp_path):
 # ---------------------------------------------------------------- contract
 
 
-def test_detect_contract_on_real_projects():
-    assert detect_contract(ECHO, "server.app:app") == "gym"
-    assert detect_contract(ARITH, "server.app:app") == "mcp"
-
-
-@pytest.mark.parametrize("src, expected", [
-    ("app = create_app(E, CallToolAction, CallToolObservation)", "mcp"),
-    ("app = http_server.create_app(E, mcp_types.CallToolAction, O)", "mcp"),
-    ("app = create_app(E, action_cls=CallToolAction, observation_cls=O)", "mcp"),
-    ("app = create_fastapi_app(E, CallToolAction, O)", "mcp"),
-    ("app = create_app(E, EchoAction, EchoObservation)", "gym"),
-    ("x = CallToolAction\napp = FastAPI()", "gym"),
-])
-def test_detect_contract_in_source(src, expected):
-    assert detect_contract_in_source(src) == expected
-
-
-def test_detect_contract_missing_module(tmp_path):
+def test_missing_app_module_is_a_config_error(tmp_path):
+    assert app_source_path(ECHO, "server.app:app") == ECHO / "server" / "app.py"
     with pytest.raises(ConfigError, match="not found"):
-        detect_contract(tmp_path, "server.app:app")
+        app_source_path(tmp_path, "server.app:app")
+
+
+def test_old_manifest_without_contract_source_reads_as_source():
+    m = BuildManifest(environment_id="e", image="i:1", contract="gym", start_command="x")
+    assert m.contract_source == "source"
 
 
 def test_contract_from_schema():

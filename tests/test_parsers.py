@@ -47,11 +47,21 @@ def test_xml_parser_fields_alternatives_and_format():
     assert parsed.reasoning == "think" and parsed.answer == "42" and parsed.code is None
     assert p.get_fields() == ["reasoning", "code"]
     assert p.parse_answer([{"role": "assistant", "content": "<answer>5</answer>"}]) == "5"
-    assert "<reasoning>" in p.get_format_str()
-    assert p.format(reasoning="r", answer="a") == "<reasoning>\nr\n</reasoning>\n<answer>\na\n</answer>"
+    assert p.get_format_str() == "<reasoning>\n...\n</reasoning>\n<[ code | answer ]>\n...\n</[ code | answer ]>"
+    # the reference: canonical tags in format(), every field required
+    assert p.format(reasoning="r", answer="a") == "<reasoning>\nr\n</reasoning>\n<code>\na\n</code>"
+    with pytest.raises(ValueError, match="code"):
+        p.format(reasoning="r")
+    # a field needs its closing tag; the first occurrence per message, the last in a string
+    assert p.parse("<answer>unclosed").answer is None
+    assert p.parse_answer("<answer>1</answer><answer>2</answer>") == "2"
+    assert p.parse_answer([{"role": "assistant", "content": "<answer>1</answer>"},
+                           {"role": "assistant", "content": "no tags"}]) == "1"
     fmt = p.get_format_reward_func()
     assert fmt([{"role": "assistant", "content": "<reasoning>x</reasoning><answer>y</answer>"}]) == 1.0
-    assert fmt([{"role": "assistant", "content": "<reasoning>x</reasoning>"}]) == 0.5
+    # 0.4 * 1/2 field sets + 0.2 spacing + 0.2 starts with the first set (does not end with the last)
+    assert fmt([{"role": "assistant", "content": "<reasoning>x</reasoning>"}]) == pytest.approx(0.6)
+    assert fmt([{"role": "assistant", "content": "nothing"}]) == pytest.approx(0.2)
     with pytest.raises(ValueError):
         vf.XMLParser(fields=["a", "a"])
 
@@ -60,6 +70,8 @@ def test_think_parsers():
     tp = vf.ThinkParser(extract_fn=vf.extract_boxed_answer)
     assert tp.parse("<think>hmm</think> so \\boxed{4}") == "4"
     assert tp.parse("<think>never closed") == ""
+    assert tp.parse("no think at all \\boxed{4}") == ""  # the reference: empty without </think>
+    assert tp.parse_answer([{"role": "assistant", "content": "4"}]) == ""
     fmt = tp.get_format_reward_func()
     assert fmt([{"role": "assistant", "content": "<think>a</think>b"}]) == 1.0
     assert fmt([{"role": "assistant", "content": "b"}]) == 0.0

@@ -114,6 +114,55 @@ def test_extra_env_kwargs_reach_the_sandbox_spec_or_are_refused():
     assert env.sandbox_spec.memory_gb == 3  # a refused setting changes nothing
 
 
+def test_isolation_from_x_toml_and_the_run_definition(tmp_path):
+    """`isolation` is one field of the run definition, whichever way it is given: `-x
+    isolation=gvisor` (lifted out of the env settings), TOML top level or per [[eval]];
+    unset it is None (the env's own choice); a bad value or two different ones are refused."""
+    from envs.eval.config import parse_kwargs
+
+    base = {"endpoints_path": str(tmp_path / "none.toml"), "env_dir_path": str(ENVS)}
+    (tmp_path / "none.toml").write_text("")
+    assert parse_kwargs("isolation=gvisor", "-x") == {"isolation": "gvisor"}
+    assert parse_kwargs("isolation=gvisor,memory_gb=2,labels={\"a\": \"b,c\"}", "-x") == {
+        "isolation": "gvisor", "memory_gb": 2, "labels": {"a": "b,c"}}
+    assert parse_kwargs('{"isolation": "gvisor"}', "-x") == {"isolation": "gvisor"}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_kwargs("gvisor", "-x")
+    (plain,) = configs_from_cli(["bash-files"], base)
+    assert plain.isolation is None
+    (cfg,) = configs_from_cli(["bash-files"], {**base, "extra_env_kwargs": parse_kwargs("isolation=gvisor,memory_gb=2", "-x")})
+    assert cfg.isolation == "gvisor" and cfg.extra_env_kwargs == {"memory_gb": 2}
+    assert cfg.public_args()["isolation"] == "gvisor"
+    assert EvalConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    for bad, match in [({"isolation": "kata"}, "isolation must be one of runc, gvisor"),
+                       ({"isolation": "runc", "extra_env_kwargs": {"isolation": "gvisor"}}, "isolation is set twice")]:
+        with pytest.raises(ConfigError, match=match):
+            configs_from_cli(["bash-files"], {**base, **bad})
+    path = write_toml(tmp_path, "http://127.0.0.1:9/v1", [{"env_id": "bash-files"},
+                                                            {"env_id": "bash-files", "isolation": "runc"}], isolation="gvisor")
+    assert [c.isolation for c in configs_from_toml(path)] == ["gvisor", "runc"]
+
+
+def test_the_run_isolation_reaches_every_kind_of_sandbox_env(tmp_path):
+    """load_run_env puts the run's isolation on the sandbox spec of SandboxEnv/PythonEnv
+    examples and on SWE debug options; None leaves the env's own choice (never weaker)."""
+    from envs.eval.setup import load_run_env
+
+    (tmp_path / "none.toml").write_text("")
+    base = {"endpoints_path": str(tmp_path / "none.toml"), "env_dir_path": str(ENVS)}
+    for env_id in ("bash-files", "python-math"):
+        (cfg,) = configs_from_cli([env_id], {**base, "isolation": "gvisor"})
+        env = load_run_env(cfg)
+        assert env.sandbox_spec.isolation == "gvisor" and env.isolation_in_use() == "gvisor"
+        (cfg,) = configs_from_cli([env_id], base)
+        assert load_run_env(cfg).sandbox_spec.isolation == "runc"
+    asked = vf.SandboxEnv(dataset=[{"question": "q", "answer": "a"}], isolation="gvisor")
+    (cfg,) = configs_from_cli(["bash-files"], base)
+    assert cfg.isolation is None and asked.isolation_in_use() == "gvisor"  # no run setting: not downgraded
+    with pytest.raises(ConfigError, match="isolation must be one of"):
+        asked.set_isolation("kata")
+
+
 def test_backend_comes_from_the_run_not_the_environment_variable(monkeypatch):
     monkeypatch.setenv("VF_SANDBOX_BACKEND", "local")  # the old channel: must have no effect
     env = vf.SandboxEnv(dataset=[{"question": "q", "answer": "a"}])

@@ -243,12 +243,18 @@ def test_dashboard_shows_real_eval_runs(env, fast_server):
             assert "real-eval" in row.inner_text() and "12/12" in row.inner_text()
             page.screenshot(path=str(ARTIFACTS / "e2e-runs-list.png"), full_page=True)
             page.goto(f"http://127.0.0.1:{port}/#/run/{ok.id}/samples")
-            page.locator(".group").first.wait_for(timeout=10_000)
-            assert page.locator(".group").count() == 4
+            page.locator("tbody.group").first.wait_for(timeout=10_000)
+            assert page.locator("tbody.group").count() == 4
             for i in range(4):
-                g = page.locator(".group").nth(i)
-                assert g.locator(".rollout").count() == 3
-                assert "What is" in g.inner_text() and "boxed" in g.inner_text()
+                g = page.locator("tbody.group").nth(i)
+                assert g.locator("tr.sample").count() == 3
+                assert "What is" in g.inner_text()
+            # the completion is in the sample's own view (the table stays compact); search finds it too
+            page.locator("tr.sample a.sample-link").first.click()
+            page.locator(".sample-detail").wait_for(timeout=10_000)
+            assert "boxed" in page.locator(".sample-detail").inner_text()
+            page.fill("#sample-search", "boxed")
+            assert page.locator("tr.sample").count() == 12
             page.screenshot(path=str(ARTIFACTS / "e2e-samples.png"), full_page=True)
             page.goto(f"http://127.0.0.1:{port}/#/run/{bad.id}")
             page.locator("#error-box").wait_for(timeout=10_000)

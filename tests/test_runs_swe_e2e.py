@@ -58,6 +58,15 @@ def test_completed_swe_debug_run(env, examples):
     s = results.summarize_run(r)
     assert s["n"] == 2 and s["valid"] == 1 and s["reasons"] == {"pass": 1, "gold_apply_failed": 1}
     assert "tests_s" in s["phase_timings"]
+    # the run log tells each instance's story, one line per phase (issue 16)
+    log = Path(r.log_path).read_text()
+    for iid in (IDNA, BAD_GOLD):
+        assert f"{iid}: image " in log and f"{iid}: sandbox " in log and f"{iid}: setup ok" in log, log[-3000:]
+    assert f"{IDNA}: debug step gold_patch: applied" in log and f"{IDNA}: tests: exit" in log
+    assert f"{IDNA}: verdict valid (pass)" in log
+    assert f"{BAD_GOLD}: debug step gold_patch: did not apply" in log
+    assert f"{BAD_GOLD}: verdict invalid (gold_apply_failed)" in log
+    assert f"{BAD_GOLD}: tests:" not in log  # it stopped at the debug step
     inst = {i["instance_id"]: i for i in results.swe_instances(results.read_rows(r))}
     assert inst[IDNA]["valid"] is True and inst[IDNA]["timings"]["total_s"] > 0
     assert inst[BAD_GOLD]["reason"] == "gold_apply_failed" and inst[BAD_GOLD]["detail"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,8 +114,42 @@ async def test_gold_run_with_fails_before_check(instances):
     assert pb["fails_before"]["passing_before"] == instances[PASSES_BEFORE].FAIL_TO_PASS
     bg = rows[BAD_GOLD]
     assert not bg["valid"] and bg["reason"] == "gold_apply_failed" and bg["test_exit_code"] is None
-    assert "patch --batch --fuzz=5" in bg["stdout_tail"]  # every rung was tried
+    assert "patch --batch --forward --fuzz=5" in bg["stdout_tail"]  # every rung was tried
     assert all(r["error"] is None and r["attempts"] == 1 for r in rows.values())
+
+
+def reverse_patch(diff: str) -> str:
+    """The unified diff that undoes `diff` (sides, hunk ranges and +/- lines swapped)."""
+    out, in_hunk = [], False
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            minus, in_hunk = line, False
+            continue
+        if line.startswith("+++ "):
+            out += ["--- " + line[4:], "+++ " + minus[4:]]
+            continue
+        if line.startswith("@@"):
+            m = re.match(r"@@ -(\S+) \+(\S+) @@(.*)", line)
+            out.append(f"@@ -{m.group(2)} +{m.group(1)} @@{m.group(3)}")
+            in_hunk = True
+        elif in_hunk and line[:1] in "+-":
+            out.append({"+": "-", "-": "+"}[line[0]] + line[1:])
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+async def test_a_reversed_or_already_applied_gold_patch_fails_to_apply(instances):
+    """The reversed gold patch applies only in reverse (which would leave exactly the fixed
+    tree): every rung must refuse it, not grade the instance valid."""
+    from swe_debug.taskset import SWETaskSet
+
+    rev = instances[IDNA].model_copy(update={"instance_id": "reversed-gold", "patch": reverse_patch(instances[IDNA].patch)})
+    assert rev.patch != instances[IDNA].patch
+    rows = await _run(instances, [], taskset=SWETaskSet([rev]))
+    r = rows["reversed-gold"]
+    assert not r["valid"] and r["reason"] == "gold_apply_failed" and r["test_exit_code"] is None, r
+    assert "Reversed (or previously applied) patch detected" in r["stdout_tail"]
 
 
 async def test_passes_before_instance_is_valid_without_the_check(instances):
@@ -238,7 +273,9 @@ async def test_prebuilt_image_and_missing_image(instances, tmp_path):
     ts = SWETaskSet([pre, gone, other, norepo])
     rows = await _run(instances, [], taskset=ts)
     assert rows["prebuilt"]["reason"] == "pass" and rows["prebuilt"]["image"] == tag
-    assert rows["gone"]["reason"] == "setup_failed" and "cannot be pulled" in rows["gone"]["detail"]
+    # an image that cannot be pulled is the row's infrastructure error (retried, resumable), never a verdict
+    assert rows["gone"]["error_type"] == "ImagePullFailed" and "cannot be pulled" in rows["gone"]["error"]
+    assert rows["gone"]["attempts"] == 3 and not rows["gone"].get("valid")
     assert rows["other"]["reason"] == "setup_failed" and "not in this repository" in rows["other"]["detail"]
     assert rows["norepo"]["reason"] == "setup_failed" and "no git work tree" in rows["norepo"]["detail"]
 
@@ -260,6 +297,12 @@ def test_cli_exit_code_and_junit(examples, tmp_path):
     assert cases[IDNA].find("failure") is None
     fail = cases[BAD_GOLD].find("failure")
     assert fail.get("message").startswith("gold_apply_failed") and "Hunk #1 FAILED" in fail.text
+    # the suite's time is the run's wall time (image, set-up and queueing included), not a sum of parts
+    (meta_path,) = [p for p in out.glob("evals/swe-debug--*/*/metadata.json")
+                    if json.loads(p.read_text()).get("completed_rollouts") == 2]
+    wall = json.loads(meta_path.read_text())["time_ms"] / 1000
+    assert float(suite.get("time")) == pytest.approx(wall, abs=0.002)
+    assert all(float(c.get("time")) <= wall + 0.002 for c in cases.values())
     unknown = subprocess.run([*VF_SWE_DEBUG, str(examples), "-i", "nope", "-o", str(out), "-q"],
                              capture_output=True, text=True, cwd=ROOT, env=env)
     assert unknown.returncode == 2 and "nope" in unknown.stderr
@@ -407,6 +450,12 @@ async def test_image_keys_follow_content_and_a_wrong_base_commit_fails_the_build
     env2 = idna.environment.model_copy(update={"packages": ["pytest==7.4.3"]})
     base_id = await b.image_id(b.base_image)
     assert b.environment_key(env2, base_id) != b.environment_key(idna.environment, base_id)
+
+    # a Python the base image does not have is refused, clearly, before any download or build
+    py39 = idna.model_copy(update={"instance_id": "py39", "environment": idna.environment.model_copy(
+        update={"python_version": "3.9"})})
+    rows = await _run(instances, [], taskset=_taskset({"py39": py39}, ["py39"]))
+    assert rows["py39"]["reason"] == "setup_failed" and "python_version 3.9 is not available" in rows["py39"]["detail"]
 
     # the snapshot's commit must be the instance's base_commit: a wrong one is a broken instance
     wrong = idna.model_copy(update={"instance_id": "wrong-base", "base_commit": "f" * 40})

@@ -74,6 +74,25 @@ def check_report(rep):
     assert inst.problem_statement == "kept as an extra column"
 
 
+def test_an_unknown_log_parser_is_the_rows_error_at_load_time(tmp_path):
+    from swe_debug.parsers import register_parser
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (row(0), row(1, log_parser="nosuch"))) + "\n")
+    rep = load_instances(path)
+    assert [i.instance_id for i in rep.instances] == ["org__repo-0"]
+    (err,) = rep.errors
+    assert err.index == 1 and err.instance_id == "org__repo-1" and err.field == "log_parser"
+    assert "unknown log parser 'nosuch'" in err.message and "pytest" in err.message
+    register_parser("nosuch", lambda log: None)  # registered before loading: accepted
+    try:
+        assert not load_instances(path).errors
+    finally:
+        from swe_debug import parsers
+
+        parsers._PARSERS.pop("nosuch", None)
+
+
 def test_jsonl_with_a_broken_line(tmp_path):
     p = tmp_path / "d.jsonl"
     lines = [json.dumps(r) for r in ROWS]

@@ -194,3 +194,65 @@ async def test_is_async_callable_and_sync_returning_awaitable():
     pool = SyncPool(2)
     assert await pool.call(lambda: coro(4)) == 4  # a sync function returning a coroutine: awaited on the loop
     pool.shutdown()
+
+
+# ----------------------------------------------------------------- measured inline path
+
+
+def test_a_fast_sync_callable_moves_onto_the_loop_and_a_slow_one_never_does():
+    pool = SyncPool(4)
+    loop_thread = threading.get_ident()
+
+    def fast() -> int:
+        return threading.get_ident()
+
+    def sleepy() -> int:
+        time.sleep(0.01)  # blocks: wall time counts, not CPU time
+        return threading.get_ident()
+
+    async def main() -> tuple[list[int], list[int]]:
+        return [await pool.call(fast) for _ in range(12)], [await pool.call(sleepy) for _ in range(12)]
+
+    fast_threads, sleepy_threads = asyncio.run(main())
+    n = SyncPool.inline_after
+    assert loop_thread not in fast_threads[:n]  # learned in the pool first
+    assert fast_threads[n:] == [loop_thread] * (12 - n)  # then on the loop, no thread hop
+    assert loop_thread not in sleepy_threads
+    pool.shutdown()
+
+
+def test_an_inline_callable_that_turns_slow_goes_back_to_the_pool_for_good(caplog):
+    pool = SyncPool(2)
+    loop_thread = threading.get_ident()
+    calls: list[int] = []
+
+    def scorer(slow: bool = False) -> None:
+        calls.append(threading.get_ident())
+        if slow:
+            time.sleep(0.02)
+
+    async def main() -> None:
+        for _ in range(SyncPool.inline_after + 1):
+            await pool.call(scorer)
+        await pool.call(scorer, slow=True)  # on the loop: stalls it once
+        for _ in range(2 * SyncPool.inline_after):
+            await pool.call(scorer)
+
+    with caplog.at_level(logging.INFO, logger="envs.sync_pool"):
+        asyncio.run(main())
+    n = SyncPool.inline_after
+    assert calls[n] == loop_thread and calls[n + 1] == loop_thread
+    assert loop_thread not in calls[n + 2:]  # demoted for good, although fast again
+    assert "runs in the thread pool from now on" in caplog.text
+    pool.shutdown()
+
+
+def test_adaptive_off_keeps_every_call_in_the_pool():
+    pool = SyncPool(2, adaptive=False)
+    loop_thread = threading.get_ident()
+
+    async def main() -> list[int]:
+        return [await pool.call(threading.get_ident) for _ in range(3 * SyncPool.inline_after)]
+
+    assert loop_thread not in asyncio.run(main())
+    pool.shutdown()

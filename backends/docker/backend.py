@@ -10,6 +10,13 @@ gone after `timeout_minutes` even if its owner was SIGKILLed. Creation is
 idempotent (the container name derives from the idempotency key; a 409 means
 "fetch the one a previous attempt made"), retried on InfraError only.
 Images missing locally are built from `images/` when a recipe maps to them.
+
+`spec.isolation == "gvisor"` runs the container under the engine's gVisor
+runtime (`HostConfig.Runtime`, "runsc" unless `gvisor_runtime=` says
+otherwise); an engine that does not list that runtime is refused with a
+ConfigError naming it and saying how to register it (scripts/setup.sh does
+it for the engine it manages). The agent is the same: one attached exec per
+sandbox, one round trip per command, also under gVisor.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from sandboxes.errors import (
     SandboxCreateError,
     SandboxNotRunning,
 )
-from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus
+from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus, RegistryAuth
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent, retry_infra
@@ -147,6 +154,7 @@ class DockerBackend:
         require_disk_limit: bool = False,
         api_timeout: float = 120.0,
         python: str = "python3",
+        gvisor_runtime: str = "runsc",
     ):
         self.url = resolve_url(url)
         self.retry = retry or RetryPolicy()
@@ -161,6 +169,8 @@ class DockerBackend:
         self._disk_warned = False
         self.api_timeout = api_timeout
         self.python = python
+        self.gvisor_runtime = gvisor_runtime
+        self._runtimes: dict[str, Any] | None = None  # the engine's runtimes (docker info), kept once it has gVisor
         self._docker: aiodocker.Docker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._images: dict[str, str] = {}  # requested image -> image to run
@@ -273,9 +283,17 @@ class DockerBackend:
         """Build `request` through the Engine API (see backends/docker/build.py) unless cached."""
         return await asyncio.to_thread(self._engine_images.build, request, force=force, on_log=on_log)
 
-    async def pull_image(self, image: str) -> str:
-        """Pull `image` from its registry (ImageNotFound where there is none)."""
-        return await asyncio.to_thread(self._engine_images.pull, image)
+    async def pull_image(self, image: str, auth: RegistryAuth | None = None) -> str:
+        """Pull `image` from its registry (ImageNotFound where it cannot be)."""
+        return await asyncio.to_thread(self._engine_images.pull, image, auth)
+
+    async def remove_image(self, image: str) -> bool:
+        """Remove the local image name (never forced; see backends/docker/build.py)."""
+        return await asyncio.to_thread(self._engine_images.remove, image)
+
+    async def push_image(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
+        """Tag `image` as `target` and push it (see backends/docker/build.py)."""
+        return await asyncio.to_thread(self._engine_images.push, image, target, auth)
 
     # ---------------------------------------------------------- recipes (SupportsImageRecipes)
     async def image_recipes(self) -> list[RecipeStatus]:
@@ -301,6 +319,32 @@ class DockerBackend:
         check_network_mode(self.network_mode)
         return self.network_mode
 
+    async def _runtime(self, spec: SandboxSpec) -> str | None:
+        """The OCI runtime for `spec` (None = the engine's default, runc); ConfigError
+        when gVisor is asked for and the engine has no such runtime."""
+        if spec.isolation != "gvisor":
+            return None
+        if self._runtimes is None or self.gvisor_runtime not in self._runtimes:  # read again until registered
+            docker = await self._client()
+            async with self._api("info"):
+                info = await docker._query_json("info")
+            self._runtimes = dict(info.get("Runtimes") or {})
+        name = self.gvisor_runtime
+        if name not in self._runtimes:
+            raise ConfigError(
+                f"isolation='gvisor' needs the Docker runtime {name!r}, which the engine at {self.url} does not "
+                f"have (it has: {', '.join(sorted(self._runtimes)) or 'none'}). Install gVisor (Debian: "
+                f"`apt-get install runsc`), add to /etc/docker/daemon.json "
+                f'{{"runtimes": {{"{name}": {{"path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", '
+                f'"--network=none"]}}}}}} and reload dockerd (`kill -HUP <dockerd pid>`); scripts/setup.sh does this '
+                f"for the engine it starts. Or pass gvisor_runtime=<name> in the backend options.")
+        args = (self._runtimes.get(name) or {}).get("runtimeArgs") or []
+        if spec.network and "--network=none" in args:
+            raise ConfigError(
+                f"network=True with isolation='gvisor': the engine's {name!r} runtime runs with --network=none "
+                f"(no network at all); drop network=True or register a runsc runtime with gVisor networking")
+        return name
+
     async def container_config(self, spec: SandboxSpec, image: str) -> dict[str, Any]:
         """The Engine API create body for `spec` (secure defaults)."""
         lifetime = max(1, int(spec.timeout_minutes * 60))
@@ -316,6 +360,9 @@ class DockerBackend:
             "Init": True,
             "AutoRemove": True,
         }
+        runtime = await self._runtime(spec)
+        if runtime:
+            host["Runtime"] = runtime
         if spec.gpu_count:
             host["DeviceRequests"] = [{"Driver": "nvidia", "Count": spec.gpu_count, "Capabilities": [["gpu"]]}]
         labels = {**{k: str(v) for k, v in spec.labels.items()}, **lifecycle_labels(spec)}
@@ -489,8 +536,9 @@ class DockerBackend:
         labels = container["Config"].get("Labels") or {}
         if labels.get(MANAGED) != "true":
             raise SandboxNotRunning(f"container {sandbox_id} is not a vf-sandbox sandbox")
+        gvisor = (container["HostConfig"] or {}).get("Runtime") == self.gvisor_runtime
         spec = SandboxSpec(image=container["Config"]["Image"], workdir=container["Config"].get("WorkingDir") or "/",
-                           user=container["Config"].get("User") or None)
+                           user=container["Config"].get("User") or None, isolation="gvisor" if gvisor else "runc")
         return await self._attach(container, spec, container["Name"].lstrip("/"))
 
     async def _running(self, sandbox_id: str) -> bool:

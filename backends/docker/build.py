@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sandboxes.errors import BackendUnavailable, ImageNotFound
-from sandboxes.images import KEY_LABEL, BuiltImage, ImageBuildFailed, ImageBuildRequest, log_tail
+from sandboxes.errors import BackendUnavailable, ImageNotFound, ImagePushFailed
+from sandboxes.images import KEY_LABEL, BuiltImage, ImageBuildFailed, ImageBuildRequest, RegistryAuth, log_tail
 
 from .engine import resolve_url
 
@@ -39,6 +39,16 @@ _name_locks_guard = threading.Lock()
 def _name_lock(name: str) -> threading.Lock:
     with _name_locks_guard:
         return _name_locks.setdefault(name, threading.Lock())
+
+
+
+def split_name(image: str) -> tuple[str, str]:
+    """'repo/name:tag' -> ('repo/name', 'tag'); no tag -> 'latest' (a registry's
+    `host:port/` is not a tag)."""
+    name, sep, tag = image.rpartition(":")
+    if sep and "/" not in tag:
+        return name, tag
+    return image, "latest"
 
 
 class EngineImages:
@@ -86,14 +96,16 @@ class EngineImages:
         info = self.inspect(image)
         return info["Id"] if info else None
 
-    def pull(self, image: str) -> str:
-        """Pull `image` from its registry; its id. ImageNotFound when that fails (no registry here)."""
+    def pull(self, image: str, auth: RegistryAuth | None = None) -> str:
+        """Pull `image` from its registry; its id. ImageNotFound when that fails (no registry
+        here, no such image or tag, bad credentials: the registry's own words say which)."""
         import docker
 
-        repo, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+        repo, tag = split_name(image)
         with self.api(f"pull {image}", timeout=900) as api:
             try:
-                for chunk in api.pull(repo, tag=tag, stream=True, decode=True):
+                for chunk in api.pull(repo, tag=tag, stream=True, decode=True,
+                                      auth_config=auth.engine_config() if auth else None):
                     if "error" in chunk:
                         raise ImageNotFound(f"image {image} is not present locally and cannot be pulled: "
                                             f"{chunk['error']}")
@@ -104,6 +116,39 @@ class EngineImages:
         if image_id is None:
             raise ImageNotFound(f"image {image}: pull finished but the image is not present")
         return image_id
+
+    def remove(self, image: str) -> bool:
+        """Untag/remove `image`; False when absent or used by a container (never forced)."""
+        import docker
+
+        with self.api(f"remove {image}") as api:
+            try:
+                api.remove_image(image, force=False, noprune=False)
+            except docker.errors.NotFound:
+                return False
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # a container uses it
+                    return False
+                raise
+        return True
+
+    def push(self, image: str, target: str, auth: RegistryAuth | None = None) -> str:
+        """Tag `image` as `target` and push it; the pushed digest. ImagePushFailed when refused."""
+        import docker
+
+        repo, tag = split_name(target)
+        with self.api(f"push {target}", timeout=1800) as api:
+            try:
+                api.tag(image, repo, tag=tag)
+                digest = ""
+                for chunk in api.push(repo, tag=tag, stream=True, decode=True,
+                                      auth_config=auth.engine_config() if auth else None):
+                    if "error" in chunk:
+                        raise ImagePushFailed(f"push of {image} as {target} refused: {chunk['error']}")
+                    digest = (chunk.get("aux") or {}).get("Digest") or digest
+            except docker.errors.APIError as exc:
+                raise ImagePushFailed(f"push of {image} as {target} failed: {exc.explanation or exc}") from exc
+        return digest
 
     # ------------------------------------------------------------ builds
     def _parent_ids(self, request: ImageBuildRequest, *, pull: bool) -> list[str]:

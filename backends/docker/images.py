@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 from sandboxes.errors import BackendUnavailable, ImageNotFound
 from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, host_arch
 
-from .build import EngineImages
+from .build import EngineImages, split_name
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +210,6 @@ class ImageBuilder:
                 context_digest=digest, labels={HASH_LABEL: digest, RECIPE_LABEL: recipe.name},
             )
             return self.engine.build(request, force=True)
-
-
-def split_name(name: str) -> tuple[str, str]:
-    """'repo/name:tag' -> ('repo/name', 'tag'); no tag -> 'latest'."""
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        repository, _, tag = name.rpartition(":")
-        return repository, tag
-    return name, "latest"
 
 
 def _pip() -> list[str]:

@@ -29,6 +29,7 @@ class KubernetesConfig(BaseModel):
     container_name: str = Field("sandbox", description="Name of the one container of each pod.")
     image_pull_policy: str = Field("IfNotPresent", description="imagePullPolicy of the container.")
     runtime_class_name: str | None = Field(default_factory=lambda: _env("VF_K8S_RUNTIME_CLASS"), description="runtimeClassName, e.g. 'gvisor' or 'kata'; default $VF_K8S_RUNTIME_CLASS.")
+    gvisor_runtime_class: str = Field("gvisor", description="runtimeClassName of pods whose spec asks for isolation='gvisor' (GKE Sandbox names it 'gvisor').")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of every pod.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations (Kubernetes JSON form).")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Names of image pull secrets.")

@@ -126,7 +126,9 @@ def pod_manifest(spec: SandboxSpec, cfg: KubernetesConfig, name: str, labels: di
         "activeDeadlineSeconds": max(1, int(spec.timeout_minutes * 60)),
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
-    if cfg.runtime_class_name:
+    if spec.isolation == "gvisor":
+        pod_spec["runtimeClassName"] = cfg.gvisor_runtime_class
+    elif cfg.runtime_class_name:
         pod_spec["runtimeClassName"] = cfg.runtime_class_name
     if cfg.node_selector:
         pod_spec["nodeSelector"] = dict(cfg.node_selector)

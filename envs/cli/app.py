@@ -13,6 +13,7 @@ app = typer.Typer(
     help="Run untrusted, model-written code in sandboxes for LLM evaluation and RL.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every sub-command
 )
 
 # (module, attribute, sub-command name or None to merge its commands at top level)

@@ -56,12 +56,12 @@ def _fail(message: str, code: int = 2) -> None:
 def eval_command(
     env_id_or_path: Optional[list[str]] = typer.Argument(None, help="Environment ID(s) or path to a TOML config"),
     env_args: Optional[str] = typer.Option(None, "--env-args", "-a", help="JSON object passed to load_environment() \\[default: {}]"),
-    extra_env_kwargs: Optional[str] = typer.Option(None, "--extra-env-kwargs", "-x", help="JSON object passed to the environment constructor \\[default: {}]"),
+    extra_env_kwargs: Optional[str] = typer.Option(None, "--extra-env-kwargs", "-x", help="Environment settings: a JSON object or key=value[,key=value] (e.g. isolation=gvisor) \\[default: {}]"),
     env_dir_path: Optional[str] = typer.Option(None, "--env-dir-path", "-p", help="Base path of local environments \\[default: ./environments]"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or endpoint alias \\[default: openai/gpt-4.1-mini]"),
     api_base_url: Optional[str] = typer.Option(None, "--api-base-url", "-b", help="API base URL \\[default: https://api.pinference.ai/api/v1]"),
     api_key_var: Optional[str] = typer.Option(None, "--api-key-var", "-k", help="Environment variable holding the API key \\[default: PRIME_API_KEY]"),
-    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_chat_completions_token | anthropic_messages"),
+    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_responses | anthropic_messages"),
     endpoints_path: Optional[str] = typer.Option(None, "--endpoints-path", "-e", help="TOML endpoints registry \\[default: ./configs/endpoints.toml]"),
     header: Optional[list[str]] = typer.Option(None, "--header", help="Extra HTTP header 'Name: Value' (repeatable)"),
     header_from_state: Optional[list[str]] = typer.Option(None, "--header-from-state", help="Per-request header 'Name: state_key' (repeatable) \\[default: X-Session-ID: example_id]"),
@@ -75,7 +75,8 @@ def eval_command(
     max_concurrent_scoring: Optional[int] = typer.Option(None, "--max-concurrent-scoring", help="Concurrent scoring requests \\[default: same as -c]"),
     no_interleave_scoring: bool = typer.Option(False, "--no-interleave-scoring", "-N", help="Score after generation instead of per group"),
     independent_scoring: bool = typer.Option(False, "--independent-scoring", "-i", help="Score each rollout individually"),
-    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries per rollout on InfraError \\[default: 0]"),
+    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries of a rollout after an infrastructure or transient model-API error, each logged \\[default: 0]"),
+    client_max_retries: Optional[int] = typer.Option(None, "--client-max-retries", help="The model API client's own quick retries of one request (SDK max_retries), each logged \\[default: 2]"),
     num_workers: str = typer.Option("auto", "--num-workers", "-w", help="Worker processes sharing the run (auto = 1)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging"),
     fullscreen: bool = typer.Option(False, "--fullscreen", "-f", help="Use the alternate screen for the live display"),
@@ -101,10 +102,13 @@ def eval_command(
     from sandboxes.errors import ConfigError, UsageError
 
     from ..errors import MissingKeyError
-    from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object
+    from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object, parse_kwargs
     from ..logging_utils import setup_logging
 
-    setup_logging("DEBUG" if verbose else "INFO")
+    setup_logging("DEBUG" if verbose else "INFO", log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                  date_format="%H:%M:%S")
+    # the run's log file (envs.runs.registry) is a root handler: the CLI's records propagate to it
+    logging.getLogger("envs").propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
     resume_path = None if resume in (None, _AUTO) else resume
     env_ids = list(env_id_or_path or [])
@@ -121,6 +125,7 @@ def eval_command(
             "backend_options": parse_json_object(backend_options, "--backend-options") or None,
             "num_workers": workers,
             "max_retries": max_retries,
+            "client_max_retries": client_max_retries,
             "max_concurrent": max_concurrent,
             "save_results": save_results or None,
             "junit_xml": junit_xml,
@@ -159,7 +164,7 @@ def eval_command(
             cli = {
                 **run_control,
                 "env_args": parse_json_object(env_args, "--env-args/-a") or None,
-                "extra_env_kwargs": parse_json_object(extra_env_kwargs, "--extra-env-kwargs/-x") or None,
+                "extra_env_kwargs": parse_kwargs(extra_env_kwargs, "--extra-env-kwargs/-x") or None,
                 "sampling_args": parse_json_object(sampling_args, "--sampling-args/-S") or None,
                 "env_dir_path": env_dir_path,
                 "model": model,
@@ -215,6 +220,8 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
                         fg=typer.colors.RED if res.status == "failed" else typer.colors.YELLOW, err=True)
         if res.run_dir is not None and res.metadata.get("path_to_save"):
             typer.echo(f"results: {res.run_dir}")
+        elif res.rows:
+            typer.echo("results not saved (add -s to save them)")
         if res.run_id:
             typer.echo(f"run {res.run_id}: vf-sandbox runs show {res.run_id} · dashboard: vf-sandbox dashboard "
                        f"(http://127.0.0.1:8787/#/run/{res.run_id})")

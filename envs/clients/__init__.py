@@ -18,12 +18,13 @@ _LAZY = {
     "OpenAIChatCompletionsClient": ".openai_clients",
     "OpenAICompletionsClient": ".openai_clients",
     "AnthropicMessagesClient": ".anthropic_client",
+    "OpenAIResponsesClient": ".openai_responses",
 }
 
 CLIENT_TYPES = {
     "openai_chat_completions": "OpenAIChatCompletionsClient",
-    "openai_chat_completions_token": "OpenAIChatCompletionsClient",
     "openai_completions": "OpenAICompletionsClient",
+    "openai_responses": "OpenAIResponsesClient",
     "anthropic_messages": "AnthropicMessagesClient",
 }
 
@@ -34,11 +35,35 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+NOT_IMPLEMENTED = {
+    "openai_chat_completions_token": "the vLLM token route (/chat/completions/tokens) needs token-level trajectories, "
+                                     "which vf-sandbox does not record yet",
+    "renderer": "the renderer client (client-side tokenization with the renderers package) is not implemented",
+    "nemorl_chat_completions": "the NeMo-RL client needs token-level trajectories, which vf-sandbox does not record yet",
+}
+"""Reference client types refused loudly (never silently served by another client)."""
+
+
+def check_client_type(client_type: str) -> None:
+    """ConfigError unless `client_type` names an implemented client."""
+    from sandboxes.errors import ConfigError
+
+    if client_type in NOT_IMPLEMENTED:
+        raise ConfigError(f"client type {client_type!r} is not available in vf-sandbox: {NOT_IMPLEMENTED[client_type]}; "
+                          f"use one of {', '.join(CLIENT_TYPES)}")
+    if client_type not in CLIENT_TYPES:
+        raise ConfigError(f"unknown client type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
+
+
+def client_module(client_type: str) -> str:
+    """The module that defines `client_type`'s client (what a fork server preloads)."""
+    check_client_type(client_type)
+    return __name__ + _LAZY[CLIENT_TYPES[client_type]]
+
+
 def client_class(client_type: str) -> type[Client]:
-    try:
-        return __getattr__(CLIENT_TYPES[client_type])
-    except KeyError:
-        raise ValueError(f"unknown client type {client_type!r}; one of {sorted(CLIENT_TYPES)}") from None
+    check_client_type(client_type)
+    return __getattr__(CLIENT_TYPES[client_type])
 
 
 def make_client(obj: Any) -> Client:
@@ -62,7 +87,9 @@ __all__ = [
     "TransientModelError",
     "OpenAIChatCompletionsClient",
     "OpenAICompletionsClient",
+    "OpenAIResponsesClient",
     "client_class",
+    "client_module",
     "make_client",
     "resolve_api_key",
 ]

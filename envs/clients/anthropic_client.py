@@ -7,9 +7,14 @@ from typing import Any
 
 import anthropic
 
+try:  # the anthropic SDK's own httpx flavour (newer releases vendor `httpx2`)
+    import httpx2 as _sdk_httpx
+except ImportError:  # pragma: no cover - older SDKs use httpx itself
+    import httpx as _sdk_httpx
+
 from ..errors import InvalidModelResponseError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, classify_sdk_error
+from .base import Client, classify_sdk_error, log_sdk_retries
 from .config import ClientConfig, resolve_api_key
 
 DEFAULT_MAX_TOKENS = 4096
@@ -29,17 +34,21 @@ class AnthropicMessagesClient(Client[anthropic.AsyncAnthropic]):
     """Anthropic Messages API: system prompt, tool_use / tool_result blocks."""
 
     def setup_client(self, config: ClientConfig) -> anthropic.AsyncAnthropic:
+        timeout = anthropic.Timeout(config.timeout, connect=config.connect_timeout)
+        limits = _sdk_httpx.Limits(max_connections=config.max_connections,
+                              max_keepalive_connections=config.max_keepalive_connections)
         try:
-            http_client = anthropic.DefaultAioHttpClient(timeout=config.timeout)
-        except Exception:
-            http_client = None
+            http_client = anthropic.DefaultAioHttpClient(timeout=timeout, limits=limits)
+        except Exception:  # aiohttp extra missing: the SDK's httpx transport, same limits
+            http_client = anthropic.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
         base = config.api_base_url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
+        log_sdk_retries("anthropic._base_client")
         return anthropic.AsyncAnthropic(
             api_key=resolve_api_key(config.api_key_var),
             base_url=base,
-            timeout=config.timeout,
+            timeout=timeout,
             max_retries=config.max_retries,
             default_headers=config.extra_headers or None,
             http_client=http_client,

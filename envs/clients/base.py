@@ -3,6 +3,10 @@ tools and responses between vf types and the provider's native ones."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import socket
 import time
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
@@ -14,8 +18,13 @@ from .config import ClientConfig
 ClientT = TypeVar("ClientT")
 
 
+log = logging.getLogger("envs.clients")
+
+
 class ModelAuthError(ModelError):
     """The endpoint refused the API key (401/403). Fatal for a run: retrying cannot help."""
+
+    cause = "auth"
 
 
 class TransientModelError(ModelError):
@@ -26,10 +35,66 @@ class TransientModelError(ModelError):
 
     retryable = True
 
-    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None,
+                 cause: str = "unknown") -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.cause = cause
+        """One of MODEL_ERROR_CAUSES: why the API failed, in words a user acts on."""
+
+
+MODEL_ERROR_CAUSES = {
+    "connection_refused": "connection refused (nothing listens there: is the model server running?)",
+    "dns": "DNS lookup failed (check the host name in -b / the endpoints registry, or the network)",
+    "timeout": "timed out",
+    "connection": "connection failed",
+    "rate_limit": "rate limited (429)",
+    "server_error": "server error (5xx)",
+    "auth": "API key refused (401/403)",
+    "unknown": "failed",
+}
+
+
+def connection_cause(exc: BaseException) -> str:
+    """Why a connection-level SDK error happened, read from its cause chain (the SDKs
+    report even a refused connection as `APITimeoutError`): connection_refused, dns,
+    timeout or connection."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    timed_out = False
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ConnectionRefusedError) or getattr(cur, "errno", None) == errno.ECONNREFUSED:
+            return "connection_refused"
+        if isinstance(cur, socket.gaierror) or type(cur).__name__ == "ClientConnectorDNSError":
+            return "dns"
+        if isinstance(cur, (TimeoutError, socket.timeout)) or "Timeout" in type(cur).__name__:
+            timed_out = True
+        cur = cur.__cause__ or cur.__context__
+    return "timeout" if timed_out else "connection"
+
+
+def log_sdk_retries(sdk_logger: str) -> None:
+    """Make the SDK's own retries visible: each "Retrying request ..." line of
+    `sdk_logger` (logged at INFO by openai/anthropic) is repeated as a WARNING on
+    `envs.clients`, so it reaches the console and the run log. Idempotent."""
+    logger = logging.getLogger(sdk_logger)
+    if any(isinstance(f, _SDKRetryForwarder) for f in logger.filters):
+        return
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addFilter(_SDKRetryForwarder())
+
+
+class _SDKRetryForwarder(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO:
+            msg = record.getMessage()
+            if msg.startswith("Retrying request"):
+                log.warning("model API client retry (its own, --client-max-retries): %s", msg)
+            return False  # the SDK's other INFO lines stay quiet, as before
+        return True
 
 
 TRANSIENT_STATUSES = frozenset({408, 429})
@@ -78,12 +143,17 @@ def classify_sdk_error(sdk: Any, exc: BaseException) -> BaseException:
     if isinstance(exc, (sdk.AuthenticationError, sdk.PermissionDeniedError)):
         return ModelAuthError(f"model endpoint refused the API key ({getattr(exc, 'status_code', '?')}): {exc}")
     if isinstance(exc, sdk.APIConnectionError):  # APITimeoutError included
-        return TransientModelError(f"model endpoint unreachable: {type(exc).__name__}: {exc}")
+        cause = connection_cause(exc)
+        url = getattr(getattr(exc, "request", None), "url", None)
+        where = f" at {url}" if url else ""
+        return TransientModelError(f"model endpoint unreachable{where}: {MODEL_ERROR_CAUSES[cause]} "
+                                   f"({_innermost(exc)})", cause=cause)
     status = getattr(exc, "status_code", None) if isinstance(exc, sdk.APIStatusError) else None
     if is_transient_status(status):
         response = getattr(exc, "response", None)
-        return TransientModelError(f"model endpoint answered {status}: {exc}", status=status,
-                                   retry_after=retry_after_seconds(getattr(response, "headers", None)))
+        cause = "rate_limit" if status == 429 else "server_error" if status and status >= 500 else "timeout"
+        return TransientModelError(f"model endpoint answered {status} ({MODEL_ERROR_CAUSES[cause]}): {exc}", status=status,
+                                   retry_after=retry_after_seconds(getattr(response, "headers", None)), cause=cause)
     if isinstance(exc, sdk.BadRequestError):
         text = str(exc).lower()
         if "context length" in text or "maximum context" in text or "too long" in text:
@@ -91,8 +161,22 @@ def classify_sdk_error(sdk: Any, exc: BaseException) -> BaseException:
     return ModelError(f"{type(exc).__name__}: {exc}")
 
 
+def _innermost(exc: BaseException) -> str:
+    """The deepest exception of the chain as "Type: message" (the real cause)."""
+    seen: set[int] = set()
+    cur, last = exc, exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        last = cur
+        cur = cur.__cause__ or cur.__context__
+    return f"{type(last).__name__}: {last}"
+
+
 class Client(ABC, Generic[ClientT]):
     """Base of every model client. `get_response` is the one public call."""
+
+    config: ClientConfig | None = None  # set by __init__; a subclass that skips it still has one
+    _client: Any = None
 
     def __init__(self, client_or_config: ClientT | ClientConfig) -> None:
         if isinstance(client_or_config, ClientConfig):
@@ -131,9 +215,12 @@ class Client(ABC, Generic[ClientT]):
     @abstractmethod
     def from_native_response(self, response: Any) -> Response: ...
 
-    @abstractmethod
     def classify_error(self, exc: BaseException) -> BaseException:
-        """Map an SDK exception to ModelAuthError / ModelError (with `from exc`)."""
+        """The vf error an SDK exception becomes (raised `from exc`). Not abstract, as in
+        the reference: a custom client implementing only the reference's abstract methods
+        gets ModelError; the built-in clients map auth / transient / overlong errors
+        (`classify_sdk_error`)."""
+        return ModelError(f"{type(exc).__name__}: {exc}")
 
     async def close(self) -> None:
         close = getattr(self._client, "close", None)
@@ -160,7 +247,12 @@ class Client(ABC, Generic[ClientT]):
         except Error:
             raise
         except Exception as exc:
-            raise self.classify_error(exc) from exc
+            err = self.classify_error(exc)
+            if isinstance(err, ModelAuthError) and self.config is not None:
+                var = self.config.api_key_var
+                err = ModelAuthError(f"{err} [endpoint {self.config.api_base_url}; key read from ${var}"
+                                     f"{'' if os.environ.get(var) else ' (not set)'}; choose another with -k]")
+            raise err from exc
         self.raise_from_native_response(native)
         return self.from_native_response(native)
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
-from .base import Client, classify_sdk_error
+from .base import Client, classify_sdk_error, log_sdk_retries
 from .config import ClientConfig, resolve_api_key
 
 # Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
@@ -35,12 +36,16 @@ _COMPLETION_ARGS = frozenset(
 
 
 def build_async_openai(config: ClientConfig) -> openai.AsyncOpenAI:
-    """An AsyncOpenAI on the aiohttp transport configured from `config`."""
+    """An AsyncOpenAI on the aiohttp transport configured from `config` (timeouts,
+    connection limits, retries, headers, the key by variable name)."""
     timeout = openai.Timeout(config.timeout, connect=config.connect_timeout)
+    log_sdk_retries("openai._base_client")
+    limits = httpx.Limits(max_connections=config.max_connections,
+                          max_keepalive_connections=config.max_keepalive_connections)
     try:
-        http_client = openai.DefaultAioHttpClient(timeout=timeout)
+        http_client = openai.DefaultAioHttpClient(timeout=timeout, limits=limits)
     except Exception:  # aiohttp extra missing: fall back to the SDK's default transport
-        http_client = None
+        http_client = openai.DefaultAsyncHttpxClient(timeout=timeout, limits=limits)
     return openai.AsyncOpenAI(
         api_key=resolve_api_key(config.api_key_var),
         base_url=config.api_base_url,

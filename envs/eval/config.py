@@ -25,7 +25,9 @@ from pydantic import BaseModel, Field
 from sandboxes.errors import ConfigError
 from sandboxes.registry import DEFAULT_BACKEND, backend_names
 from sandboxes.retry import RetryPolicy
+from sandboxes.spec import ISOLATIONS, Isolation
 
+from .. import clients as _clients
 from ..clients.config import ClientConfig, EndpointClientConfig
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -39,13 +41,14 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "endpoints_path": "./configs/endpoints.toml",
     "env_dir_path": "./environments",
     "max_retries": 0,
+    "client_max_retries": 2,
     "timeout_minutes": 120.0,
     "backend": DEFAULT_BACKEND,
     "num_workers": 1,
 }
 MAX_TIMEOUT_MINUTES = 1440.0
 DEFAULT_HEADER_FROM_STATE = {"X-Session-ID": "example_id"}
-CLIENT_TYPES = ("openai_chat_completions", "openai_completions", "openai_chat_completions_token", "anthropic_messages")
+CLIENT_TYPES = tuple(_clients.CLIENT_TYPES)  # the implemented ones
 
 # Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]]).
 SETTING_KEYS = frozenset(
@@ -54,10 +57,10 @@ SETTING_KEYS = frozenset(
         "endpoints_path", "api_base_url", "api_key_var", "api_client_type", "sampling_args", "max_tokens",
         "temperature", "headers", "header", "headers_from_state", "header_from_state", "max_concurrent",
         "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
-        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path",
+        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path", "env",
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
-        "retry_initial_delay", "retry_max_delay", "junit_xml",
+        "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
     }
 )
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
@@ -102,6 +105,8 @@ class EvalConfig(BaseModel):
     num_workers: int = Field(1, ge=1)
     retry_initial_delay: float = Field(0.5, ge=0)
     retry_max_delay: float = Field(30.0, ge=0)
+    isolation: Isolation | None = Field(None, description='Kernel boundary of every sandbox of the run: "runc" or '
+                                        '"gvisor"; None = what the environment asks for (runc unless it says gvisor).')
 
     kind: str = Field("eval", description="The run's kind in the run registry (eval, swe-debug).")
     junit_xml: str | None = Field(None, description="Also write the results as a JUnit XML report here.")
@@ -153,6 +158,23 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{flag}: expected a JSON object like '{{\"key\": 1}}', got {type(value).__name__}: {text!r}")
     return value
+
+
+def parse_kwargs(text: str | None, flag: str) -> dict[str, Any]:
+    """`-x`: a JSON object, or the shorthand `key=value[,key=value...]` (each value read
+    as JSON when it parses, e.g. `n=3`, `flag=true`, else taken as a string: `isolation=gvisor`)."""
+    if text is None or not text.strip() or text.lstrip().startswith("{"):
+        return parse_json_object(text, flag)
+    out: dict[str, Any] = {}
+    for pair in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*=)", text):
+        key, sep, raw = pair.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()):
+            raise ConfigError(f"{flag}: expected a JSON object or key=value pairs, got {text!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw.strip()
+    return out
 
 
 def parse_header_lines(lines: list[str] | None, what: str = "--header") -> dict[str, str]:
@@ -220,7 +242,10 @@ def load_endpoints(path: str | Path | None) -> dict[str, list[Endpoint]]:
             raise ConfigError(f"{where}: set either 'headers' or 'extra_headers', not both")
         ctype = row.get("api_client_type", row.get("type", "openai_chat_completions"))
         if ctype not in CLIENT_TYPES:
-            raise ConfigError(f"{where}: unknown api_client_type {ctype!r}; one of {CLIENT_TYPES}")
+            try:
+                _clients.check_client_type(ctype)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: api_client_type: {exc}") from None
         headers = row.get("headers", row.get("extra_headers", {})) or {}
         out.setdefault(row["endpoint_id"], []).append(
             Endpoint(endpoint_id=row["endpoint_id"], model=row["model"], url=row["url"], key=row["key"],
@@ -298,17 +323,24 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         key_var = s["api_key_var"]
     client_type = client_type or BUILTIN_DEFAULTS["api_client_type"]
     if client_type not in CLIENT_TYPES:
-        raise ConfigError(f"unknown api_client_type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
+        try:
+            _clients.check_client_type(client_type)
+        except ConfigError as exc:
+            raise ConfigError(f"api_client_type: {exc}") from None
     headers.update({str(k): str(v) for k, v in (s.get("headers") or {}).items()})
     headers.update(parse_header_lines(s.get("header"), "header"))
     from_state = dict(DEFAULT_HEADER_FROM_STATE)
     from_state.update({str(k): str(v) for k, v in (s.get("headers_from_state") or {}).items()})
     from_state.update(parse_header_lines(s.get("header_from_state"), "header_from_state"))
 
+    client_retries = s.get("client_max_retries", BUILTIN_DEFAULTS["client_max_retries"])
+    if isinstance(client_retries, bool) or not isinstance(client_retries, int) or client_retries < 0:
+        raise ConfigError(f"client_max_retries must be an integer >= 0, got {client_retries!r}")
     endpoint_configs: list[EndpointClientConfig] = []
     if len(replicas) > 1 and not settings.get("api_base_url"):
         endpoint_configs = [
-            EndpointClientConfig(api_key_var=settings.get("api_key_var") or r.key, api_base_url=r.url, extra_headers=r.headers)
+            EndpointClientConfig(api_key_var=settings.get("api_key_var") or r.key, api_base_url=r.url,
+                                 extra_headers=r.headers, max_retries=client_retries)
             for r in replicas
         ]
     client_config = ClientConfig(
@@ -318,6 +350,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         endpoint_configs=endpoint_configs,
         extra_headers=headers,
         extra_headers_from_state=from_state,
+        max_retries=client_retries,
     )
 
     sampling = dict(s.get("sampling_args") or {})
@@ -351,6 +384,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         raise ConfigError(f"num_workers must be a positive integer, got {workers!r}")
     if workers > 1 and s.get("no_interleave_scoring"):
         raise ConfigError("--no-interleave-scoring/-N needs every rollout in one process; it cannot be combined with -w > 1")
+    isolation = _isolation(s)
     max_retries = s.get("max_retries", 0)
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")
@@ -372,7 +406,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         heartbeat_url=s.get("heartbeat_url"),
         independent_scoring=bool(s.get("independent_scoring", False)),
         no_interleave_scoring=bool(s.get("no_interleave_scoring", False)),
-        extra_env_kwargs=dict(s.get("extra_env_kwargs") or {}),
+        extra_env_kwargs={k: v for k, v in (s.get("extra_env_kwargs") or {}).items() if k != "isolation"},
         max_retries=max_retries,
         verbose=bool(s.get("verbose", False)),
         state_columns=list(state_columns),
@@ -388,10 +422,24 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         backend=backend,
         backend_options=dict(s.get("backend_options") or {}),
         num_workers=workers,
+        isolation=isolation,
         **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay") if s.get(k) is not None},
         kind=s.get("kind", "eval"),
         junit_xml=s.get("junit_xml"),
     )
+
+
+def _isolation(s: dict[str, Any]) -> str | None:
+    """The run's isolation: the `isolation` setting, or `isolation` given with the env's
+    settings (`-x isolation=gvisor`), which is lifted into the run definition (one place)."""
+    via_kwargs = (s.get("extra_env_kwargs") or {}).get("isolation")
+    value = s.get("isolation")
+    if value is not None and via_kwargs is not None and value != via_kwargs:
+        raise ConfigError(f"isolation is set twice: {value!r} and {via_kwargs!r} (in extra_env_kwargs / -x)")
+    value = value if value is not None else via_kwargs
+    if value is not None and value not in ISOLATIONS:
+        raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {value!r}")
+    return value
 
 
 def _with_env_defaults(layers_specific: list[dict[str, Any]], env_id: str, env_dir: str | None) -> dict[str, Any]:
@@ -414,6 +462,42 @@ def configs_from_cli(env_ids: list[str], cli: dict[str, Any]) -> list[EvalConfig
     return out
 
 
+V1_ENV_SECTIONS = ("taskset", "harness")
+
+
+def _v1_env_table(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """`[env.taskset]` / `[env.harness]` (v1 envs) become env_args["config"], which the
+    loader validates against the env's EnvConfig (unknown fields named there)."""
+    env = table.pop("env", None)
+    if env is None:
+        return table
+    if not isinstance(env, dict) or set(env) - set(V1_ENV_SECTIONS):
+        raise ConfigError(f"{where}: [env] takes only the sections {list(V1_ENV_SECTIONS)}, got {sorted(env) if isinstance(env, dict) else env!r}")
+    for name, section in env.items():
+        if not isinstance(section, dict):
+            raise ConfigError(f"{where}: env.{name} must be a table")
+    args = dict(table.get("env_args") or {})
+    config = dict(args.get("config") or {})
+    for name, section in env.items():
+        config[name] = {**(config.get(name) or {}), **section}
+    args["config"] = config
+    table["env_args"] = args
+    return table
+
+
+def _merge_env_args(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; a v1 `config` table merges per section (taskset / harness)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "config" and isinstance(value, dict) and isinstance(out.get("config"), dict):
+                out["config"] = {n: {**(out["config"].get(n) or {}), **(value.get(n) or {})}
+                                 for n in {*out["config"], *value}}
+            else:
+                out[key] = value
+    return out
+
+
 def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
     table = dict(table)
     if "id" in table:
@@ -422,6 +506,7 @@ def _normalise_eval_table(table: dict[str, Any], where: str) -> dict[str, Any]:
         if "env_args" in table:
             raise ConfigError(f"{where}: set either 'args' or 'env_args', not both")
         table["env_args"] = table.pop("args")
+    table = _v1_env_table(table, where)
     for key in ("env_args", "extra_env_kwargs", "sampling_args", "headers", "headers_from_state", "backend_options"):
         if key in table and not isinstance(table[key], dict):
             raise ConfigError(f"{where}: {key} must be a table, got {type(table[key]).__name__}")
@@ -476,6 +561,7 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
     data = load_toml(p)
     top = {k: v for k, v in data.items() if k not in ("eval", "ablation")}
     _check_keys(top, SETTING_KEYS, f"{p}: top level")
+    top = _v1_env_table(top, f"{p}: top level")
     evals = data.get("eval", [])
     ablations = data.get("ablation", [])
     if not isinstance(evals, list) or not isinstance(ablations, list):
@@ -500,7 +586,7 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
         try:
             merged = _with_env_defaults([entry, top], entry["env_id"], entry.get("env_dir_path") or top.get("env_dir_path"))
             if "env_args" in top or "env_args" in entry:
-                merged["env_args"] = {**merged.get("env_args", {}), **top.get("env_args", {}), **entry.get("env_args", {})}
+                merged["env_args"] = _merge_env_args(merged.get("env_args", {}), top.get("env_args", {}), entry.get("env_args", {}))
             merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
             out.append(build_eval_config(merged, cache))
         except ConfigError as exc:
@@ -581,7 +667,12 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> Eva
             ", ".join(sorted(set(dropped))))
     for key in ("resume", "resume_path"):  # a rerun is a new run unless asked to resume
         data.pop(key, None)
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    overrides = dict(overrides or {})
+    client_retries = overrides.pop("client_max_retries", None)
+    if client_retries is not None:  # the client's own retries live in the client config
+        for c in [cc, *(cc.get("endpoint_configs") or [])]:
+            c["max_retries"] = client_retries
+    data.update({k: v for k, v in overrides.items() if v is not None})
     secret_opts = sorted(k for k, v in (data.get("backend_options") or {}).items() if v == REDACTED)
     if secret_opts:
         raise ConfigError(f"--from-run {source}: backend option(s) {', '.join(secret_opts)} look secret and were not "

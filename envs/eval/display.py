@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import error_text
+from ..logging_utils import for_console
 
 log = logging.getLogger("envs.eval")
 
@@ -181,6 +182,7 @@ class RichDisplay:
         self._live.__enter__()
         self._tap = _LogTap(self)
         self._tap.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        self._tap.addFilter(for_console)
         logging.getLogger("envs").addHandler(self._tap)
         self._keys.start()
         return self
@@ -280,7 +282,9 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
     settings.add_column(style="bold")
     settings.add_column()
     settings.add_row("env_args", Text(str(metadata.get("env_args") or {})))
-    settings.add_row("examples x rollouts", f"{metadata.get('num_examples')} x {metadata.get('rollouts_per_example')}")
+    settings.add_row("examples x rollouts", f"{metadata.get('num_examples')} x {metadata.get('rollouts_per_example')}"
+                     + (f" (asked -n {metadata['num_examples_requested']}; the dataset has {metadata.get('num_examples')})"
+                        if metadata.get("num_examples_requested") else ""))
     settings.add_row("sampling_args", Text(str(metadata.get("sampling_args") or {})))
     settings.add_row("status", str(metadata.get("status", "")))
     stats = Table(title="results", show_header=True)

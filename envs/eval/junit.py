@@ -14,6 +14,12 @@ SWEDebugEnv does): the failure's type and message are then the reason and
 detail, its body the log tails. Entries of the metadata's `input_errors`
 (`name`, `type`, `message`: inputs that could not be loaded) are failing
 cases too.
+
+A case's time is the row's own duration (the verdict's `timings.total_s`,
+which for SWE includes the image and set-up, else the rollout's timing); the
+suite's time is the run's wall time (`metadata.time_ms`), which also covers
+what happens before and between rollouts (env load, image builds, queueing),
+falling back to the sum of the cases when the metadata has none.
 """
 
 from __future__ import annotations
@@ -100,6 +106,9 @@ def render_junit(rows: Sequence[dict[str, Any]], metadata: dict[str, Any], suite
         el.text = _clean(e.get("message"))
         failures += 1
         cases.append(tc)
+    wall = _float(metadata.get("time_ms")) / 1000
+    if wall > 0:
+        total_time = wall
     ts = ET.Element("testsuite", name=suite, tests=str(len(cases)), failures=str(failures), errors=str(errors),
                     skipped="0", time=f"{total_time:.3f}")
     ts.extend(cases)

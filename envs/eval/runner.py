@@ -8,6 +8,7 @@ cancelled, teardown handlers run, metadata says `stopped`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import signal
 import time
@@ -18,6 +19,7 @@ from typing import Any
 from sandboxes.errors import UsageError
 
 from ..errors import MissingKeyError
+from ..logging_utils import RUN_LOG_ONLY
 from ..outputs import is_infra_row
 from .config import EvalConfig, redact_secrets
 from .display import EvalProgress, PlainDisplay, RichDisplay
@@ -75,7 +77,8 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
         rows,
         model=cfg.model,
         base_url=base_url,
-        num_examples=max(cfg.num_examples, n_examples) if cfg.num_examples >= 0 else n_examples,
+        # what really ran: -n larger than the dataset runs the whole dataset, and says so
+        num_examples=n_examples if planned_examples or cfg.num_examples < 0 else cfg.num_examples,
         rollouts_per_example=cfg.rollouts_per_example,
         sampling_args=cfg.sampling_args,
         time_ms=prior_ms + (time.time() - started) * 1000,
@@ -84,6 +87,8 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     )
     meta["env_id"] = cfg.env_id
     meta["env_args"] = redact_secrets(cfg.env_args)
+    if planned_examples and 0 <= planned_examples < cfg.num_examples:
+        meta["num_examples_requested"] = cfg.num_examples
     if cfg.name:
         meta["name"] = cfg.name
     meta["status"] = status
@@ -91,8 +96,21 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     meta["shuffle"] = cfg.shuffle
     meta["shuffle_seed"] = cfg.shuffle_seed
     meta["updated"] = now_iso()
+    meta["isolation"] = env.isolation_in_use()  # what the sandboxes ran under (cfg.isolation None = env's own)
     meta["eval_config"] = cfg.public_args()  # the run definition: enough to run it again (--from-run)
     return meta
+
+
+def all_failed_cause(rows: list[dict[str, Any]]) -> str | None:
+    """When every rollout ended in an infrastructure or model-API error (nothing was
+    evaluated), the one-line cause for the run's `failed` status; else None."""
+    if not rows or not all(r.get("error") and r.get("error_kind") in ("infra", "model") for r in rows):
+        return None
+    texts = collections.Counter(str(r["error"]).splitlines()[0] for r in rows)
+    kinds = collections.Counter(r["error_kind"] for r in rows)
+    what = " and ".join({"infra": "infrastructure", "model": "model API"}[k] for k in sorted(kinds))
+    text, _ = texts.most_common(1)[0]
+    return f"all {len(rows)} rollouts failed ({what} errors): {text}"
 
 
 def push_to_hub(rows: list[dict[str, Any]], cfg: EvalConfig) -> None:
@@ -173,8 +191,16 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             warm_up_workers(cfg)  # the workers' start-up overlaps this process loading its env
         env = load_run_env(cfg)
         clients = make_run_clients(cfg, env)
+        if getattr(env, "requires_model", True):
+            log.info("%s: model %s at %s (client retries per request: %d, --client-max-retries; "
+                     "rollout retries: %d, --max-retries)", cfg.env_id, cfg.model, base_url,
+                     cfg.client_config.max_retries, cfg.max_retries)
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
         planned = len({i.get("example_id") for i in inputs})
+        if 0 <= planned < cfg.num_examples:
+            log.warning("%s: -n %d asked for more examples than the dataset has: running all %d example(s) "
+                        "(x %d rollouts = %d)", cfg.env_id, cfg.num_examples, planned, cfg.rollouts_per_example,
+                        len(inputs))
         todo = inputs
         rerun = [r for r in rows if needs_rerun(r)] if resumed else []
         if rerun:  # infra errors are no result: drop those rows and run them again
@@ -215,6 +241,10 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                         "%s: rollout example_id=%s failed after %s attempt(s): %s",
                         cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"],
                     )
+                    tb = (r.get("error_info") or {}).get("traceback") if isinstance(r.get("error_info"), dict) else None
+                    if tb:  # the whole traceback goes to the run log (the console keeps one line)
+                        log.info("%s: traceback of rollout example_id=%s:\n%s", cfg.env_id, r.get("example_id"),
+                                 tb.rstrip(), extra=RUN_LOG_ONLY)
             display.add_rows(idx, group_rows)
             display.update(idx)
             if rec is not None:
@@ -252,8 +282,11 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             except asyncio.TimeoutError:
                 raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
         status, error = "completed", None
-        infra = sum(1 for r in rows if is_infra_row(r))
-        if infra:  # no result on those tasks: not a finished run, whatever the other rows say
+        cause = all_failed_cause(rows)
+        if cause:  # nothing was evaluated: the run failed, whatever the individual rows say
+            status, error = "failed", cause
+        elif any(is_infra_row(r) for r in rows):  # no result on those tasks: not a finished run
+            infra = sum(1 for r in rows if is_infra_row(r))
             status = "incomplete"
             error = (f"{infra} rollout(s) ended in an infrastructure error (sandbox or backend failed after "
                      f"{cfg.max_retries} retries): not scored, left out of the averages; run again with --resume "
@@ -269,7 +302,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         result.usage_error = True
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
-        log.debug("eval %s failed", cfg.env_id, exc_info=True)
+        log.info("%s: run failed with %s", cfg.env_id, error, exc_info=True, extra=RUN_LOG_ONLY)
     finally:
         for b in beats:
             b.cancel()
@@ -304,8 +337,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
             rec.finish(status=status, error=error)
         display.update(idx)
-        if error and status == "failed":
-            log.error("%s: %s", cfg.env_id, error)
+        if error and status == "failed":  # the console gets it once, from the CLI's last line
+            log.error("%s: %s", cfg.env_id, error, extra=RUN_LOG_ONLY)
     return result
 
 

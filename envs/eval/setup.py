@@ -5,12 +5,14 @@ clients (keys resolved by variable name, endpoints checked when asked)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 from urllib.parse import urlparse
 
 from sandboxes.errors import ConfigError, UsageError
 
+from ..clients.config import DEFAULT_BASE_URL, DEFAULT_KEY_VAR
 from .config import EvalConfig
 
 
@@ -21,6 +23,8 @@ def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
     env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
     env.set_backend(cfg.backend, cfg.backend_options)
     env.set_retry_policy(cfg.retry_policy())
+    if cfg.isolation is not None:
+        env.set_isolation(cfg.isolation)
     if cfg.extra_env_kwargs:
         env.set_kwargs(**cfg.extra_env_kwargs)
     if "concurrency" not in cfg.extra_env_kwargs:
@@ -32,8 +36,9 @@ def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
     return env
 
 
-def check_endpoint(base_url: str, timeout: float = 3.0) -> None:
-    """Fail fast with a clear message when nothing listens at the model endpoint."""
+def check_endpoint(base_url: str, timeout: float = 3.0, key_var: str | None = None) -> None:
+    """Fail fast with a clear message when nothing listens at the model endpoint
+    (naming the URL tried and the variable the API key is read from)."""
     parsed = urlparse(base_url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"model endpoint {base_url!r} is not an http(s) URL")
@@ -42,8 +47,18 @@ def check_endpoint(base_url: str, timeout: float = 3.0) -> None:
         with socket.create_connection((parsed.hostname, port), timeout=timeout):
             pass
     except OSError as exc:
+        why = "DNS lookup failed: no network, or a wrong host name" if isinstance(exc, socket.gaierror) else (
+            exc.strerror or str(exc))
+        key = ""
+        if key_var and key_var != "EMPTY":
+            key = f"; its API key is read from ${key_var} ({'set' if os.environ.get(key_var) else 'not set'})"
+        default = ""
+        if base_url.rstrip("/") == DEFAULT_BASE_URL:
+            default = (f" (the default endpoint, Prime Inference: it needs network access and ${DEFAULT_KEY_VAR}; "
+                       "for a local server pass -m ALIAS or -b URL)")
+        running = "; is the server running?" if isinstance(exc, ConnectionRefusedError) else ""
         raise UsageError(
-            f"model endpoint {base_url} is not reachable ({exc.strerror or exc}); is the server running? "
+            f"model endpoint {base_url} is not reachable ({why}){default}{key}{running} "
             "(check -m / -b or the endpoints registry)"
         ) from None
 
@@ -59,5 +74,5 @@ def make_run_clients(cfg: EvalConfig, env: Any, check: bool = True) -> list[Any]
     clients = [make_client(c) for c in replicas]  # resolves API keys (MissingKeyError)
     if check:
         for replica in replicas:
-            check_endpoint(replica.api_base_url)
+            check_endpoint(replica.api_base_url, key_var=replica.api_key_var)
     return clients

@@ -20,6 +20,10 @@ it finished meanwhile are still written.
 Wire format: one JSON document per message on a duplex pipe.
   runner -> worker  {"group": id, "inputs": [...]}  |  {"stop": true}
   worker -> runner  {"ready": true}  |  {"group": id, "rows": [...]}  |  {"fatal": "..."}
+                    |  {"log": {name, levelno, msg, exc_text, ...}}
+A worker's log records (the run's own at INFO, every library's warnings) go
+to the runner, which hands them to its loggers: they reach the console and
+the run log as if the runner had logged them (retries, SWE phases...).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -59,20 +64,67 @@ def per_worker_concurrency(cfg: EvalConfig) -> int:
 # --------------------------------------------------------------------------- the worker process
 
 
+_RUN_LOGGERS = ("envs", "swe_debug", "sandboxes", "backends")
+"""Loggers whose INFO records a worker forwards (the run log's story); others: warnings only."""
+
+
+class _LogToRunner(logging.Handler):
+    """A worker's log handler: each record goes to the runner as a {"log": ...} message."""
+
+    def __init__(self, conn: Connection, lock: threading.Lock):
+        super().__init__(logging.INFO)
+        self.conn, self.send_lock = conn, lock  # not `self.lock`: that is the Handler's own RLock
+        self.addFilter(lambda r: r.levelno >= logging.WARNING or r.name.split(".")[0] in _RUN_LOGGERS)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            exc_text = self.formatException(record.exc_info) if record.exc_info else record.exc_text
+            fields = {k: v for k, v in record.__dict__.items()
+                      if k not in ("args", "exc_info", "exc_text", "msg", "stack_info") and _jsonable(v)}
+            fields.update(msg=record.getMessage(), exc_text=exc_text)
+            data = json.dumps({"log": fields}).encode()
+            with self.send_lock:
+                self.conn.send_bytes(data)
+        except Exception:  # noqa: BLE001 - a log line must never break the worker
+            self.handleError(record)
+
+    def formatException(self, ei: Any) -> str:
+        return logging.Formatter().formatException(ei)
+
+
+def _jsonable(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def relay_log(fields: dict[str, Any]) -> None:
+    """The runner's side: hand a worker's record to this process's loggers."""
+    record = logging.makeLogRecord(fields)
+    logger = logging.getLogger(record.name)
+    if not logger.disabled:
+        logger.handle(record)
+
+
 def worker_main(cfg_json: str, sandbox_run_id: str, conn: Connection) -> None:
     """Entry point of a worker process (spawned: nothing inherited but the arguments)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the runner decides
+    send_lock = threading.Lock()  # one writer at a time on the pipe (log records come from any thread)
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(_LogToRunner(conn, send_lock))
+    root.setLevel(logging.INFO)
     try:
-        asyncio.run(_serve(EvalConfig.model_validate_json(cfg_json), sandbox_run_id, conn))
+        asyncio.run(_serve(EvalConfig.model_validate_json(cfg_json), sandbox_run_id, conn, send_lock))
     except BaseException:  # noqa: BLE001 - report, then exit non-zero
         try:
-            conn.send_bytes(json.dumps({"fatal": traceback.format_exc()[-4000:]}).encode())
+            with send_lock:
+                conn.send_bytes(json.dumps({"fatal": traceback.format_exc()[-4000:]}).encode())
         except OSError:
             pass
         raise SystemExit(1) from None
 
 
-async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None:
+async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection, send_lock: threading.Lock) -> None:
     from sandboxes import labels
 
     from ..outputs import state_to_output
@@ -88,7 +140,6 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None
     sem = asyncio.Semaphore(share) if share > 0 else None
     scoring_limit = cfg.max_concurrent_scoring or cfg.max_concurrent
     scoring_sem = asyncio.Semaphore(max(1, math.ceil(scoring_limit / cfg.num_workers))) if scoring_limit > 0 else None
-    send_lock = asyncio.Lock()
     inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
     def on_readable() -> None:
@@ -98,10 +149,12 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None
         except (EOFError, OSError):
             inbox.put_nowait(None)  # the runner is gone
 
+    def send_locked(data: bytes) -> None:
+        with send_lock:
+            conn.send_bytes(data)
+
     async def send(msg: dict[str, Any]) -> None:
-        data = dumps(msg).encode()
-        async with send_lock:
-            await asyncio.to_thread(conn.send_bytes, data)
+        await asyncio.to_thread(send_locked, dumps(msg).encode())
 
     async def run_group(gid: int, inputs: list[dict[str, Any]]) -> None:
         states = await env.run_group(
@@ -139,14 +192,18 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection) -> None
 # --------------------------------------------------------------------------- the runner's side
 
 
-def worker_context() -> Any:
+def worker_context(cfg: EvalConfig) -> Any:
     """How workers start: from a fork server (a clean, single-threaded process that
-    imported the eval stack once, so each worker forks ready instead of importing it
-    again), or spawned where fork servers do not exist. Never a plain fork of the
-    runner, whose threads and event loop a child must not inherit."""
+    imported the eval stack and the run's model client (the SDK: most of a worker's
+    start-up) once, so each worker forks ready instead of importing it again), or
+    spawned where fork servers do not exist. Never a plain fork of the runner, whose
+    threads and event loop a child must not inherit."""
     if "forkserver" in multiprocessing.get_all_start_methods():
+        from ..clients import client_module
+
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.setup", "envs.outputs", "envs.clients"])
+        clients = sorted({client_module(c.client_type) for c in cfg.client_config.replicas()})
+        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.setup", "envs.outputs", "envs.clients", *clients])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -155,7 +212,7 @@ def warm_up_workers(cfg: EvalConfig) -> None:
     """Start the fork server now (it imports in the background while the runner loads
     its environment), so the workers are ready sooner."""
     if cfg.num_workers > 1:
-        ctx = worker_context()
+        ctx = worker_context(cfg)
         if ctx.get_start_method() == "forkserver":
             from multiprocessing import forkserver
 
@@ -185,7 +242,7 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     group_size = max(len(g) for g in groups.values())
     depth = max(1, (share if share > 0 else len(inputs)) // group_size + 1)  # groups in flight per worker
 
-    ctx = worker_context()
+    ctx = worker_context(cfg)
     loop = asyncio.get_running_loop()
     workers: list[_Worker] = []
     events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
@@ -202,7 +259,11 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         def readable(w: _Worker = w) -> None:
             try:
                 while w.conn.poll():
-                    events.put_nowait((w, json.loads(w.conn.recv_bytes())))
+                    msg = json.loads(w.conn.recv_bytes())
+                    if "log" in msg:  # at once, in order with the rows that follow it
+                        relay_log(msg["log"])
+                    else:
+                        events.put_nowait((w, msg))
             except (EOFError, OSError):
                 loop.remove_reader(w.conn.fileno())
                 events.put_nowait((w, None))

@@ -1,4 +1,6 @@
 """Build an OpenEnv project's image locally and offline, and write its manifest.
+The manifest's contract (gym or mcp) is what the built server really serves: its
+server is started once and asked for `/schema` (`probe.py`).
 
 Two images, both content-addressed so an unchanged project rebuilds in
 well under a second:
@@ -39,7 +41,8 @@ from pydantic import BaseModel
 from sandboxes.errors import BackendUnavailable, ConfigError, ImageNotFound, InfraError
 from sandboxes.images import ImageBuildRequest, image_builder, run_sync
 
-from .contract import detect_contract
+from .contract import app_source_path
+from .probe import probe_contract
 from .manifest import (
     BuildManifest,
     default_start_command,
@@ -250,7 +253,7 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
     t0 = time.monotonic()
     root = Path(project).resolve()
     cfg = read_project_config(root)
-    contract = detect_contract(root, cfg.app)
+    app_source_path(root, cfg.app)  # a missing app module fails here, before any build
     digest = content_hash(root)
     env_id = cfg.name
     image = f"{PROJECT_REPO_PREFIX}/{_docker_name(env_id)}:{digest[:16]}"
@@ -261,7 +264,8 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
     except ConfigError:
         old = None
     if (not force and old is not None and old.content_hash == digest and old.image == image
-            and old.contract == contract and (not builder_available(backend) or image_exists(image, backend))):
+            and old.contract_source == "schema"
+            and (not builder_available(backend) or image_exists(image, backend))):
         # Up to date. Without an engine to build on (a remote backend) the manifest is trusted as is.
         return BuildResult(manifest=old, built=False, deps_built=False, seconds=time.monotonic() - t0)
 
@@ -287,8 +291,10 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
             _build(ImageBuildRequest(repository=image.rpartition(":")[0], tag=digest[:16], dockerfile=dockerfile,
                                      context=ctx, context_digest=digest), backend, log)
         built = True
+    log(f"starting {image}'s server once to read its contract from /schema ...")
+    contract = probe_contract(image, start, cfg.port, environment_id=env_id, backend=backend)
     manifest = BuildManifest(
-        environment_id=env_id, image=image, port=cfg.port, app=cfg.app, contract=contract,
+        environment_id=env_id, image=image, port=cfg.port, app=cfg.app, contract=contract, contract_source="schema",
         start_command=start, image_status="built", content_hash=digest, deps_image=deps_image,
     )
     write_manifest(root, manifest)

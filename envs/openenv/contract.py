@@ -1,18 +1,16 @@
 """Which contract an OpenEnv project speaks: `gym` (its own action type through
 reset/step) or `mcp` (`CallToolAction`s: list_tools / call_tool).
 
-Two independent views that must agree:
-* `detect_contract(project, app)` reads the app module's source (AST, nothing
-  imported): a `create_app(env, CallToolAction, ...)` call means mcp.
-* `contract_from_schema(schema)` reads the running server's `/schema`: an action
-  with `tool_name` + `arguments`, or the `list_tools`/`call_tool` type values,
-  means mcp.
-`check_contract` raises `ContractMismatch` naming both sides.
+Decided from what the server really serves, never from its source text:
+`contract_from_schema(schema)` reads the running server's `/schema` (an action
+with `tool_name` + `arguments`, or the `list_tools`/`call_tool` type values,
+means mcp). `openenv build` records it in the manifest (`probe.py`); every
+rollout checks it again (`check_contract` raises `ContractMismatch` naming
+both sides). `app_source_path` only checks that the app module exists.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +18,11 @@ from sandboxes.errors import ConfigError
 
 from .manifest import Contract
 
-_APP_FACTORIES = {"create_app", "create_fastapi_app", "create_web_interface_app"}
-_MCP_ACTIONS = {"CallToolAction"}
 _MCP_TYPE_VALUES = {"list_tools", "call_tool"}
 
 
 class ContractMismatch(ConfigError):
     """The manifest's contract and the running server's schema disagree."""
-
-
-def _name(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return ""
 
 
 def app_source_path(project: str | Path, app: str) -> Path:
@@ -45,28 +33,6 @@ def app_source_path(project: str | Path, app: str) -> Path:
         if cand.is_file():
             return cand
     raise ConfigError(f"app module {module!r} not found under {project} (looked for {base}.py)")
-
-
-def detect_contract_in_source(source: str) -> Contract:
-    """mcp when some `create_app(...)` call's action class is `CallToolAction`, else gym."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _name(node.func) in _APP_FACTORIES:
-            action = node.args[1] if len(node.args) > 1 else None
-            for kw in node.keywords:
-                if kw.arg == "action_cls":
-                    action = kw.value
-            if action is not None and _name(action) in _MCP_ACTIONS:
-                return "mcp"
-    return "gym"
-
-
-def detect_contract(project: str | Path, app: str) -> Contract:
-    path = app_source_path(project, app)
-    try:
-        return detect_contract_in_source(path.read_text())
-    except SyntaxError as exc:
-        raise ConfigError(f"{path}: cannot parse: {exc}") from exc
 
 
 def _values(schema: Any):

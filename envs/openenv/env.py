@@ -14,9 +14,12 @@ backend. Wait for `/health`, read `/schema`, check the contract, open a
   one `call_tool` step; a turn's rewards are summed; the rollout stops when
   the env says done or the model answers without tool calls.
 
-The default rubric is the sum of step rewards. A server that never gets
-healthy is a `ServerStartError` (InfraError: the rollout is retried) with
-the server's log tail; a contract mismatch is a `ContractMismatch`
+The default rubric is the sum of step rewards. Server starts are admitted a
+few at a time (`max_concurrent_starts`, default one per CPU core; the
+`startup_timeout` counts from admission, see `server.py`). A server that
+never gets healthy is a `ServerStartError` (InfraError) with the server's
+log tail, retried on a fresh sandbox (`start_attempts`, default 3) before
+the rollout fails with it; a contract mismatch is a `ContractMismatch`
 (ConfigError). The sandbox is deleted in `@cleanup` whatever happened, and
 `@teardown` deletes any left registered.
 
@@ -36,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.errors import ConfigError, InfraError, ServerStartError
-from sandboxes.interface import BackgroundProcess, Sandbox, SandboxBackend
+from sandboxes.interface import Sandbox, SandboxBackend
 from sandboxes.registry import get_backend
+from sandboxes.retry import RetryPolicy, retry_infra
 from sandboxes.spec import SandboxSpec
 
 from ..decorators import cleanup, stop, teardown
@@ -48,12 +52,11 @@ from .actions import ActionParseError, parse_action, tool_defs, tool_result_text
 from .contract import check_contract
 from .forwarder import DirectTransport, Forwarder, ForwardError, Transport
 from .manifest import BuildManifest, read_manifest
+from .server import ServerHandle, StartGate, start_server
 from .session import ActionRejected, OpenEnvSession
 
 log = logging.getLogger(__name__)
 
-SERVER_LOG = "/tmp/openenv-server.log"
-LOG_TAIL = 4000
 
 
 def sum_step_rewards(state: State) -> float:
@@ -90,6 +93,8 @@ class OpenEnvEnv(MultiTurnEnv):
         memory_gb: float = 4,
         timeout_minutes: float = 60,
         startup_timeout: float = 120.0,
+        max_concurrent_starts: int | None = None,
+        start_attempts: int = 3,
         step_timeout: float = 60.0,
         labels: dict[str, str] | list[str] | None = None,
         image: str | None = None,
@@ -113,6 +118,8 @@ class OpenEnvEnv(MultiTurnEnv):
         self.backend_options = dict(backend_options or {})
         self.publish_port = publish_port
         self.startup_timeout = startup_timeout
+        self.start_gate = StartGate(max_concurrent_starts)  # None: one start per CPU core at once
+        self.start_retry = RetryPolicy(attempts=max(1, int(start_attempts)), initial_delay=1.0)
         self.step_timeout = step_timeout
         self.python = python
         self.sandbox_spec = SandboxSpec(
@@ -151,6 +158,14 @@ class OpenEnvEnv(MultiTurnEnv):
             raise ConfigError("set_backend() after the first sandbox was created")
         self.backend_spec, self.backend_options = backend, dict(options or {})
 
+    def set_isolation(self, isolation: str) -> None:
+        """Run the OpenEnv servers' sandboxes under `isolation` ("runc" or "gvisor")."""
+        super().set_isolation(isolation)
+        self.sandbox_spec = self.sandbox_spec.model_copy(update={"isolation": isolation})
+
+    def isolation_in_use(self) -> str | None:
+        return self.sandbox_spec.isolation
+
     # ------------------------------------------------------------------ plumbing
     def _get_backend(self) -> SandboxBackend:
         if self._backend is None:
@@ -168,13 +183,6 @@ class OpenEnvEnv(MultiTurnEnv):
             kwargs = {k: v for k, v in available.items() if k in params}
         return _as_messages(self.prompt_renderer(observation, **kwargs))
 
-    async def _log_tail(self, sandbox: Sandbox) -> str:
-        try:
-            res = await sandbox.exec(["tail", "-c", str(LOG_TAIL), SERVER_LOG], timeout=10)
-        except Exception as exc:  # the sandbox itself may be gone
-            return f"(server log unavailable: {type(exc).__name__}: {exc})"
-        return res.stdout if res.exit_code == 0 else f"(server log unavailable: {res.output.strip()})"
-
     async def _transport(self, state: State, sandbox: Sandbox) -> Transport:
         port = self.manifest.port
         if self.publish_port:
@@ -187,35 +195,42 @@ class OpenEnvEnv(MultiTurnEnv):
             return DirectTransport(await url_of(port))
         return await Forwarder.start_in_sandbox(sandbox, port, python=self.python)
 
-    async def _start_server(self, state: State, sandbox: Sandbox) -> OpenEnvSession:
-        server: BackgroundProcess = await sandbox.start_process(
-            ["/bin/sh", "-c", f"({self.manifest.start_command}) >{SERVER_LOG} 2>&1"]
-        )
-        state["openenv_server_pid"] = server.pid
-        transport = await self._transport(state, sandbox)
-        state["openenv_transport"] = transport
-        session = OpenEnvSession(transport, step_timeout=self.step_timeout)
+    async def _start_server(self, state: State) -> ServerHandle:
+        """A fresh sandbox with the server started in it and healthy. The start is
+        admitted through the env's StartGate (its timeout counts from admission); a
+        start that fails is a ServerStartError, retried on a fresh sandbox
+        (`start_attempts` tries in all) before the rollout gives up."""
+        what = f"OpenEnv server {self.manifest.environment_id!r} ({self.manifest.image})"
 
-        async def alive() -> bool:
-            return (await server.poll()).running
+        async def attempt() -> ServerHandle:
+            sandbox = await self._get_backend().create(self.sandbox_spec)
+            self._live[sandbox.id] = sandbox
+            try:
+                handle = await self.start_gate.run(lambda: start_server(
+                    sandbox, self.manifest.start_command, lambda: self._transport(state, sandbox),
+                    startup_timeout=self.startup_timeout, step_timeout=self.step_timeout, what=what))
+            except BaseException:
+                self._live.pop(sandbox.id, None)
+                await sandbox.delete()
+                raise
+            state["sandbox_id"] = sandbox.id
+            state["openenv_sandbox"] = sandbox
+            return handle
 
-        try:
-            await session.wait_healthy(self.startup_timeout, alive=alive)
-        except (TimeoutError, RuntimeError) as exc:
-            raise ServerStartError(
-                f"OpenEnv server {self.manifest.environment_id!r} ({self.manifest.image}) did not become "
-                f"healthy: {exc}\n--- server log tail ({SERVER_LOG}) ---\n{await self._log_tail(sandbox)}"
-            ) from exc
-        return session
+        def on_retry(rs: Any) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            log.warning("%s: start attempt %d failed, retrying on a fresh sandbox: %s", what, rs.attempt_number,
+                        str(exc).splitlines()[0] if exc else "")
+
+        handle, _ = await retry_infra(attempt, self.start_retry, on_retry,
+                                      retry_if=lambda e: isinstance(e, ServerStartError))
+        state["openenv_server_pid"] = handle.process.pid
+        state["openenv_transport"] = handle.transport
+        return handle
 
     # ------------------------------------------------------------------ rollout
     async def setup_state(self, state: State) -> State:
-        backend = self._get_backend()
-        sandbox = await backend.create(self.sandbox_spec)
-        self._live[sandbox.id] = sandbox
-        state["sandbox_id"] = sandbox.id
-        state["openenv_sandbox"] = sandbox
-        session = await self._start_server(state, sandbox)
+        session = (await self._start_server(state)).session
         state["openenv_session"] = session
         schema = await session.schema()
         check_contract(self.manifest.contract, schema, where=self.manifest.environment_id)

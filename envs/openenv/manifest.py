@@ -45,6 +45,9 @@ class BuildManifest(BaseModel):
     port: int = Field(DEFAULT_PORT, description="Port the server listens on inside the sandbox.")
     app: str = Field(DEFAULT_APP, description="ASGI app as module:attribute.")
     contract: Contract = Field(description="gym (reset/step with the env's own action) or mcp (call_tool actions).")
+    contract_source: Literal["schema", "source"] = Field(
+        "source", description="schema: read from the running server's /schema at build time; source: an older "
+        "manifest's guess from the app's source (rebuilt on the next build).")
     start_command: str = Field(description="Shell command that starts the server inside the image.")
     image_status: str = Field("built", description="built: the image exists locally.")
     content_hash: str = Field("", description="Hash of the project's files the image was built from.")

@@ -9,7 +9,8 @@ answers, prompts, infos, tasks) is a *group* function: it gets the lists of
 a whole group and returns one score per rollout. Sync and async both work:
 a sync function runs in the owning environment's thread pool (`sync_pool`,
 attached by the env before scoring, sized by `env.set_concurrency`), so a
-slow one does not block the event loop; async ones run on the loop. A rubric
+slow one does not block the event loop (one measured fast moves onto the
+loop: see envs/sync_pool.py); async ones run on the loop. A rubric
 used on its own (no pool attached) calls sync functions inline. Functions
 run one after another for a rollout, each for all rollouts of a group at
 once.
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +61,10 @@ class Rubric:
         funcs: list[Callable[..., Any]] | None = None,
         weights: list[float] | None = None,
         parser: Parser | None = None,
-        **kwargs: Any,
     ):
+        """Unknown keyword arguments are a TypeError, as the reference (use
+        `add_class_object` to make objects available to reward functions)."""
+        self.logger = logging.getLogger(f"{__name__}.{type(self).__name__}")
         self.funcs: list[Callable[..., Any]] = []
         self.weights: list[float] = []
         self.parser = parser or Parser()
@@ -73,8 +75,6 @@ class Rubric:
             raise ValueError(f"Rubric: {len(funcs)} funcs but {len(weights)} weights")
         for f, w in zip(funcs, weights):
             self.add_reward_func(f, w)
-        for key, value in kwargs.items():
-            self.add_class_object(key, value)
         self._group_flags: dict[int, bool] = {}
 
     # ---- building
@@ -97,6 +97,16 @@ class Rubric:
 
     def get_reward_func_names(self) -> list[str]:
         return [_name(f) for f in self.funcs]
+
+    # the reference's (private but tested) accessors
+    def _get_reward_func_names(self) -> list[str]:
+        return self.get_reward_func_names()
+
+    def _get_reward_funcs(self) -> list[Callable[..., Any]]:
+        return list(self.funcs)
+
+    def _get_reward_weights(self) -> list[float]:
+        return list(self.weights)
 
     def set_sync_pool(self, pool: SyncPool | None) -> None:
         """Run sync reward functions in `pool` (None: inline on the caller's thread)."""
@@ -157,7 +167,6 @@ class Rubric:
 
     async def score_group(self, states: list[State]) -> None:
         """Score a group in place; also sets state["advantage"] (reward - group mean)."""
-        t0 = time.time()
         live = [s for s in states if s.get("error") is None]
         names = self.get_reward_func_names()
         per_func: list[list[float]] = [[0.0] * len(states) for _ in names]
@@ -186,18 +195,12 @@ class Rubric:
                     if isinstance(v, BaseException):
                         raise v  # an InfraError (other failures already scored 0)
                     per_func[j][index[id(s)]] = _num(v)
-        t1 = time.time()
         for i, s in enumerate(states):
             reward = sum(w * per_func[j][i] for j, w in enumerate(self.weights)) if s.get("error") is None else 0.0
             metrics = dict(s.get("metrics") or {})
             metrics.update({n: per_func[j][i] for j, n in enumerate(names)})
             s["reward"] = float(reward)
             s["metrics"] = metrics
-            timing = s.get("timing")
-            if timing is not None:
-                if not timing.scoring.start:
-                    timing.scoring.start = t0
-                timing.scoring.end = t1
         if states:
             mean = sum(s["reward"] for s in states) / len(states)
             for s in states:

@@ -24,9 +24,11 @@ runs_app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+STATUSES = ("running", "completed", "failed", "stopped")
+KINDS = ("eval", "swe-debug")
 app.add_typer(runs_app, name="runs")
 
-DbOpt = typer.Option(None, "--db", help="Registry file (default $VF_RUNS_DB or ./outputs/runs.db).")
+DbOpt = typer.Option(None, "--db", help="Run registry file \\[default: $VF_RUNS_DB, else runs.db in $VF_STATE_DIR or ~/.local/state/vf-sandbox]")
 
 
 def _use_db(db: Optional[str]) -> None:
@@ -65,17 +67,22 @@ def list_cmd(
     env: Optional[str] = typer.Option(None, "--env", "-e", help="Env id (substring)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (substring)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="eval|swe-debug"),
-    limit: int = typer.Option(50, "--limit", "-n"),
+    limit: int = typer.Option(50, "--limit", "-n", help="At most this many runs (newest first)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """List runs, newest first."""
+    for flag, value, allowed in (("--status/-s", status, STATUSES), ("--kind", kind, KINDS)):
+        if value is not None and value not in allowed:
+            typer.echo(f"error: {flag}: unknown value {value!r}; one of {', '.join(allowed)}", err=True)
+            raise typer.Exit(2)
     _use_db(db)
     from .registry import list_runs
+    from .results import outputs_state
 
     runs = list_runs(status=status, env_id=env, model=model, kind=kind, limit=limit)
     if as_json:
-        typer.echo(json.dumps([r.model_dump() for r in runs], indent=2))
+        typer.echo(json.dumps([{**r.model_dump(), "outputs": outputs_state(r)} for r in runs], indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -87,39 +94,51 @@ def list_cmd(
     for r in runs:
         prog = f"{r.completed}/{r.total}" if r.total else str(r.completed)
         t.add_row(r.id, r.name or "", r.kind, r.env_id, r.model or "",
-                  f"[{colors.get(r.status, 'white')}]{r.display_status}[/]", prog, str(r.errors),
+                  f"[{colors.get(r.status, 'white')}]{_status_text(r, outputs_state(r))}[/]", prog, str(r.errors),
                   _ago(r.started_at)[5:], _dur(r.duration))
     Console(width=None if sys.stdout.isatty() else 200).print(t if runs else "no runs")
+
+
+def _status_text(rec: "RunRecord", outputs: str) -> str:
+    """The status with what became of the results: "completed (outputs deleted)"."""
+    note = {"deleted": "outputs deleted", "not saved": "results not saved"}.get(outputs)
+    return f"{rec.display_status} ({note})" if note else rec.display_status
 
 
 @runs_app.command("show")
 def show_cmd(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Config, progress, aggregate metrics, pass@k, errors by type and timing of a run."""
     _use_db(db)
-    from .results import summarize_run
+    from .diagnose import diagnose
+    from .results import outputs_state, summarize_run
 
     rec = _get(run_id)
     summary = summarize_run(rec)
+    outputs = outputs_state(rec)
+    diagnosis = diagnose(rec, summary)
     if as_json:
-        typer.echo(json.dumps({"run": rec.model_dump(), "summary": summary}, indent=2, default=str))
+        typer.echo(json.dumps({"run": rec.model_dump(), "summary": summary, "outputs": outputs,
+                               "diagnosis": diagnosis.model_dump() if diagnosis else None}, indent=2, default=str))
         return
     from rich.console import Console
 
     c = Console()
     c.print(f"[bold]run {rec.id}[/]  {rec.name or ''}")
     rows = [
-        ("kind", rec.kind), ("status", rec.display_status), ("env", rec.env_id),
-        ("model", rec.model or "-"), ("output dir", rec.output_dir), ("log", rec.log_path),
+        ("kind", rec.kind), ("status", _status_text(rec, outputs)), ("env", rec.env_id),
+        ("model", rec.model or "-"), ("output dir", f"{rec.output_dir} ({outputs})"), ("log", rec.log_path),
         ("pid", f"{rec.pid} on {rec.host}"), ("progress", f"{rec.completed}/{rec.total} ({rec.errors} errors)"),
         ("started", _ago(rec.started_at)), ("ended", _ago(rec.ended_at)), ("duration", _dur(rec.duration)),
         ("attempts", str(rec.attempts)),
     ]
     if rec.error:
         rows.append(("error", rec.error))
+    if diagnosis is not None:
+        rows += [("category", diagnosis.category), ("next", diagnosis.hint)]
     for k, v in rows:
         c.print(f"  [dim]{k:<11}[/] {v}", highlight=False)
     c.print("[bold]config[/]")
@@ -127,10 +146,10 @@ def show_cmd(
         c.print(f"  [dim]{k:<11}[/] {json.dumps(v, default=str)}", highlight=False)
     if rec.kind == "eval" and rec.args.get("client_config"):
         c.print(f"  [dim]{'rerun':<11}[/] vf-sandbox eval --from-run {rec.id}", highlight=False)
-    _print_summary(c, summary)
+    _print_summary(c, summary, rec, outputs)
 
 
-def _print_summary(c, s: dict) -> None:
+def _print_summary(c, s: dict, rec: "RunRecord", outputs: str) -> None:
     if s.get("kind") == "swe-debug":
         c.print(f"[bold]instances[/] {s.get('n', 0)}  valid {s.get('valid', 0)}")
         for reason, n in sorted(s.get("reasons", {}).items(), key=lambda kv: -kv[1]):
@@ -139,7 +158,9 @@ def _print_summary(c, s: dict) -> None:
             c.print(f"  [dim]{phase:<16}[/] p50 {p['p50']:.2f}s  p90 {p['p90']:.2f}s  max {p['max']:.2f}s")
         return
     if not s.get("n_rollouts"):
-        c.print("[dim]no results yet[/]")
+        c.print("[dim]" + {"not saved": f"{rec.status}, results not saved (the eval ran without -s)",
+                            "deleted": f"{rec.status}, outputs deleted ({rec.output_dir} is gone)",
+                            "none yet": "no results yet"}.get(outputs, f"{rec.status}, no results") + "[/]")
         return
     c.print(f"[bold]results[/] {s['n_rollouts']} rollouts over {s['n_examples']} examples")
     r = s["reward"]
@@ -167,7 +188,7 @@ def logs_cmd(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
     tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
-    poll: float = typer.Option(0.3, "--poll-interval"),
+    poll: float = typer.Option(0.3, "--poll-interval", help="Seconds between reads with --follow."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Print a run's log; with --follow, stream it until the run ends."""
@@ -228,12 +249,16 @@ def stop_cmd(
 
     _use_db(db)
     rec = _get(run_id)
-    try:
-        rec = stop_run(rec.id, timeout=timeout, force=force)
-    except StopError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
+    finished = rec.status != "running"
+    if finished:  # nothing to stop: say so (exit 0), but still clean up after a vanished process
+        typer.echo(f"run {rec.id} already finished: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
+    else:
+        try:
+            rec = stop_run(rec.id, timeout=timeout, force=force)
+        except StopError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"run {rec.id}: {rec.display_status}" + (f" ({rec.error})" if rec.error else ""))
     if rec.vanished and not keep_sandboxes:  # it died without its own teardown
         try:
             n = remove_orphaned_sandboxes(rec)
@@ -242,7 +267,7 @@ def stop_cmd(
         else:
             if n:
                 typer.echo(f"removed {n} sandbox(es) the run left behind")
-    if rec.status != "stopped":
+    if rec.status != "stopped" and not finished:
         raise typer.Exit(1)
 
 
@@ -291,7 +316,7 @@ def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> i
 
 @app.command("dashboard")
 def dashboard_cmd(
-    port: int = typer.Option(8787, "--port", "-p"),
+    port: int = typer.Option(8787, "--port", "-p", help="TCP port to serve on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
     endpoints: str = typer.Option("configs/endpoints.toml", "--endpoints-path",
                                   help="Endpoint registry offered when starting a run from the page."),
@@ -303,4 +328,9 @@ def dashboard_cmd(
     _use_db(db)
     from .dashboard import serve
 
-    serve(host=host, port=port, endpoints_path=endpoints, allow_launch=allow_launch)
+    try:
+        serve(host=host, port=port, endpoints_path=endpoints, allow_launch=allow_launch)
+    except OSError as exc:  # the port is taken (or not ours to bind)
+        typer.echo(f"error: cannot serve the dashboard on {host}:{port}: {exc.strerror or exc} "
+                   f"(another dashboard running? try --port {port + 1})", err=True)
+        raise typer.Exit(2)

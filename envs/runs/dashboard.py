@@ -3,9 +3,13 @@ the run registry and the runs' output dirs, plus one static page
 (`static/index.html`, `app.js`, `style.css`; no build step).
 
 API (all GET unless noted):
-  /api/runs?status=&env=&model=&kind=   runs, newest first (live status/progress)
+  /api/runs?status=&env=&model=&kind=   runs, newest first (live status/progress, avg reward, pass@k,
+                                        what became of the outputs, failure category)
   /api/runs/{id}                        run record + summary (metrics, pass@k, errors, timing, histogram)
+                                        + outputs state + diagnosis (failure category and hint)
   /api/runs/{id}/samples?offset=&limit= rollouts grouped by example
+  /api/runs/{id}/rows                   the samples table: one compact entry per rollout, groups in example order
+  /api/runs/{id}/rows/{idx}             one raw row (as written) with per-turn timing and error details
   /api/runs/{id}/instances              swe-debug rows (reason, timings, log tails)
   /api/runs/{id}/log?offset=            log text from a byte offset (tail when omitted)
   POST /api/runs/{id}/stop              graceful stop (same as `vf-sandbox runs stop`)
@@ -40,10 +44,17 @@ LOG_CHUNK = 256 * 1024
 MAX_SAMPLE_GROUPS = 200
 
 
-def _run_json(rec: registry.RunRecord) -> dict:
+def _run_json(rec: registry.RunRecord, overview: bool = False) -> dict:
+    from .diagnose import diagnose
+
     d = rec.model_dump()
     d["display_status"] = rec.display_status
     d["duration"] = rec.duration
+    d["outputs"] = results.outputs_state(rec)
+    dx = diagnose(rec)
+    d["failure_category"] = dx.category if dx else None
+    if overview:
+        d.update(results.run_overview(rec))
     return d
 
 
@@ -67,14 +78,38 @@ async def list_runs(request: web.Request) -> web.Response:
     runs = await _thread(registry.list_runs, status=q.get("status") or None, env_id=q.get("env") or None,
                          model=q.get("model") or None, kind=q.get("kind") or None,
                          limit=int(q.get("limit", 500)))
-    return web.json_response([_run_json(r) for r in runs])
+    body = await _thread(lambda: [_run_json(r, overview=True) for r in runs])
+    return web.json_response(body)
 
 
 async def get_run(request: web.Request) -> web.Response:
+    from .diagnose import diagnose
+
     rec = await _thread(_get, request)
     summary = await _thread(results.summarize_run, rec)
-    return web.json_response({"run": _run_json(rec), "summary": summary},
+    dx = diagnose(rec, summary)
+    return web.json_response({"run": _run_json(rec), "summary": summary,
+                              "diagnosis": dx.model_dump() if dx else None},
                              dumps=lambda o: json.dumps(o, default=str))
+
+
+async def rows_table(request: web.Request) -> web.Response:
+    rec = await _thread(_get, request)
+    rows = await _thread(results.read_rows, rec)
+    return web.json_response(results.sample_table(rows), dumps=lambda o: json.dumps(o, default=str))
+
+
+async def row_detail(request: web.Request) -> web.Response:
+    rec = await _thread(_get, request)
+    rows = await _thread(results.read_rows, rec)
+    try:
+        idx = int(request.match_info["idx"])
+    except ValueError:
+        raise web.HTTPBadRequest(text="row index must be an integer")
+    d = results.sample_detail(rows, idx)
+    if d is None:
+        raise web.HTTPNotFound(text="no such row")
+    return web.json_response(d, dumps=lambda o: json.dumps(o, default=str))
 
 
 async def samples(request: web.Request) -> web.Response:
@@ -255,6 +290,8 @@ def make_app(*, host: str = "127.0.0.1", endpoints_path: str = "configs/endpoint
     app.router.add_get("/api/runs/{id}", get_run)
     app.router.add_get("/api/runs/{id}/samples", samples)
     app.router.add_get("/api/runs/{id}/instances", instances)
+    app.router.add_get("/api/runs/{id}/rows", rows_table)
+    app.router.add_get("/api/runs/{id}/rows/{idx}", row_detail)
     app.router.add_get("/api/runs/{id}/log", log)
     app.router.add_post("/api/runs/{id}/stop", stop)
     app.router.add_get("/api/endpoints", endpoints)
@@ -264,6 +301,21 @@ def make_app(*, host: str = "127.0.0.1", endpoints_path: str = "configs/endpoint
 
 def serve(*, host: str = "127.0.0.1", port: int = 8787, endpoints_path: str = "configs/endpoints.toml",
           allow_launch: bool = True) -> None:
+    """Bind first (an OSError, e.g. the port is taken, reaches the caller before
+    anything is printed), then say where the dashboard is and serve until Ctrl-C."""
     app = make_app(host=host, endpoints_path=endpoints_path, allow_launch=allow_launch)
-    print(f"vf-sandbox dashboard on http://{host}:{port}/  (registry {registry.db_path()})", flush=True)
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            print(f"vf-sandbox dashboard on http://{host}:{port}/  (registry {registry.db_path()})", flush=True)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

@@ -17,8 +17,11 @@ Why SQLite (in WAL mode) rather than one JSON file per run:
 - `synchronous=NORMAL` in WAL mode skips the fsync on each commit (a power
   loss may lose the last few progress ticks, never corrupt the file), which
   keeps `progress()` cheap enough to call per completed group.
-It lives beside the outputs (`outputs/runs.db` by default, `$VF_RUNS_DB`
-overrides). SQLite's locking needs a local file system (not NFS).
+There is one registry per user, in a state directory (`$VF_STATE_DIR`, else
+`$XDG_STATE_HOME/vf-sandbox`, else `~/.local/state/vf-sandbox`), so every run
+is found whatever `-o` and the working directory were; `$VF_RUNS_DB` or a
+command's `--db` names another file. SQLite's locking needs a local file
+system (not NFS).
 
 A run whose process vanished (SIGKILL, OOM, machine reboot) cannot record its
 own end; `reconcile()` — run by every read — checks each `running` row's pid
@@ -61,7 +64,7 @@ RunKind = Literal["eval", "swe-debug"]
 RunStatus = Literal["running", "completed", "incomplete", "failed", "stopped"]
 END_STATES = ("completed", "incomplete", "failed", "stopped")  # incomplete: infra-error rollouts left (--resume)
 DB_ENV = "VF_RUNS_DB"
-DEFAULT_DB = Path("outputs") / "runs.db"
+STATE_DIR_ENV = "VF_STATE_DIR"
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -139,9 +142,18 @@ class RunRecord(BaseModel):
 # --------------------------------------------------------------------- storage
 
 
+def state_dir() -> Path:
+    """The user's vf-sandbox state directory: `$VF_STATE_DIR`, else
+    `$XDG_STATE_HOME/vf-sandbox`, else `~/.local/state/vf-sandbox`."""
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV]).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state") / "vf-sandbox"
+
+
 def db_path(path: str | os.PathLike[str] | None = None) -> Path:
-    """The registry file: `path`, else `$VF_RUNS_DB`, else `./outputs/runs.db`."""
-    return Path(path or os.environ.get(DB_ENV) or DEFAULT_DB).expanduser().resolve()
+    """The registry file: `path`, else `$VF_RUNS_DB`, else `runs.db` in `state_dir()`."""
+    return Path(path or os.environ.get(DB_ENV) or state_dir() / "runs.db").expanduser().resolve()
 
 
 def connect(path: str | os.PathLike[str] | None = None) -> sqlite3.Connection:
@@ -535,6 +547,9 @@ class RunRecorder:
             # Adding a handler would silence logging's last-resort stderr output.
             self._extra_handler = logging.StreamHandler(sys.stderr)
             self._extra_handler.setLevel(logging.WARNING)
+            # records of `envs.*` have their own console handler (envs.logging_utils.setup_logging)
+            self._extra_handler.addFilter(lambda record: not getattr(record, "run_log_only", False) and not (
+                record.name.startswith("envs") and logging.getLogger("envs").handlers))
             root.addHandler(self._extra_handler)
         self._restore: list[tuple[logging.Logger | logging.Handler, int]] = []
         if root.level > logging.INFO:

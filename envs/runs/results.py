@@ -77,6 +77,20 @@ def result_files(rec: RunRecord) -> list[Path]:
     return []
 
 
+def outputs_state(rec: RunRecord) -> str:
+    """Where the run's results are: "saved" (result files exist), "not saved" (an
+    eval run without -s), "deleted" (written once, gone now), "none yet" (running,
+    nothing written) or "none" (ended before writing anything)."""
+    if result_files(rec):
+        return "saved"
+    args = rec.args or {}
+    if rec.kind == "eval" and args and not args.get("save_results") and not args.get("resume"):
+        return "not saved"
+    if rec.status == "running":
+        return "none yet"
+    return "deleted" if rec.completed > 0 else "none"
+
+
 def read_rows(rec: RunRecord) -> list[dict]:
     rows: list[dict] = []
     for f in result_files(rec):
@@ -321,19 +335,20 @@ def swe_instances(rows: list[dict]) -> list[dict]:
     return out
 
 
+def rows_by_example(rows: list[dict]) -> dict[Any, list[int]]:
+    """Row indices by example id, examples in first-seen order, rows in row order."""
+    by_ex: dict[Any, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_ex.setdefault(r.get("example_id", f"row{i}"), []).append(i)
+    return by_ex
+
+
 def sample_groups(rows: list[dict], offset: int = 0, limit: int = 20) -> dict:
     """Rollouts grouped by example (first-seen order), paged by group."""
-    order: list[Any] = []
-    by_ex: dict[Any, list[dict]] = {}
-    for i, r in enumerate(rows):
-        ex = r.get("example_id", f"row{i}")
-        if ex not in by_ex:
-            order.append(ex)
-            by_ex[ex] = []
-        by_ex[ex].append(r)
+    by_ex = rows_by_example(rows)
     groups = []
-    for ex in order[offset: offset + limit]:
-        rs = by_ex[ex]
+    for ex in list(by_ex)[offset: offset + limit]:
+        rs = [rows[i] for i in by_ex[ex]]
         rewards = [(_num(r.get("reward")) or 0.0) for r in rs]
         groups.append({
             "example_id": ex,
@@ -350,4 +365,104 @@ def sample_groups(rows: list[dict], offset: int = 0, limit: int = 20) -> dict:
                 "timing": timing_phases(r.get("timing")),
             } for r in rs],
         })
-    return {"total_groups": len(order), "offset": offset, "groups": groups}
+    return {"total_groups": len(by_ex), "offset": offset, "groups": groups}
+
+
+# ------------------------------------------------------------ samples table
+
+
+def _spans(timing: Any, key: str) -> list[float]:
+    """Durations of a row's `timing[key].spans` (model calls / env responses)."""
+    t = timing.get(key) if isinstance(timing, dict) else None
+    spans = t.get("spans") if isinstance(t, dict) else None
+    return [(_dur(s) or 0.0) for s in spans] if isinstance(spans, list) else []
+
+
+def turn_timings(row: dict) -> list[dict[str, float | None]]:
+    """Per turn: seconds waiting for the model and for the environment's answer."""
+    model, env = _spans(row.get("timing"), "model"), _spans(row.get("timing"), "env")
+    return [{"turn": i + 1, "model_s": model[i] if i < len(model) else None,
+             "env_s": env[i] if i < len(env) else None} for i in range(max(len(model), len(env)))]
+
+
+def total_tokens(row: dict) -> float | None:
+    tu = row.get("token_usage")
+    vals = [_num(v) for v in tu.values()] if isinstance(tu, dict) else []
+    vals = [v for v in vals if v is not None]
+    return sum(vals) if vals else None
+
+
+def _turns(row: dict) -> int:
+    model = _spans(row.get("timing"), "model")
+    if model:
+        return len(model)
+    traj = row.get("trajectory")
+    if isinstance(traj, list) and traj:
+        return len(traj)
+    comp = row.get("completion")
+    return sum(1 for m in comp if isinstance(m, dict) and m.get("role") == "assistant") if isinstance(comp, list) else 0
+
+
+def _preview(messages: Any, limit: int = 300, last: bool = False) -> str:
+    """Text of the last user message of a prompt (or of the last message: `last`), cut to `limit`."""
+    if isinstance(messages, str):
+        return messages[:limit]
+    if not isinstance(messages, list):
+        return ""
+    msgs = [m for m in messages if isinstance(m, dict)]
+    if not last:
+        msgs = [m for m in msgs if m.get("role") == "user"] or msgs
+    for m in reversed(msgs):
+        c = m.get("content")
+        text = c if isinstance(c, str) else " ".join(p.get("text", "") for p in c if isinstance(p, dict)) if isinstance(c, list) else ""
+        if text:
+            return text[:limit]
+    return ""
+
+
+def sample_table(rows: list[dict]) -> dict:
+    """One compact entry per rollout, groups in example order (first seen) and
+    rollouts in row order inside a group: `idx` (the row's index, for the raw row),
+    example, rollout, its OWN reward, metrics, error, turns, tokens, duration."""
+    by_ex = rows_by_example(rows)
+    out = []
+    tokens_total = 0.0
+    for ex in by_ex:
+        for j, i in enumerate(by_ex[ex]):
+            r = rows[i]
+            tok = total_tokens(r)
+            tokens_total += tok or 0.0
+            out.append({
+                "idx": i, "example_id": ex, "rollout": j, "reward": _num(r.get("reward")),
+                "metrics": {k: v for k, v in (r.get("metrics") or {}).items()} if isinstance(r.get("metrics"), dict) else {},
+                "error": error_text(r.get("error")), "error_kind": r.get("error_kind"),
+                "turns": _turns(r), "tokens": tok, "duration": timing_phases(r.get("timing")).get("total"),
+                "attempts": r.get("attempts"),
+                "prompt_preview": _preview(r.get("prompt")), "completion_preview": _preview(r.get("completion"), last=True),
+            })
+    return {"rows": out, "n_groups": len(by_ex), "total_tokens": tokens_total}
+
+
+def sample_detail(rows: list[dict], idx: int) -> dict | None:
+    """The raw row `idx` with its per-turn timing and full error details."""
+    if not 0 <= idx < len(rows):
+        return None
+    r = rows[idx]
+    return {"idx": idx, "row": r, "turn_timing": turn_timings(r), "tokens": total_tokens(r),
+            "error_info": r.get("error_info") if isinstance(r.get("error_info"), dict) else None}
+
+
+def run_overview(rec: RunRecord) -> dict:
+    """Cheap per-run figures for the runs list: avg reward and pass@k from the
+    run's metadata.json (written by the eval as it goes), else from its rows."""
+    if rec.kind == "swe-debug":
+        s = summarize_swe(read_rows(rec))
+        return {"avg_reward": (s["valid"] / s["n"]) if s["n"] else None, "pass_at_k": {}}
+    meta = read_metadata(rec.output_dir)
+    if isinstance(meta.get("avg_reward"), (int, float)) and isinstance(meta.get("pass_at_k"), dict):
+        return {"avg_reward": meta["avg_reward"], "pass_at_k": meta["pass_at_k"]}
+    rows = read_rows(rec)
+    if not rows:
+        return {"avg_reward": None, "pass_at_k": {}}
+    s = summarize_eval(rows, meta)
+    return {"avg_reward": s["reward"]["mean"], "pass_at_k": s["pass_at_k"]}

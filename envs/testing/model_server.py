@@ -8,6 +8,7 @@ Routes (with or without the `/v1` prefix):
     POST /v1/chat/completions   OpenAI chat completions (tool calls included)
     POST /v1/completions        OpenAI legacy completions
     POST /v1/messages           Anthropic messages (tool_use / tool_result)
+    POST /v1/responses          OpenAI Responses (function_call / function_call_output items)
     GET  /v1/models             a one-model list
     GET  /health                "ok"
 
@@ -19,7 +20,7 @@ A policy is any callable ``policy(req: PolicyRequest) -> Reply`` (sync or
 async). ``PolicyRequest`` carries the request normalised to OpenAI chat form,
 whatever API was called:
 
-    req.api        "chat" | "completions" | "anthropic"
+    req.api        "chat" | "completions" | "anthropic" | "responses"
     req.model      the model name sent
     req.messages   list of {"role", "content", ["tool_calls"], ["tool_call_id"]}
                    (anthropic `system`, tool_use and tool_result blocks mapped
@@ -438,6 +439,30 @@ def _anthropic_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _responses_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Responses API `instructions` + `input` items, as chat messages."""
+    out: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        out.append({"role": "system", "content": str(body["instructions"])})
+    items = body.get("input")
+    if isinstance(items, str):
+        return [*out, {"role": "user", "content": items}]
+    for item in items or []:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+            if out and out[-1].get("role") == "assistant" and "tool_calls" in out[-1]:
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text_of(item.get("output"))})
+        else:
+            out.append({"role": item.get("role", "user"), "content": _text_of(item.get("content"))})
+    return out
+
+
 def _tools_of(body: dict[str, Any], api: str) -> list[dict[str, Any]]:
     tools = []
     for tool in body.get("tools") or []:
@@ -491,6 +516,7 @@ class ModelServer:
             app.router.add_post(f"{prefix}/chat/completions", self._chat)
             app.router.add_post(f"{prefix}/completions", self._completions)
             app.router.add_post(f"{prefix}/messages", self._messages)
+            app.router.add_post(f"{prefix}/responses", self._responses)
             app.router.add_get(f"{prefix}/models", self._models)
         app.router.add_get("/health", self._health)
         return app
@@ -559,6 +585,8 @@ class ModelServer:
             messages = _anthropic_to_chat(body)
         elif api == "completions":
             messages = [{"role": "user", "content": _text_of(body.get("prompt"))}]
+        elif api == "responses":
+            messages = _responses_to_chat(body)
         else:
             messages = body.get("messages") or []
         req = PolicyRequest(
@@ -671,6 +699,31 @@ class ModelServer:
                 "usage": {"input_tokens": p, "output_tokens": c},
             }
         )
+
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        req, reply = await self._policy_reply("responses", request)
+        if reply.error_status:
+            return self._error("responses", reply)
+        output: list[dict[str, Any]] = []
+        if reply.reasoning_content:
+            output.append({"type": "reasoning", "id": f"rs_{req.call_index}",
+                           "summary": [{"type": "summary_text", "text": reply.reasoning_content}]})
+        if reply.content:
+            output.append({"type": "message", "id": f"msg_{req.call_index}", "role": "assistant", "status": "completed",
+                           "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
+        for call in reply.tool_calls or []:
+            cid = call.id or f"call_{uuid.uuid4().hex[:12]}"
+            output.append({"type": "function_call", "id": f"fc_{cid}", "call_id": cid, "name": call.name,
+                           "arguments": self._arguments_json(call), "status": "completed"})
+        truncated = reply.finish_reason == "length"
+        p, c = self._usage(req, reply)
+        return web.json_response({
+            "id": f"resp_{req.call_index}", "object": "response", "created_at": self._created, "model": req.model,
+            "status": "incomplete" if truncated else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
+            "output": output, "usage": {"input_tokens": p, "output_tokens": c, "total_tokens": p + c},
+        })
 
 
 # --------------------------------------------------------------------------- CLI

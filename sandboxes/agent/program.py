@@ -51,8 +51,20 @@ def log(msg):
 def send(msg):
     line = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
     with _out_lock:
-        _out.write(line)
-        _out.flush()
+        write_all(_out, line)
+
+
+def write_all(out, data):
+    """Write every byte: `python -u` makes stdout a raw file whose write() may be partial
+    (gVisor returns short writes on pipes over 64 KiB where Linux blocks), or None on EAGAIN."""
+    view = memoryview(data)
+    while view:
+        n = out.write(view)
+        if n is None:  # non-blocking and full: wait until writable
+            select.select([], [out], [], 1.0)
+            continue
+        view = view[n:]
+    out.flush()
 
 
 def b64(data):

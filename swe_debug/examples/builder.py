@@ -245,7 +245,7 @@ def _variants(idna: SWEInstance, meta: dict) -> list[SWEInstance]:
     passes_before.FAIL_TO_PASS = meta.get(passes_before.instance_id, {}).get("FAIL_TO_PASS", [])
     passes_before.PASS_TO_PASS = meta.get(passes_before.instance_id, {}).get("PASS_TO_PASS", [])
     # 2. The gold patch was made against other code: the line it removes does not exist,
-    #    so git apply, git apply --reject and patch --fuzz=5 all refuse it.
+    #    so git apply, git apply --reject and patch --forward --fuzz=5 all refuse it.
     bad_gold = idna.model_copy(deep=True)
     bad_gold.instance_id = "kjd__idna-3.4-bad-gold"
     bad_gold.patch = idna.patch.replace("-        s = s.decode('ascii')", "-        s = s.decode('latin-1')")

@@ -1,6 +1,8 @@
 // vf-sandbox dashboard: a hash-routed single page over the JSON API in dashboard.py.
 // #/                     runs list (live)
 // #/run/ID[/TAB]         one run: metrics | samples | instances | log
+// #/run/ID/samples/IDX   one sample (raw row, per-turn timing, error details)
+// #/compare/ID1,ID2,...  runs side by side with overlaid reward histograms
 "use strict";
 
 const $view = document.getElementById("view");
@@ -36,6 +38,23 @@ function every(ms, fn) { clearInterval(timer); timer = setInterval(fn, ms); }
 
 // ------------------------------------------------------------------ runs list
 
+const listSort = { key: "started_at", dir: -1 };
+const picked = new Set();     // run ids ticked for the compare view
+const COLS = [                // [key, label, numeric]
+  ["id", "id"], ["name", "name"], ["kind", "kind"], ["env_id", "env"], ["model", "model"], ["status", "status"],
+  ["completed", "progress", true], ["avg_reward", "avg reward", true], ["pass1", "pass@1", true],
+  ["passk", "pass@k", true], ["errors", "errors", true], ["started_at", "started"], ["duration", "duration", true]];
+function passKeys(r) { return Object.keys(r.pass_at_k || {}).map(Number).sort((a, b) => a - b); }
+function sortValue(r, key) {
+  if (key === "pass1") return (r.pass_at_k || {})["1"] ?? null;
+  if (key === "passk") { const ks = passKeys(r); return ks.length ? r.pass_at_k[String(ks[ks.length - 1])] : null; }
+  return r[key] ?? null;
+}
+function outputsNote(r) {
+  const note = {"deleted": "outputs deleted", "not saved": "results not saved"}[r.outputs];
+  return note ? `<span class="muted outputs-note">${note}</span>` : "";
+}
+
 async function viewList() {
   const my = gen;
   $view.innerHTML = `
@@ -47,38 +66,134 @@ async function viewList() {
         ${["eval", "swe-debug"].map(s => `<option ${filters.kind === s ? "selected" : ""}>${s}</option>`).join("")}</select>
       <input id="f-env" placeholder="env" value="${esc(filters.env)}">
       <input id="f-model" placeholder="model" value="${esc(filters.model)}">
+      <button id="compare-btn" disabled>compare selected</button>
     </div>
     <div id="launch-slot"></div>
-    <table id="runs-table"><thead><tr>
-      <th>id</th><th>name</th><th>kind</th><th>env</th><th>model</th><th>status</th><th>progress</th>
-      <th class="num">errors</th><th>started</th><th class="num">duration</th></tr></thead>
-      <tbody id="runs-body"><tr><td colspan="10" class="muted">loading…</td></tr></tbody></table>`;
+    <table id="runs-table"><thead><tr><th></th>
+      ${COLS.map(([k, label, num]) => `<th class="sort ${num ? "num" : ""}" data-sort="${k}">${label}<span class="arrow"></span></th>`).join("")}</tr></thead>
+      <tbody id="runs-body"><tr><td colspan="${COLS.length + 1}" class="muted">loading…</td></tr></tbody></table>`;
   for (const k of ["status", "kind", "env", "model"]) {
     const el = document.getElementById("f-" + k);
     el.addEventListener(el.tagName === "SELECT" ? "change" : "input", () => { filters[k] = el.value; refresh(); });
   }
+  const cmp = document.getElementById("compare-btn");
+  const syncCompare = () => { cmp.disabled = picked.size < 2; cmp.textContent = `compare selected (${picked.size})`; };
+  cmp.addEventListener("click", () => { location.hash = `#/compare/${[...picked].map(encodeURIComponent).join(",")}`; });
+  let runs = [];
+  const render = () => {
+    document.querySelectorAll("#runs-table th[data-sort]").forEach(th => {
+      th.querySelector(".arrow").textContent = th.dataset.sort === listSort.key ? (listSort.dir > 0 ? " ▲" : " ▼") : "";
+    });
+    const sorted = [...runs].sort((a, b) => {
+      const x = sortValue(a, listSort.key), y = sortValue(b, listSort.key);
+      if (x === null && y === null) return 0;
+      if (x === null) return 1;
+      if (y === null) return -1;
+      return (x < y ? -1 : x > y ? 1 : 0) * listSort.dir;
+    });
+    const body = document.getElementById("runs-body");
+    body.innerHTML = sorted.length ? sorted.map(r => {
+      const ks = passKeys(r), kmax = ks.length ? ks[ks.length - 1] : null;
+      return `
+        <tr class="click" data-run-id="${esc(r.id)}">
+          <td><input type="checkbox" class="pick" ${picked.has(r.id) ? "checked" : ""}></td>
+          <td class="mono"><a href="#/run/${esc(r.id)}">${esc(r.id)}</a></td><td>${esc(r.name || "")}</td>
+          <td>${esc(r.kind)}</td><td>${esc(r.env_id)}</td><td>${esc(r.model || "")}</td>
+          <td>${badge(r)} ${outputsNote(r)}${r.failure_category ? `<div class="muted failure-category">${esc(r.failure_category)}</div>` : ""}</td>
+          <td>${progress(r)}</td>
+          <td class="num avg-reward">${fmt(r.avg_reward)}</td>
+          <td class="num pass1">${fmt((r.pass_at_k || {})["1"])}</td>
+          <td class="num passk">${kmax === null ? "–" : `${fmt(r.pass_at_k[String(kmax)])} <span class="muted">@${kmax}</span>`}</td>
+          <td class="num">${r.errors}</td>
+          <td>${when(r.started_at)}</td><td class="num">${dur(r.duration)}</td></tr>`;
+    }).join("") : `<tr><td colspan="${COLS.length + 1}" class="muted">no runs</td></tr>`;
+    body.querySelectorAll("tr[data-run-id]").forEach(tr => {
+      const box = tr.querySelector("input.pick");
+      box.addEventListener("click", ev => {
+        ev.stopPropagation();
+        if (box.checked) picked.add(tr.dataset.runId); else picked.delete(tr.dataset.runId);
+        syncCompare();
+      });
+      tr.addEventListener("click", () => { location.hash = `#/run/${tr.dataset.runId}`; });
+    });
+    syncCompare();
+  };
+  document.querySelectorAll("#runs-table th[data-sort]").forEach(th => th.addEventListener("click", () => {
+    if (listSort.key === th.dataset.sort) listSort.dir = -listSort.dir;
+    else { listSort.key = th.dataset.sort; listSort.dir = -1; }
+    render();
+  }));
   const refresh = async () => {
     if (my !== gen) return;
     const qs = new URLSearchParams(Object.entries(filters).filter(([, v]) => v));
     try {
-      const runs = await api(`/api/runs?${qs}`);
+      const got = await api(`/api/runs?${qs}`);
       if (my !== gen) return;
       setLive(true);
-      const body = document.getElementById("runs-body");
-      body.innerHTML = runs.length ? runs.map(r => `
-        <tr class="click" data-run-id="${esc(r.id)}">
-          <td class="mono"><a href="#/run/${esc(r.id)}">${esc(r.id)}</a></td><td>${esc(r.name || "")}</td>
-          <td>${esc(r.kind)}</td><td>${esc(r.env_id)}</td><td>${esc(r.model || "")}</td>
-          <td>${badge(r)}</td><td>${progress(r)}</td><td class="num">${r.errors}</td>
-          <td>${when(r.started_at)}</td><td class="num">${dur(r.duration)}</td></tr>`).join("")
-        : `<tr><td colspan="10" class="muted">no runs</td></tr>`;
-      body.querySelectorAll("tr[data-run-id]").forEach(tr =>
-        tr.addEventListener("click", () => { location.hash = `#/run/${tr.dataset.runId}`; }));
+      runs = got;
+      render();
     } catch (e) { setLive(false); }
   };
   await refresh();
   every(2000, refresh);
   launchForm(my);
+}
+
+// --------------------------------------------------------------- compare view
+
+const PALETTE = ["#7c8cff", "#3fb97a", "#e5534b", "#d6a53a", "#4aa3ff", "#c678dd"];
+
+async function viewCompare(ids) {
+  const my = gen;
+  let data;
+  try { data = await Promise.all(ids.map(id => api(`/api/runs/${encodeURIComponent(id)}`))); }
+  catch (e) { $view.innerHTML = `<p><a href="#/">← runs</a></p><div class="error-box">${esc(e.message)}</div>`; return; }
+  if (my !== gen) return;
+  const ks = [...new Set(data.flatMap(d => Object.keys((d.summary || {}).pass_at_k || {})))].sort((a, b) => a - b);
+  const metricNames = [...new Set(data.flatMap(d => Object.keys((d.summary || {}).metrics || {})))].sort();
+  const rows = [
+    ["env", d => esc(d.run.env_id)], ["model", d => esc(d.run.model || "–")], ["status", d => badge(d.run)],
+    ["examples × rollouts", d => `${d.summary.n_examples ?? "–"} × ${d.run.args.rollouts_per_example ?? "–"}`],
+    ["rollouts", d => d.summary.n_rollouts ?? "–"],
+    ["avg reward", d => `<b class="cmp-avg">${fmt((d.summary.reward || {}).mean)}</b>`],
+    ["reward std", d => fmt((d.summary.reward || {}).std)],
+    ...ks.map(k => [`pass@${k}`, d => fmt(((d.summary.pass_at_k) || {})[k])]),
+    ["errored", d => d.summary.n_rollouts ? `${(100 * d.summary.error_rate).toFixed(1)}%` : "–"],
+    ...metricNames.map(m => [m, d => fmt((((d.summary.metrics) || {})[m] || {}).mean)]),
+    ["sampling args", d => `<span class="mono">${esc(JSON.stringify(d.run.args.sampling_args || {}))}</span>`],
+    ["env args", d => `<span class="mono">${esc(JSON.stringify(d.run.args.env_args || {}))}</span>`],
+  ];
+  $view.innerHTML = `
+    <p><a href="#/">← runs</a></p><h2>Compare ${data.length} runs</h2>
+    <table id="compare-table"><thead><tr><th></th>${data.map((d, i) => `<th data-run-id="${esc(d.run.id)}">
+        <span class="swatch" style="background:${PALETTE[i % PALETTE.length]}"></span>
+        <a href="#/run/${esc(d.run.id)}">${esc(d.run.name || d.run.env_id)}</a> <span class="muted mono">${esc(d.run.id)}</span></th>`).join("")}</tr></thead>
+      <tbody>${rows.map(([label, f]) => `<tr><td class="muted">${esc(label)}</td>${data.map(d => `<td>${f(d)}</td>`).join("")}</tr>`).join("")}</tbody></table>
+    <h3>Reward histograms (share of rollouts per bin, overlaid)</h3>
+    <div id="compare-hist">${overlaidHistogram(data)}</div>`;
+}
+
+function overlaidHistogram(data) {
+  const W = 560, H = 180, pad = 24;
+  const hs = data.map(d => (d.summary || {}).histogram || {edges: [], counts: []});
+  const lo = Math.min(...hs.filter(h => h.edges.length).map(h => h.edges[0]), 0);
+  const hi = Math.max(...hs.filter(h => h.edges.length).map(h => h.edges[h.edges.length - 1]), 1);
+  const x = v => pad + (W - 2 * pad) * (v - lo) / ((hi - lo) || 1);
+  const y = f => H - pad - (H - 2 * pad) * f;
+  let svg = `<svg width="${W}" height="${H}" class="hist-svg"><line x1="${pad}" y1="${H - pad}" x2="${W - pad}" y2="${H - pad}" stroke="#2a3039"/>`;
+  hs.forEach((h, i) => {
+    const n = h.counts.reduce((a, b) => a + b, 0) || 1;
+    h.counts.forEach((c, b) => {
+      if (!c) return;
+      const x0 = x(h.edges[b]), x1 = x(h.edges[b + 1]);
+      svg += `<rect class="hist-bar" data-run="${i}" x="${x0.toFixed(1)}" y="${y(c / n).toFixed(1)}" width="${Math.max(1, x1 - x0 - 1).toFixed(1)}"
+        height="${(H - pad - y(c / n)).toFixed(1)}" fill="${PALETTE[i % PALETTE.length]}" fill-opacity="0.45"
+        stroke="${PALETTE[i % PALETTE.length]}"><title>${c} of ${n}</title></rect>`;
+    });
+  });
+  svg += `<text x="${pad}" y="${H - 6}" fill="#8b96a3" font-size="11">${fmt(lo, 2)}</text>
+    <text x="${W - pad}" y="${H - 6}" fill="#8b96a3" font-size="11" text-anchor="end">${fmt(hi, 2)}</text></svg>`;
+  return svg;
 }
 
 async function launchForm(my) {
@@ -111,7 +226,7 @@ async function launchForm(my) {
 
 // -------------------------------------------------------------------- one run
 
-async function viewRun(id, tab) {
+async function viewRun(id, tab, sub) {
   const my = gen;
   let data;
   try { data = await api(`/api/runs/${encodeURIComponent(id)}`); }
@@ -135,10 +250,12 @@ async function viewRun(id, tab) {
         <div>kind</div><div>${esc(r.kind)}</div><div>env</div><div>${esc(r.env_id)}</div>
         <div>model</div><div>${esc(r.model || "–")}</div><div>progress</div><div>${progress(r)} (${r.errors} errors)</div>
         <div>started</div><div>${when(r.started_at)}${r.status === "running" ? ` <span class="muted">(last update ${dur(Date.now() / 1000 - r.updated_at)} ago)</span>` : ""}</div><div>duration</div><div>${dur(r.duration)}${r.attempts > 1 ? ` (resumed ${r.attempts - 1}×)` : ""}</div>
-        <div>output</div><div class="mono">${esc(r.output_dir)}</div>
+        <div>output</div><div class="mono" id="outputs">${esc(r.output_dir)} <span class="muted">(${esc(r.outputs)})</span></div>
       </div>
       <details id="config"><summary>config</summary><pre class="log">${esc(JSON.stringify(r.args, null, 2))}</pre></details>
-      ${r.error ? `<div class="error-box" id="error-box">${esc(r.error)}</div>` : ""}`;
+      ${r.error ? `<div class="error-box" id="error-box">${esc(r.error)}</div>` : ""}
+      ${d.diagnosis ? `<div class="diagnosis" id="diagnosis"><b class="category">${esc(d.diagnosis.category)}</b>
+        <span class="hint">next: ${esc(d.diagnosis.hint)}</span></div>` : ""}`;
     const b = document.getElementById("stop-btn");
     if (b) b.addEventListener("click", async () => {
       b.disabled = true; b.textContent = "stopping…";
@@ -148,8 +265,8 @@ async function viewRun(id, tab) {
   head(data);
   const el = document.getElementById("tab");
   let wasRunning = run.status === "running";
-  if (tab === "metrics") renderMetrics(el, data.summary);
-  if (tab === "samples") await renderSamples(el, run.id, 0, my);
+  if (tab === "metrics") renderMetrics(el, data.summary, run);
+  if (tab === "samples") await renderSamples(el, run.id, sub, my);
   if (tab === "instances") await renderInstances(el, run.id, data.summary, my);
   let logState = null;
   if (tab === "log") logState = await renderLog(el, run.id, my);
@@ -163,13 +280,36 @@ async function viewRun(id, tab) {
     head(d);
     wasRunning = d.run.status === "running";
     setLive(wasRunning);
-    if (tab === "metrics") renderMetrics(el, d.summary);
+    if (tab === "metrics") renderMetrics(el, d.summary, d.run);
     if (tab === "instances") await renderInstances(el, run.id, d.summary, my);
   });
 }
 
-function renderMetrics(el, s) {
-  if (!s || !s.n_rollouts) { el.innerHTML = `<p class="muted">no results yet</p>`; return; }
+function noResults(run) {
+  return {"not saved": `${run.status}, results not saved (the eval ran without -s)`,
+          "deleted": `${run.status}, outputs deleted (${run.output_dir} is gone)`}[run.outputs]
+    || (run.status === "running" ? "no results yet" : `${run.status}, no results`);
+}
+
+// The parameters that define what was evaluated, plainly; client internals apart.
+function paramsTable(run, s) {
+  const a = run.args || {}, m = (s && s.metadata) || {};
+  const cc = a.client_config || {};
+  const rows = [
+    ["model", run.model || a.model], ["endpoint", cc.api_base_url], ["sampling args", a.sampling_args ?? m.sampling_args],
+    ["env", run.env_id], ["env args", a.env_args ?? m.env_args], ["n (examples)", m.num_examples ?? a.num_examples],
+    ["r (rollouts per example)", a.rollouts_per_example ?? m.rollouts_per_example],
+    ["concurrency (-c)", a.max_concurrent], ["backend", a.backend], ["rollout retries (--max-retries)", a.max_retries],
+  ].filter(([, v]) => v !== undefined && v !== null);
+  const show = v => typeof v === "object" ? JSON.stringify(v) : String(v);
+  const asked = m.num_examples_requested ? ` <span class="muted">(asked -n ${esc(m.num_examples_requested)}; the dataset has ${esc(m.num_examples)})</span>` : "";
+  return `<h3>Parameters</h3><table id="params"><tbody>${rows.map(([k, v]) =>
+      `<tr><td class="muted">${esc(k)}</td><td class="mono">${esc(show(v))}${k === "n (examples)" ? asked : ""}</td></tr>`).join("")}</tbody></table>
+    ${Object.keys(cc).length ? `<details id="client-internals"><summary>client internals</summary><pre class="log">${esc(JSON.stringify(cc, null, 2))}</pre></details>` : ""}`;
+}
+
+function renderMetrics(el, s, run) {
+  if (!s || !s.n_rollouts) { el.innerHTML = `<p class="muted" id="no-results">${esc(noResults(run))}</p>${paramsTable(run, s)}`; return; }
   const r = s.reward;
   const metricRows = Object.entries(s.metrics).map(([k, m]) =>
     `<tr><td>${esc(k)}</td><td class="num">${fmt(m.mean)}</td><td class="num">${fmt(m.std)}</td><td class="num">${fmt(m.min)}</td><td class="num">${fmt(m.max)}</td></tr>`).join("");
@@ -185,6 +325,7 @@ function renderMetrics(el, s) {
       <div class="card"><b>${s.n_examples}</b><span>examples</span></div>
       <div class="card"><b>${(100 * s.error_rate).toFixed(1)}%</b><span>errored</span></div>
     </div>
+    ${paramsTable(run, s)}
     <h3>Reward and metrics</h3>
     <table><thead><tr><th>name</th><th class="num">mean</th><th class="num">std</th><th class="num">min</th><th class="num">max</th></tr></thead>
       <tbody><tr><td><b>reward</b></td><td class="num">${fmt(r.mean)}</td><td class="num">${fmt(r.std)}</td><td class="num">${fmt(r.min)}</td><td class="num">${fmt(r.max)}</td></tr>${metricRows}</tbody></table>
@@ -224,33 +365,139 @@ function messages(m) {
   }).join("");
 }
 
-async function renderSamples(el, id, offset, my) {
-  const limit = 10;
-  const d = await api(`/api/runs/${encodeURIComponent(id)}/samples?offset=${offset}&limit=${limit}`);
+const sampleState = { q: "", show: "all", sort: "example", dir: 1, collapsed: new Set() };
+const SAMPLE_COLS = [["example", "example"], ["rollout", "rollout"], ["reward", "reward", true], ["metrics", "metrics"],
+  ["error", "error"], ["turns", "turns", true], ["tokens", "tokens", true], ["duration", "duration (s)", true]];
+
+async function renderSamples(el, id, sub, my) {
+  const d = await api(`/api/runs/${encodeURIComponent(id)}/rows`);
   if (my !== gen) return;
-  if (!d.total_groups) { el.innerHTML = `<p class="muted">no samples yet</p>`; return; }
-  const pager = `<div class="pager">
-      <button ${offset <= 0 ? "disabled" : ""} data-go="${Math.max(0, offset - limit)}">← prev</button>
-      <span class="muted">examples ${offset + 1}–${Math.min(offset + limit, d.total_groups)} of ${d.total_groups}</span>
-      <button ${offset + limit >= d.total_groups ? "disabled" : ""} data-go="${offset + limit}">next →</button></div>`;
-  el.innerHTML = pager + d.groups.map(g => `
-    <div class="group" data-example-id="${esc(g.example_id)}">
-      <div class="group-head"><b>example ${esc(g.example_id)}</b>
-        <span>reward <b>${fmt(g.reward.mean)}</b> <span class="spread">± ${fmt(g.reward.std)} · min ${fmt(g.reward.min)} · max ${fmt(g.reward.max)} · ${g.rollouts.length} rollouts</span></span>
-        ${g.answer !== undefined && g.answer !== null ? `<span class="muted">answer: <span class="mono">${esc(g.answer)}</span></span>` : ""}</div>
-      <details open><summary>prompt</summary>${messages(g.prompt)}</details>
-      <div class="rollouts">${g.rollouts.map((r, i) => `
-        <div class="rollout ${r.error ? "fail" : (r.reward > 0 ? "pass" : "fail")}">
-          <div><b>#${i + 1}</b> reward <b class="rollout-reward">${fmt(r.reward)}</b>
-            ${Object.entries(r.metrics || {}).map(([k, v]) => `<span class="spread">${esc(k)}=${typeof v === "number" ? fmt(v) : esc(v)}</span>`).join(" ")}</div>
-          ${r.tools.length ? `<div>tools: ${r.tools.map(t => `<span class="tool">${esc(t)}</span>`).join("")}</div>` : ""}
-          ${r.error ? `<div class="error-box rollout-error">${esc(r.error)}</div>` : ""}
-          ${r.timing && r.timing.total !== undefined ? `<div class="spread">total ${fmt(r.timing.total, 2)}s</div>` : ""}
-          <details open><summary>completion</summary>${messages(r.completion)}</details>
-        </div>`).join("")}</div>
-    </div>`).join("") + pager;
-  el.querySelectorAll("button[data-go]").forEach(b =>
-    b.addEventListener("click", () => renderSamples(el, id, Number(b.dataset.go), my)));
+  if (!d.rows.length) {
+    const r = await api(`/api/runs/${encodeURIComponent(id)}`).catch(() => null);
+    el.innerHTML = `<p class="muted" id="no-results">${esc(r ? noResults(r.run) : "no samples yet")}</p>`;
+    return;
+  }
+  el.innerHTML = `
+    <div class="filters">
+      <input id="sample-search" placeholder="search prompt, completion, error…" value="${esc(sampleState.q)}" style="width:280px">
+      <select id="sample-show">${[["all", "all rollouts"], ["errors", "errors only"], ["pass", "reward > 0"], ["zero", "reward = 0"]]
+        .map(([v, l]) => `<option value="${v}" ${sampleState.show === v ? "selected" : ""}>${l}</option>`).join("")}</select>
+      <button id="collapse-all">collapse all</button><button id="expand-all">expand all</button>
+      <span class="muted" id="sample-count"></span>
+      <span class="muted">total tokens: <b id="total-tokens">${fmt(d.total_tokens, 0)}</b></span>
+    </div>
+    <div id="sample-detail"></div>
+    <table id="samples-table"><thead><tr>${SAMPLE_COLS.map(([k, l, num]) =>
+      `<th class="sort ${num ? "num" : ""}" data-sort="${k}">${l}<span class="arrow"></span></th>`).join("")}<th></th></tr></thead></table>`;
+  const table = document.getElementById("samples-table");
+  const groups = new Map();
+  for (const r of d.rows) {
+    const k = String(r.example_id);
+    if (!groups.has(k)) groups.set(k, []);
+    groups.get(k).push(r);
+  }
+  const mean = rs => rs.reduce((a, r) => a + (r.reward ?? 0), 0) / (rs.length || 1);
+  const std = rs => { const m = mean(rs); return Math.sqrt(rs.reduce((a, r) => a + ((r.reward ?? 0) - m) ** 2, 0) / (rs.length || 1)); };
+  const matches = r => {
+    if (sampleState.show === "errors" && !r.error) return false;
+    if (sampleState.show === "pass" && !(r.reward > 0)) return false;
+    if (sampleState.show === "zero" && (r.reward ?? 0) !== 0) return false;
+    const q = sampleState.q.trim().toLowerCase();
+    if (!q) return true;
+    return [r.prompt_preview, r.completion_preview, r.error, String(r.example_id), JSON.stringify(r.metrics)]
+      .some(t => t && String(t).toLowerCase().includes(q));
+  };
+  const metricText = m => Object.entries(m || {}).map(([k, v]) => `${esc(k)}=${typeof v === "number" ? fmt(v) : esc(v)}`).join(" ");
+  const rowHtml = r => `<tr class="sample ${r.error ? "fail" : (r.reward > 0 ? "pass" : "zero")}" data-idx="${r.idx}" data-example-id="${esc(r.example_id)}" data-rollout="${r.rollout}">
+      <td class="mono">${esc(r.example_id)}</td><td>#${r.rollout + 1}</td>
+      <td class="num sample-reward">${fmt(r.reward)}</td><td class="spread">${metricText(r.metrics)}</td>
+      <td class="sample-error">${r.error ? `<span class="err">${esc(r.error.slice(0, 140))}</span>` : ""}</td>
+      <td class="num">${r.turns}</td><td class="num">${fmt(r.tokens, 0)}</td><td class="num">${fmt(r.duration, 2)}</td>
+      <td><a class="sample-link" href="#/run/${esc(id)}/samples/${r.idx}" title="link to this sample">#</a></td></tr>`;
+  const render = () => {
+    table.querySelectorAll("th[data-sort]").forEach(th => {
+      th.querySelector(".arrow").textContent = th.dataset.sort === sampleState.sort ? (sampleState.dir > 0 ? " ▲" : " ▼") : "";
+    });
+    table.querySelectorAll("tbody").forEach(b => b.remove());
+    let shown = 0;
+    if (sampleState.sort === "example") {  // grouped, in example order
+      const keys = [...groups.keys()];
+      if (sampleState.dir < 0) keys.reverse();
+      for (const k of keys) {
+        const all = groups.get(k), rs = all.filter(matches);
+        if (!rs.length) continue;
+        shown += rs.length;
+        const closed = sampleState.collapsed.has(k);
+        const tb = document.createElement("tbody");
+        tb.className = "group" + (closed ? " collapsed" : "");
+        tb.dataset.exampleId = k;
+        tb.innerHTML = `<tr class="group-head"><td colspan="${SAMPLE_COLS.length + 1}">
+            <span class="toggle">${closed ? "▸" : "▾"}</span> <b>example ${esc(k)}</b>
+            <span class="spread">${esc((all[0].prompt_preview || "").slice(0, 120))}</span>
+            <span>group mean <b class="group-mean">${fmt(mean(all))}</b> <span class="spread">± ${fmt(std(all))} · ${all.length} rollouts</span></span></td></tr>`
+          + rs.map(rowHtml).join("");
+        table.appendChild(tb);
+      }
+    } else {
+      const key = sampleState.sort;
+      const val = r => key === "metrics" ? Object.values(r.metrics || {})[0] ?? null : key === "error" ? (r.error || "") : r[key];
+      const rs = d.rows.filter(matches).sort((a, b) => {
+        const x = val(a), y = val(b);
+        return ((x ?? -Infinity) < (y ?? -Infinity) ? -1 : (x ?? -Infinity) > (y ?? -Infinity) ? 1 : a.idx - b.idx) * sampleState.dir;
+      });
+      shown = rs.length;
+      const tb = document.createElement("tbody");
+      tb.className = "flat";
+      tb.innerHTML = rs.map(rowHtml).join("");
+      table.appendChild(tb);
+    }
+    document.getElementById("sample-count").textContent = `${shown} of ${d.rows.length} rollouts · ${groups.size} examples`;
+    table.querySelectorAll("tr.group-head").forEach(tr => tr.addEventListener("click", () => {
+      const k = tr.parentElement.dataset.exampleId;
+      if (sampleState.collapsed.has(k)) sampleState.collapsed.delete(k); else sampleState.collapsed.add(k);
+      render();
+    }));
+    table.querySelectorAll("tr.sample").forEach(tr => tr.addEventListener("click", ev => {
+      if (ev.target.closest("a")) return;
+      location.hash = `#/run/${id}/samples/${tr.dataset.idx}`;
+    }));
+    if (sub !== undefined) table.querySelector(`tr.sample[data-idx="${CSS.escape(String(sub))}"]`)?.classList.add("selected");
+  };
+  table.querySelectorAll("th[data-sort]").forEach(th => th.addEventListener("click", () => {
+    if (sampleState.sort === th.dataset.sort) sampleState.dir = -sampleState.dir;
+    else { sampleState.sort = th.dataset.sort; sampleState.dir = th.dataset.sort === "example" ? 1 : -1; }
+    render();
+  }));
+  document.getElementById("sample-search").addEventListener("input", ev => { sampleState.q = ev.target.value; render(); });
+  document.getElementById("sample-show").addEventListener("change", ev => { sampleState.show = ev.target.value; render(); });
+  document.getElementById("collapse-all").addEventListener("click", () => { groups.forEach((_, k) => sampleState.collapsed.add(k)); render(); });
+  document.getElementById("expand-all").addEventListener("click", () => { sampleState.collapsed.clear(); render(); });
+  render();
+  if (sub !== undefined) await renderSampleDetail(document.getElementById("sample-detail"), id, sub, my);
+}
+
+async function renderSampleDetail(el, id, idx, my) {
+  let d;
+  try { d = await api(`/api/runs/${encodeURIComponent(id)}/rows/${encodeURIComponent(idx)}`); }
+  catch (e) { el.innerHTML = `<div class="error-box">${esc(e.message)}</div>`; return; }
+  if (my !== gen) return;
+  const r = d.row, info = d.error_info;
+  el.innerHTML = `<div class="sample-detail" data-idx="${d.idx}">
+      <div class="group-head"><b>example ${esc(r.example_id)}</b> <span>reward <b id="detail-reward">${fmt(r.reward)}</b></span>
+        <span class="spread">tokens ${fmt(d.tokens, 0)} · attempts ${esc(r.attempts ?? 1)}</span>
+        <a href="#/run/${esc(id)}/samples">close</a></div>
+      ${info ? `<div class="error-box" id="detail-error">${esc(info.type)}: ${esc(info.message)}${info.kind ? ` <span class="muted">(${esc(info.kind)})</span>` : ""}</div>
+        ${info.traceback ? `<details open><summary>traceback</summary><pre class="log" id="detail-traceback">${esc(info.traceback)}</pre></details>` : ""}`
+        : (r.error ? `<div class="error-box" id="detail-error">${esc(typeof r.error === "string" ? r.error : JSON.stringify(r.error))}</div>` : "")}
+      <details open><summary>prompt</summary>${messages(r.prompt)}</details>
+      <details open><summary>completion</summary>${messages(r.completion)}</details>
+      <h3>Per-turn timing (seconds)</h3>
+      ${d.turn_timing.length ? `<table id="turn-timing"><thead><tr><th>turn</th><th class="num">model</th><th class="num">environment</th></tr></thead><tbody>
+        ${d.turn_timing.map(t => `<tr><td>${t.turn}</td><td class="num">${fmt(t.model_s, 3)}</td><td class="num">${fmt(t.env_s, 3)}</td></tr>`).join("")}</tbody></table>`
+        : `<p class="muted">no per-turn timing recorded</p>`}
+      <details id="raw-json"><summary>raw row (JSON)</summary><pre class="log">${esc(JSON.stringify(r, null, 2))}</pre></details>
+    </div>`;
+  el.scrollIntoView({block: "start"});
 }
 
 async function renderInstances(el, id, s, my) {
@@ -284,20 +531,46 @@ async function renderInstances(el, id, s, my) {
 }
 
 async function renderLog(el, id, my) {
-  el.innerHTML = `<div class="muted" id="log-note"></div><pre class="log" id="log"></pre>`;
+  el.innerHTML = `<div class="filters">
+      <input id="log-search" placeholder="search the log (shows matching lines)" style="width:320px">
+      <label><input type="checkbox" id="log-follow" checked> follow the tail</label>
+      <span class="muted" id="log-note"></span></div>
+    <pre class="log" id="log"></pre>`;
   const pre = document.getElementById("log");
-  let offset = null;
+  const search = document.getElementById("log-search");
+  const follow = document.getElementById("log-follow");
+  const note = document.getElementById("log-note");
+  let offset = null, text = "", truncated = false;
+  const render = () => {
+    const q = search.value.trim().toLowerCase();
+    if (!q) {
+      pre.textContent = text;
+      note.textContent = truncated ? "showing the end of the log" : "";
+    } else {
+      const lines = text.split("\n").filter(l => l.toLowerCase().includes(q));
+      pre.innerHTML = lines.map(l => {
+        const i = l.toLowerCase().indexOf(q);
+        return `${esc(l.slice(0, i))}<mark>${esc(l.slice(i, i + q.length))}</mark>${esc(l.slice(i + q.length))}`;
+      }).join("\n");
+      note.textContent = `${lines.length} matching line(s)`;
+    }
+    if (follow.checked) pre.scrollTop = pre.scrollHeight;
+  };
+  search.addEventListener("input", render);
+  follow.addEventListener("change", render);
+  pre.addEventListener("scroll", () => {  // scrolling up stops following; back to the bottom resumes
+    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
+    if (follow.checked !== atBottom && document.activeElement !== follow) follow.checked = atBottom;
+  });
   const poll = async () => {
     const d = await api(`/api/runs/${encodeURIComponent(id)}/log${offset === null ? "" : `?offset=${offset}`}`).catch(() => null);
     if (!d || my !== gen) return;
-    if (offset === null && d.truncated) document.getElementById("log-note").textContent = "showing the end of the log";
-    const stick = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
-    if (d.text) pre.appendChild(document.createTextNode(d.text));
+    if (offset === null) truncated = d.truncated;
     offset = d.offset;
-    if (stick) pre.scrollTop = pre.scrollHeight;
+    if (d.text) { text += d.text; render(); }
   };
   await poll();
-  if (!pre.textContent) pre.textContent = "";
+  render();
   return { poll };
 }
 
@@ -307,7 +580,8 @@ function route() {
   gen++;
   clearInterval(timer);
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
-  if (parts[0] === "run" && parts[1]) viewRun(parts[1], parts[2]);
+  if (parts[0] === "run" && parts[1]) viewRun(parts[1], parts[2], parts[3]);
+  else if (parts[0] === "compare" && parts[1]) viewCompare(parts[1].split(",").filter(Boolean));
   else viewList();
 }
 window.addEventListener("hashchange", route);

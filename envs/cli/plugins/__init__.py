@@ -1,0 +1,1 @@
+"""Plugin contracts other CLIs consume."""

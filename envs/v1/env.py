@@ -1,0 +1,102 @@
+"""`Env(taskset, harness)`: a v1 taskset / harness pair as a classic
+`Environment`, so `vf-sandbox eval` (results, resume, workers, registry)
+runs it exactly like any other env. Each rollout is `harness.run(task)`;
+scoring is the taskset's then the harness's rewards and metrics, then both
+clean up (sandboxes of the harness are deleted there)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from ..environment import Environment
+from ..rubrics.rubric import Rubric
+from ..types import RolloutInput, SamplingArgs
+from ..types import State as ClassicState
+from .harness import Harness
+from .state import State
+from .task import Task
+from .taskset import Taskset
+
+_COPIED = ("prompt", "completion", "answer", "info", "example_id", "trajectory", "trajectory_id", "timing", "usage",
+           "metrics", "reward", "tool_defs", "is_completed", "is_truncated", "stop_condition", "error")
+
+
+class Env(Environment):
+    def __init__(self, taskset: Taskset, harness: Harness | None = None, **kwargs: Any):
+        self.taskset = taskset
+        self.harness = harness or Harness()
+        self.harness.toolsets = [*taskset.toolsets, *self.harness.toolsets]
+        self.harness.setups = [*taskset.setups, *self.harness.setups]
+        kwargs.setdefault("env_id", taskset.taskset_id)
+        super().__init__(
+            dataset=lambda: [self._row(t) for t in taskset.tasks()],
+            eval_dataset=(lambda: [self._row(t) for t in taskset.tasks(eval=True)]) if taskset.eval_source is not None else None,
+            rubric=Rubric(),
+            **kwargs,
+        )
+
+    @staticmethod
+    def _row(task: Task) -> dict[str, Any]:
+        return {"prompt": task["prompt"], "answer": task.get("answer", ""), "info": task.get("info") or {},
+                "example_id": task.get("example_id"), "v1_task": dict(task)}
+
+    @staticmethod
+    def _to_input(row: dict[str, Any]) -> RolloutInput:
+        inp = dict(Environment._to_input(row))
+        inp["v1_task"] = row.get("v1_task") or {k: row[k] for k in ("prompt", "answer", "info", "example_id") if k in row}
+        return inp  # type: ignore[return-value]
+
+    def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        super().set_backend(backend, options)
+        self.harness.set_backend(backend, options)
+
+    async def rollout(self, input: RolloutInput, client: Any, model: str,
+                      sampling_args: SamplingArgs | None = None) -> ClassicState:
+        from ..clients import make_client
+
+        data = input.get("v1_task") or {k: input[k] for k in ("prompt", "answer", "info", "example_id") if k in input}
+        task = Task(data).freeze()
+        state = State.for_task(task)
+        state.runtime.update(client=make_client(client), model=model,
+                             sampling_args={**self.sampling_args, **(sampling_args or {})})
+        await self.harness.run(task, state)
+        classic = ClassicState({k: state.get(k) for k in _COPIED})
+        classic.update({k: v for k, v in state.items() if k not in classic})
+        classic["input"] = input
+        classic["v1"] = (task, state)
+        return classic
+
+    async def _score_group(self, states: list[ClassicState]) -> None:
+        pairs = [s.get("v1") for s in states]
+        live = [(i, p) for i, p in enumerate(pairs) if p is not None]
+        tasks = [p[0] for _, p in live]
+        v1_states = [p[1] for _, p in live]
+        for st in v1_states:
+            st["reward"] = 0.0
+        await self.taskset.score_group(tasks, v1_states)
+        await self.harness.score_group(tasks, v1_states)
+        for i, (_, st) in live:
+            states[i]["reward"] = st["reward"]
+            states[i]["metrics"] = {**(states[i].get("metrics") or {}), **(st.get("metrics") or {})}
+        if states:
+            mean = sum(s.get("reward") or 0.0 for s in states) / len(states)
+            for s in states:
+                s["advantage"] = (s.get("reward") or 0.0) - mean
+
+    async def _finish_states(self, states: list[ClassicState], scoring_sem: Any = None) -> None:
+        try:
+            await super()._finish_states(states, scoring_sem)
+        finally:
+            pairs = [s.pop("v1", None) for s in states]
+            live = [p for p in pairs if p is not None]
+            if live:
+                with contextlib.suppress(Exception):
+                    await self.taskset.cleanup_group([p[0] for p in live], [p[1] for p in live])
+                await self.harness.cleanup_group([p[0] for p in live], [p[1] for p in live])
+
+    async def teardown(self) -> None:
+        try:
+            await self.harness.teardown()
+        finally:
+            await super().teardown()

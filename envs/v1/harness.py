@@ -1,0 +1,261 @@
+"""`Harness`: runs one task (`state = await harness.run(task)`), scores and
+cleans up groups of rollouts.
+
+Its program is one of the forms in `programs.py`. A harness with a `sandbox`
+runs its command program in a sandbox of our backend layer
+(`sandboxes.registry.get_backend`: the run's backend unless the sandbox
+config names one); a child state that borrowed `"sandbox"` reuses the
+parent's. Rewards and metrics are `(task, state) -> float` functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sandboxes.errors import ConfigError, UsageError
+from sandboxes.registry import get_backend
+from sandboxes.spec import SandboxSpec
+
+from ..errors import Error
+from ..tool_schema import convert_func_to_tool_def
+from .config import HarnessConfig, SandboxConfig, resolve_ref
+from .interception import InterceptionServer, Registration
+from .programs import base_loop, call_program, program_kind, run_local_command, run_sandboxed_command
+from .state import State
+from .task import Task
+from .toolset import Toolset
+
+log = logging.getLogger(__name__)
+
+
+async def _maybe(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def fn_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+async def score_states(rewards: Sequence[Callable[..., Any]], metrics: Sequence[Callable[..., Any]],
+                       tasks: Sequence[Mapping[str, Any]], states: Sequence[State]) -> None:
+    """metrics[name] for every function; reward = sum of the rewards (0 for errored rollouts)."""
+    for task, state in zip(tasks, states):
+        values = state.get("metrics") or {}
+        total = 0.0
+        for fn in rewards:
+            v = 0.0 if state.get("error") is not None else float(await _maybe(fn(task, state)))
+            values[fn_name(fn)] = v
+            total += v
+        for fn in metrics:
+            values[fn_name(fn)] = float(await _maybe(fn(task, state)))
+        state["metrics"] = values
+        state["reward"] = (state.get("reward") or 0.0) + total
+
+
+def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
+    if system_prompt is None:
+        return []
+    if isinstance(system_prompt, str):
+        return [{"role": "system", "content": system_prompt}]
+    if hasattr(system_prompt, "content"):
+        return [{"role": "system", "content": system_prompt.content}]
+    return [dict(m) for m in system_prompt]
+
+
+def sandbox_bash(sandbox: Any, timeout: float) -> Callable[..., Any]:
+    async def bash(command: str) -> str:
+        """Run a shell command in the sandbox; returns its output and exit code.
+
+        Args:
+            command: The shell command.
+        """
+        res = await sandbox.exec(["/bin/sh", "-c", command], timeout=timeout)
+        out = (res.stdout + res.stderr)[-8000:]
+        return out if res.exit_code == 0 else f"{out}\n[exit code {res.exit_code}{', timed out' if res.timed_out else ''}]"
+
+    return bash
+
+
+class Harness:
+    def __init__(
+        self,
+        program: Any = None,
+        system_prompt: Any = None,
+        user: Any = None,
+        sandbox: SandboxConfig | Mapping[str, Any] | None = None,
+        client: Any = None,
+        model: str | None = None,
+        sampling_args: dict[str, Any] | None = None,
+        max_turns: int | None = None,
+        toolsets: Sequence[Toolset] | None = None,
+        stops: Sequence[Callable[..., Any]] | None = None,
+        setups: Sequence[Callable[..., Any]] | None = None,
+        updates: Sequence[Callable[..., Any]] | None = None,
+        metrics: Sequence[Callable[..., Any]] | None = None,
+        rewards: Sequence[Callable[..., Any]] | None = None,
+        advantages: Sequence[Callable[..., Any]] | None = None,
+        cleanups: Sequence[Callable[..., Any]] | None = None,
+        config: HarnessConfig | Mapping[str, object] | None = None,
+    ):
+        cfg = HarnessConfig.from_config(config) if config is not None else HarnessConfig()
+        if user is not None or updates or advantages:
+            raise ConfigError("Harness: user=, updates= and advantages= are not implemented yet")
+        self.program = resolve_ref(program if program is not None else cfg.program)
+        self.kind = program_kind(self.program)
+        self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
+        sandbox = sandbox if sandbox is not None else cfg.sandbox
+        self.sandbox = SandboxConfig.from_config(sandbox) if sandbox is not None else None
+        if self.sandbox is not None and self.kind in ("callable", "fn"):
+            raise ConfigError(f"Harness: a {self.kind} program cannot run in a sandbox yet (use a command program)")
+        self.client = client
+        self.model = model or cfg.model
+        self.sampling_args = {**cfg.sampling_args, **(sampling_args or {})}
+        self.max_turns = max_turns if max_turns is not None else cfg.max_turns
+        self.toolsets = list(toolsets or [])
+        self.stops = [resolve_ref(f) for f in stops or []]
+        if self.stops and self.kind != "base":
+            raise ConfigError("Harness: stops= apply to the base tool loop only")
+        self.setups = [resolve_ref(f) for f in setups or []]
+        self.metrics = [resolve_ref(f) for f in metrics or []]
+        self.rewards = [resolve_ref(f) for f in rewards or []]
+        self.cleanups = [resolve_ref(f) for f in cleanups or []]
+        self.endpoint = InterceptionServer()
+        self.backend_name: str | None = None
+        self.backend_options: dict[str, Any] = {}
+        self._backend: Any = None
+        self._owned_sandboxes: dict[int, Any] = {}
+
+    # ---- configuration from the run
+    def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        self.backend_name, self.backend_options = backend, dict(options or {})
+
+    @property
+    def backend(self) -> Any:
+        if self._backend is None:
+            name = (self.sandbox.backend if self.sandbox and self.sandbox.backend else None) or self.backend_name
+            self._backend = get_backend(name, **self.backend_options)
+        return self._backend
+
+    def sandbox_spec(self, task: Mapping[str, Any]) -> SandboxSpec:
+        assert self.sandbox is not None
+        data = self.sandbox.model_dump(exclude={"backend"})
+        data.update(dict(task.get("sandbox") or {}))
+        data["name"] = "vf-v1"
+        try:
+            return SandboxSpec(**data)
+        except ValueError as exc:
+            raise ConfigError(f"invalid sandbox settings: {exc}") from exc
+
+    # ---- running
+    async def run(self, task: Task | Mapping[str, Any], state: State | None = None) -> State:
+        task = task if isinstance(task, Task) else Task(task)
+        state = state if state is not None else State.for_task(task)
+        rt = state.runtime
+        rt["task"] = task
+        rt.setdefault("model", self.model)
+        if self.client is not None and "client" not in rt:
+            from ..clients import make_client
+
+            rt["client"] = make_client(self.client)
+        if not rt.get("client") or not rt.get("model"):
+            raise UsageError("Harness.run needs a client and a model (Harness(client=, model=) or an Env run)")
+        rt["sampling_args"] = {**self.sampling_args, **(rt.get("sampling_args") or {})}
+        base_url = await self.endpoint.start()
+        key = self.endpoint.register(Registration(state=state, client=rt["client"], model=rt["model"],
+                                                  sampling_args=rt["sampling_args"]))
+        rt["endpoint"] = {"base_url": base_url, "api_key": key}
+        state["timing"].generation.start = state["timing"].generation.start or time.time()
+        try:
+            tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}
+            defs = list(rt.get("tool_defs") or []) if tools else []
+            for ts in self.toolsets:
+                callables, tdefs = await ts.resolve(task, state)
+                tools.update(callables)
+                defs.extend(tdefs)
+            if self.kind == "base" and self.sandbox is not None:  # the base loop with a sandbox: a bash tool in it
+                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds)
+                tools["bash"] = bash
+                defs.append(convert_func_to_tool_def(bash))
+            rt["tools"], rt["tool_defs"] = tools, defs
+            state["tool_defs"] = [d.model_dump() for d in defs] or None
+            for fn in self.setups:
+                await _maybe(fn(task, state))
+            for ts in self.toolsets:
+                await ts.setup(task, state)
+            await self._run_program(task, state)
+        except asyncio.CancelledError:
+            raise
+        except Error as exc:
+            state._set("error", exc)
+        except Exception as exc:  # the program crashed: the rollout's error, the run goes on
+            log.debug("v1 program failed", exc_info=True)
+            state._set("error", exc)
+        finally:
+            self.endpoint.unregister(key)
+        if not state.get("is_completed"):
+            state.stop("has_error" if state.get("error") is not None else "program_done")
+        return state.finalize()
+
+    async def _run_program(self, task: Task, state: State) -> None:
+        if self.kind == "base":
+            program = self.program or {}
+            await base_loop(task, state, system_messages(task.get("system_prompt") or self.system_prompt),
+                            state.get_max_turns(program.get("max_turns", self.max_turns)
+                                                if isinstance(program, Mapping) else self.max_turns), self.stops)
+        elif self.kind == "callable":
+            await call_program(self.program, task, state)
+        elif self.kind == "fn":
+            await call_program(self.program["fn"], task, state)
+        elif self.sandbox is None:
+            await run_local_command(task, state, self.program)
+        else:
+            await run_sandboxed_command(task, state, self.program, await self._sandbox_for(state, task))
+
+    async def _sandbox_for(self, state: State, task: Task) -> Any:
+        sandbox = state.runtime.get("sandbox")
+        if sandbox is not None:
+            return sandbox
+        sandbox = await self.backend.create(self.sandbox_spec(task))
+        state.runtime["sandbox"] = sandbox
+        self._owned_sandboxes[id(state)] = sandbox
+        return sandbox
+
+    async def score_group(self, tasks: list[Task], states: list[State]) -> list[State]:
+        await score_states(self.rewards, self.metrics, tasks, states)
+        return states
+
+    async def cleanup_group(self, tasks: list[Task], states: list[State]) -> None:
+        for task, state in zip(tasks, states):
+            try:
+                for fn in self.cleanups:
+                    await _maybe(fn(task, state))
+                for ts in self.toolsets:
+                    await ts.cleanup(task, state)
+            finally:
+                sandbox = self._owned_sandboxes.pop(id(state), None)
+                if sandbox is not None:
+                    try:
+                        await sandbox.delete()
+                    except Exception as exc:  # the sandbox is gone already: nothing leaks
+                        log.warning("deleting v1 sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
+
+    async def teardown(self) -> None:
+        for sandbox in list(self._owned_sandboxes.values()):
+            try:
+                await sandbox.delete()
+            except Exception as exc:
+                log.warning("deleting v1 sandbox at teardown failed: %s", exc)
+        self._owned_sandboxes.clear()
+        for ts in self.toolsets:
+            await ts.teardown()
+        await self.endpoint.close()
+        if self._backend is not None and self._backend is not self.backend_name:  # ours to close, not a given instance
+            close = getattr(self._backend, "close", None)
+            if close is not None:
+                await _maybe(close())
+            self._backend = None

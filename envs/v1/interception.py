@@ -1,0 +1,164 @@
+"""The v1 interception endpoint: every model call of a harness goes through it.
+
+A small OpenAI-compatible HTTP server on 127.0.0.1 (`/v1/chat/completions`,
+`/v1/models`). Each rollout registers under a fresh bearer key; a request with
+that key is answered by the rollout's vf `Client` with the rollout's model and
+sampling args (the run's sampling args win over the program's), and recorded
+as a trajectory step of the rollout's state (prompt, completion, response,
+usage, model time). In-process programs reach it with `state.get_client()`,
+local commands through OPENAI_BASE_URL / OPENAI_API_KEY, sandboxed commands
+through the relay over the sandbox's own command channel (`sandbox_relay`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import Error, error_text
+from ..multi_turn import response_to_message
+from ..types import Response, TimeSpan, Tool
+
+log = logging.getLogger(__name__)
+
+_NOT_SAMPLING = frozenset({"model", "messages", "tools", "tool_choice", "stream", "stream_options", "n"})
+
+
+@dataclass
+class Registration:
+    state: Any  # envs.v1.state.State
+    client: Any  # envs.clients.Client
+    model: str
+    sampling_args: dict[str, Any] = field(default_factory=dict)
+    calls: int = 0
+
+
+def _tool_from_openai(spec: dict[str, Any]) -> Tool:
+    fn = spec.get("function", spec)
+    return Tool(name=fn["name"], description=fn.get("description") or "",
+                parameters=fn.get("parameters") or {"type": "object", "properties": {}}, strict=fn.get("strict"))
+
+
+def _openai_body(response: Response, model: str) -> dict[str, Any]:
+    msg = response_to_message(response)
+    usage = response.usage
+    finish = response.message.finish_reason or ("tool_calls" if msg.get("tool_calls") else "stop")
+    return {
+        "id": response.id or f"chatcmpl-{secrets.token_hex(6)}",
+        "object": "chat.completion",
+        "created": response.created or int(time.time()),
+        "model": response.model or model,
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                  "total_tokens": usage.total_tokens or usage.prompt_tokens + usage.completion_tokens}
+        if usage else None,
+    }
+
+
+class InterceptionServer:
+    """One endpoint per Harness process; rollouts register and unregister."""
+
+    def __init__(self) -> None:
+        self._regs: dict[str, Registration] = {}
+        self._runner: web.AppRunner | None = None
+        self._lock = asyncio.Lock()
+        self.base_url = ""
+
+    async def start(self) -> str:
+        async with self._lock:
+            if self._runner is None:
+                app = web.Application(client_max_size=64 * 1024 * 1024)
+                app.router.add_post("/v1/chat/completions", self._chat)
+                app.router.add_get("/v1/models", self._models)
+                runner = web.AppRunner(app, access_log=None)
+                await runner.setup()
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+                self._runner = runner
+                self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self.base_url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def register(self, reg: Registration) -> str:
+        key = "vf-" + secrets.token_hex(16)
+        self._regs[key] = reg
+        return key
+
+    def unregister(self, key: str) -> None:
+        self._regs.pop(key, None)
+
+    def _reg_of(self, request: web.Request) -> Registration | None:
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("x-api-key", "")
+        return self._regs.get(key)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        reg = self._reg_of(request)
+        if reg is None:
+            return _error(401, "unknown rollout key")
+        return web.json_response({"object": "list", "data": [{"id": reg.model, "object": "model"}]})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        reg = self._reg_of(request)
+        if reg is None:
+            return _error(401, "unknown rollout key (the rollout ended or the key is wrong)")
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "the body is not JSON")
+        if body.get("stream"):
+            return _error(400, "streaming is not supported by the v1 endpoint")
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return _error(400, "messages must be a list")
+        tools = [_tool_from_openai(t) for t in body.get("tools") or []] or None
+        args = {k: v for k, v in body.items() if k not in _NOT_SAMPLING}
+        args.update(reg.sampling_args)
+        state = reg.state
+        t0 = time.time()
+        try:
+            response = await reg.client.get_response(messages, reg.model, args, tools)
+        except Error as exc:
+            state.runtime.setdefault("model_errors", []).append(exc)
+            return _error(502, error_text(exc) or "model error")
+        t1 = time.time()
+        reg.calls += 1
+        self._record(state, messages, response, t0, t1)
+        return web.json_response(_openai_body(response, reg.model))
+
+    @staticmethod
+    def _record(state: Any, messages: list[dict[str, Any]], response: Response, t0: float, t1: float) -> None:
+        truncated = bool(response.message.is_truncated) or response.message.finish_reason == "length"
+        state["trajectory"].append({
+            "prompt": messages, "completion": [response_to_message(response)], "response": response,
+            "tokens": None, "reward": None, "advantage": None, "is_truncated": truncated,
+            "trajectory_id": state["trajectory_id"], "extras": {},
+        })
+        if truncated:
+            state._set("is_truncated", True)
+        timing = state.get("timing")
+        if timing is not None:
+            timing.model.spans.append(TimeSpan(start=t0, end=t1))
+        if response.usage is not None:
+            usage = state.setdefault("usage", {})
+            usage["input_tokens"] = usage.get("input_tokens", 0) + response.usage.prompt_tokens
+            usage["output_tokens"] = usage.get("output_tokens", 0) + response.usage.completion_tokens
+            usage["final_input_tokens"] = response.usage.prompt_tokens
+            usage["final_output_tokens"] = response.usage.completion_tokens
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, content_type="application/json",
+                        text=json.dumps({"error": {"message": message, "type": "vf_interception", "code": status}}))

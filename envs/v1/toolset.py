@@ -1,0 +1,246 @@
+"""`Toolset` and `MCPTool`: the tools a v1 harness offers the model.
+
+A Toolset packages callables (and MCP servers) with:
+- visibility: `show` / `hide` lists, narrowed further per task by
+  `task["tools"] = {"show": [...]}` or `{"hide": [...]}`;
+- bindings: hidden arguments filled by the framework, never by the model.
+  A binding source is a framework path string (`"task.answer"`,
+  `"state.info"`, `"objects.db"`) or a callable `(task, state) -> value`
+  (bind literals through a callable);
+- private objects: `objects={"db": factory}` built per scope (`"rollout"`
+  default, `"group"` once per example, `"global"` once per toolset) and only
+  reachable through `objects.*` bindings, never from state;
+- lifecycle handlers `setups` / `cleanups` `(task, state)` and `teardowns` `()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from sandboxes.errors import ConfigError, InfraError, UsageError
+
+from ..tool_schema import convert_func_to_tool_def
+from ..types import Tool
+from .config import ToolsetConfig, resolve_ref
+
+Scope = Literal["rollout", "group", "global"]
+log = logging.getLogger(__name__)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _field(obj: Any, *names: str) -> Any:
+    """An attribute under its mcp 2.x or 1.x name."""
+    for name in names:
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+class MCPTool:
+    """The tools of an MCP server started as a process over stdio (`mcp` package)."""
+
+    def __init__(self, command: str, args: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 cwd: str | None = None):
+        self.command, self.args, self.env, self.cwd = command, list(args or []), dict(env) if env else None, cwd
+        self._owner: asyncio.Task[None] | None = None
+        self._session: Any = None
+        self.tool_defs: list[Tool] = []
+
+    async def start(self) -> None:
+        """Start the server once. Its client lives in one owner task (anyio scopes must be
+        entered and left by the same task); calls come from any task."""
+        if self._session is not None:
+            return
+        if self._owner is None:
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._closing = asyncio.Event()
+            self._owner = asyncio.create_task(self._own(ready))
+            self._ready = ready
+        await asyncio.shield(self._ready)
+
+    async def _own(self, ready: "asyncio.Future[None]") -> None:
+        try:
+            from mcp import StdioServerParameters
+        except ImportError as exc:
+            ready.set_exception(ConfigError("MCPTool needs the `mcp` package: install vf-sandbox[mcp]"))
+            return
+        params = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    from mcp.client.client import Client  # mcp >= 2
+
+                    session = await stack.enter_async_context(Client(params))
+                except ImportError:  # mcp 1.x
+                    from mcp import ClientSession
+                    from mcp.client.stdio import stdio_client
+
+                    read, write = await stack.enter_async_context(stdio_client(params))
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    await session.initialize()
+                listed = await session.list_tools()
+                self.tool_defs = [
+                    Tool(name=t.name, description=t.description or "",
+                         parameters=_field(t, "input_schema", "inputSchema") or {"type": "object", "properties": {}})
+                    for t in listed.tools]
+                self._session = session
+                ready.set_result(None)
+                await self._closing.wait()
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(InfraError(f"MCP server {self.command} {' '.join(self.args)} failed: {exc}"))
+            else:
+                log.warning("MCP server %s ended with %s", self.command, exc)
+        finally:
+            self._session = None
+
+    def callables(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        def make(name: str) -> Callable[..., Awaitable[Any]]:
+            async def call(**kwargs: Any) -> Any:
+                result = await self._session.call_tool(name, kwargs)
+                parts = [{"type": "text", "text": c.text} for c in result.content if getattr(c, "type", "") == "text"]
+                if _field(result, "is_error", "isError"):
+                    raise RuntimeError(" ".join(p["text"] for p in parts) or f"MCP tool {name} failed")
+                return parts[0]["text"] if len(parts) == 1 else parts
+            call.__name__ = name
+            return call
+
+        return {t.name: make(t.name) for t in self.tool_defs}
+
+    async def close(self) -> None:
+        if self._owner is not None:
+            owner, self._owner = self._owner, None
+            self._closing.set()
+            with contextlib.suppress(Exception):
+                await owner
+
+
+class Toolset:
+    def __init__(
+        self,
+        tools: Sequence[Any] = (),
+        show: Sequence[str] | None = None,
+        hide: Sequence[str] | None = None,
+        bindings: Mapping[str, Any] | None = None,
+        objects: Mapping[str, Callable[..., Any]] | None = None,
+        write: bool = False,
+        scope: Scope | None = None,
+        sandbox: Any = None,
+        stops: Sequence[Callable[..., Any]] = (),
+        setups: Sequence[Callable[..., Any]] = (),
+        updates: Sequence[Callable[..., Any]] = (),
+        cleanups: Sequence[Callable[..., Any]] = (),
+        teardowns: Sequence[Callable[..., Any]] = (),
+        config: ToolsetConfig | Mapping[str, object] | None = None,
+    ):
+        cfg = ToolsetConfig.from_config(config) if config is not None else None
+        if sandbox is not None or write or stops or updates:
+            raise ConfigError("Toolset: sandbox=, write=, stops= and updates= are not implemented yet")
+        self.tools: list[Any] = [resolve_ref(t) for t in [*(cfg.tools if cfg else []), *tools]]
+        if cfg:
+            self.tools += [MCPTool(m.command, m.args, m.env, m.cwd) for m in cfg.mcp]
+        self.show = list(show if show is not None else (cfg.show if cfg and cfg.show is not None else [])) or None
+        self.hide = set(hide if hide is not None else (cfg.hide if cfg and cfg.hide else []))
+        self.scope: Scope = scope or (cfg.scope if cfg and cfg.scope else "rollout")
+        if self.scope not in ("rollout", "group", "global"):
+            raise ConfigError(f"Toolset scope must be rollout, group or global, not {self.scope!r}")
+        self.bindings = dict(bindings or {})
+        self.objects = dict(objects or {})
+        self.setups, self.cleanups, self.teardowns = list(setups), list(cleanups), list(teardowns)
+        self._scoped: dict[Any, dict[str, Any]] = {}
+        names = [getattr(t, "__name__", None) for t in self.tools if not isinstance(t, MCPTool)]
+        for target, source in self.bindings.items():
+            if "." not in target:
+                raise ConfigError(f"Toolset binding {target!r} must be 'tool.arg'")
+            tool = target.split(".", 1)[0]
+            if tool not in names:
+                raise ConfigError(f"Toolset binding {target!r}: no tool {tool!r} (have {names})")
+            if isinstance(source, str) and not source.startswith(("task.", "state.", "objects.")):
+                raise ConfigError(f"Toolset binding {target!r}: string sources are framework paths "
+                                  "(task.*, state.*, objects.*); bind a literal through a callable")
+
+    # ---- objects by scope
+    async def _objects_for(self, task: Mapping[str, Any], state: Any) -> dict[str, Any]:
+        key = {"rollout": ("rollout", id(state)), "group": ("group", task.get("example_id")),
+               "global": ("global",)}[self.scope]
+        if key not in self._scoped:
+            self._scoped[key] = {n: await _maybe_await(f()) for n, f in self.objects.items()}
+        return self._scoped[key]
+
+    def _source(self, source: Any, task: Mapping[str, Any], state: Any, objects: dict[str, Any]) -> Any:
+        if callable(source):
+            return source(task, state)
+        root, _, path = source.partition(".")
+        obj: Any = {"task": task, "state": state, "objects": objects}[root]
+        for part in path.split("."):
+            try:
+                obj = obj[part]
+            except (KeyError, TypeError):
+                raise UsageError(f"binding source {source!r}: no {part!r}") from None
+        return obj
+
+    def _visible(self, name: str, task: Mapping[str, Any]) -> bool:
+        if self.show is not None and name not in self.show:
+            return False
+        if name in self.hide:
+            return False
+        rule = task.get("tools") or {}
+        if "show" in rule and name not in rule["show"]:
+            return False
+        return name not in (rule.get("hide") or [])
+
+    async def resolve(self, task: Mapping[str, Any], state: Any) -> tuple[dict[str, Callable[..., Awaitable[Any]]], list[Tool]]:
+        """The visible tools for this rollout (callables with bindings applied) and their schemas."""
+        objects = await self._objects_for(task, state)
+        callables: dict[str, Callable[..., Awaitable[Any]]] = {}
+        defs: list[Tool] = []
+        for tool in self.tools:
+            if isinstance(tool, MCPTool):
+                await tool.start()
+                for d in tool.tool_defs:
+                    if self._visible(d.name, task):
+                        callables[d.name] = tool.callables()[d.name]
+                        defs.append(d)
+                continue
+            name = tool.__name__
+            if not self._visible(name, task):
+                continue
+            bound = {t.split(".", 1)[1]: s for t, s in self.bindings.items() if t.split(".", 1)[0] == name}
+            defs.append(convert_func_to_tool_def(tool, skip=list(bound)))
+            callables[name] = self._bind(tool, bound, task, state, objects)
+        return callables, defs
+
+    def _bind(self, fn: Callable[..., Any], bound: dict[str, Any], task: Mapping[str, Any], state: Any,
+              objects: dict[str, Any]) -> Callable[..., Awaitable[Any]]:
+        async def call(**kwargs: Any) -> Any:
+            for arg, source in bound.items():
+                kwargs[arg] = self._source(source, task, state, objects)
+            return await _maybe_await(fn(**kwargs))
+
+        call.__name__ = fn.__name__
+        return call
+
+    async def setup(self, task: Mapping[str, Any], state: Any) -> None:
+        for fn in self.setups:
+            await _maybe_await(fn(task, state))
+
+    async def cleanup(self, task: Mapping[str, Any], state: Any) -> None:
+        for fn in self.cleanups:
+            await _maybe_await(fn(task, state))
+        self._scoped.pop(("rollout", id(state)), None)
+
+    async def teardown(self) -> None:
+        for fn in self.teardowns:
+            await _maybe_await(fn())
+        for tool in self.tools:
+            if isinstance(tool, MCPTool):
+                await tool.close()
+        self._scoped.clear()

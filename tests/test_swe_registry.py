@@ -1,0 +1,155 @@
+"""SWE instance images through a REAL registry (Debian's registry:2 server with
+htpasswd auth, started here): images built here are pushed with --push-to,
+removed locally and pulled back by name; rows without an image field run the
+SWE-bench-named image under --namespace; wrong credentials and a missing tag are
+an infrastructure error of the row (never a verdict); the registry password never
+reaches outputs or the run registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry_server import start_registry, stop_registry
+from test_swe_docker import IDNA, _run, examples, instances  # noqa: F401 - fixtures shared with the SWE suite
+
+pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    stop_registry(reg)
+
+
+def _auth(reg, password=None):
+    from sandboxes.images import RegistryAuth
+
+    return RegistryAuth(username=reg.username, password=password or reg.password)
+
+
+def _untag(name: str) -> None:
+    import docker
+
+    client = docker.APIClient()
+    try:
+        client.remove_image(name)
+    finally:
+        client.close()
+
+
+def _bare_row(inst, **update):
+    """The row as a registry-only dataset publishes it: no source to build from."""
+    data = inst.model_dump(exclude={"source", "environment", "image_name"})
+    return {**data, **update}
+
+
+async def test_built_images_are_pushed_and_pulled_back_by_name(instances, registry):
+    from swe_debug.images import ImageBuilder
+    from swe_debug.instances import SWEInstance
+    from swe_debug.taskset import SWETaskSet
+
+    builder = ImageBuilder(push_to=f"{registry.url}/ci", auth=_auth(registry))
+    rows = await _run(instances, [], taskset=SWETaskSet([instances[IDNA]], builder=builder))
+    pushed = rows[IDNA]["image_pushed"]
+    assert rows[IDNA]["valid"] and pushed == f"{registry.url}/ci/{rows[IDNA]['image']}"
+    _untag(pushed)  # gone locally: the next run must pull it
+
+    row = SWEInstance.model_validate(_bare_row(instances[IDNA], instance_id="from-registry", image_name=pushed))
+    rows = await _run(instances, [], taskset=SWETaskSet([row], builder=ImageBuilder(auth=_auth(registry))))
+    r = rows["from-registry"]
+    assert r["valid"] and r["reason"] == "pass" and r["image"] == pushed and r["images_built"] == ["pull"], r
+    _untag(pushed)
+
+
+async def test_swebench_names_bad_credentials_and_missing_tags(instances, registry):
+    from sandboxes.images import image_builder
+    from swe_debug.images import ImageBuilder, swebench_image_name
+    from swe_debug.instances import SWEInstance
+    from swe_debug.taskset import SWETaskSet
+
+    ns = f"{registry.url}/swebench"
+    local = (await ImageBuilder().ensure(instances[IDNA])).tag
+    name = swebench_image_name(ns, IDNA)
+    assert "/sweb.eval." in name and "kjd_1776_idna-3.4" in name  # the harness's Docker Hub spelling
+    await image_builder("docker").push_image(local, name, _auth(registry))
+    _untag(name)
+
+    named = SWEInstance.model_validate(_bare_row(instances[IDNA]), context={"named_images": True})
+    missing = SWEInstance.model_validate(_bare_row(instances[IDNA], instance_id="org__missing-1"),
+                                         context={"named_images": True})
+    rows = await _run(instances, [], taskset=SWETaskSet([named, missing], builder=ImageBuilder(
+        namespace=ns, auth=_auth(registry))), max_retries=0)
+    assert rows[IDNA]["valid"] and rows[IDNA]["image"] == name and rows[IDNA]["images_built"] == ["pull"]
+    gone = rows["org__missing-1"]
+    assert gone["error_type"] == "ImagePullFailed" and "cannot be pulled" in gone["error"]
+    assert "not found" in gone["error"] or "unknown" in gone["error"]
+    _untag(name)
+
+    wrong = await _run(instances, [], taskset=SWETaskSet([named], builder=ImageBuilder(
+        namespace=ns, auth=_auth(registry, "not-the-password"))), max_retries=0)
+    err = wrong[IDNA]
+    assert err["error_type"] == "ImagePullFailed" and "unauthorized" in err["error"].lower(), err
+    assert "not-the-password" not in json.dumps(err)
+
+
+def test_cli_namespace_run_keeps_the_password_out_of_everything(instances, registry, tmp_path):
+    """vf-swe-debug --namespace over a dataset with no image fields: credentials from
+    VF_REGISTRY_*; the distinctive password is in no output file and not in the registry db."""
+    from sandboxes.images import run_sync, image_builder
+    from swe_debug.images import ImageBuilder, swebench_image_name
+
+    ns = f"{registry.url}/cli"
+    name = swebench_image_name(ns, IDNA)
+    local = run_sync(lambda: ImageBuilder().ensure(instances[IDNA])).tag
+    run_sync(lambda: image_builder("docker").push_image(local, name, _auth(registry)))
+    _untag(name)
+    ds = tmp_path / "published.jsonl"
+    ds.write_text(json.dumps(_bare_row(instances[IDNA])) + "\n")
+    out, db = tmp_path / "out", tmp_path / "runs.db"
+    env = {**os.environ, "VF_RUNS_DB": str(db), "VF_REGISTRY_USERNAME": registry.username,
+           "VF_REGISTRY_PASSWORD": registry.password}
+    res = subprocess.run([sys.executable, "-m", "swe_debug.cli", str(ds), "--namespace", ns, "-o", str(out), "-q"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert registry.password not in res.stdout + res.stderr
+    files = [p for p in [*out.rglob("*"), db] if p.is_file()]
+    assert any(p.name == "results.jsonl" for p in files)
+    for p in files:
+        assert registry.password.encode() not in p.read_bytes(), p
+    _untag(name)
+
+
+async def test_keep_images_removes_only_what_the_run_pulled_least_recent_first(instances, registry):
+    """--keep-images 1 over two instances pulled from the registry: the first pulled image
+    goes after its rollout, the last stays, and the local build both came from (an image
+    the run did not make) is never touched."""
+    from sandboxes.images import image_builder
+    from swe_debug.images import ImageBuilder, swebench_image_name
+    from swe_debug.instances import SWEInstance
+    from swe_debug.taskset import SWETaskSet
+
+    ns = f"{registry.url}/keep"
+    builder = image_builder("docker")
+    local = (await ImageBuilder().ensure(instances[IDNA])).tag
+    ids = ["org__first-1", "org__second-1"]
+    names = [swebench_image_name(ns, i) for i in ids]
+    for name in names:
+        await builder.push_image(local, name, _auth(registry))
+        _untag(name)
+    rows_in = [SWEInstance.model_validate(_bare_row(instances[IDNA], instance_id=i), context={"named_images": True})
+               for i in ids]
+    rows = await _run(instances, [], taskset=SWETaskSet(rows_in, builder=ImageBuilder(
+        namespace=ns, auth=_auth(registry), keep_images=1)), concurrency=1)
+    assert all(rows[i]["valid"] and rows[i]["images_built"] == ["pull"] for i in ids), rows
+    assert await builder.image_id(names[0]) is None  # pulled by the run, least recently used: removed
+    assert await builder.image_id(names[1]) is not None  # within keep_images
+    assert await builder.image_id(local) is not None  # not the run's: never removed
+    _untag(names[1])

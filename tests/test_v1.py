@@ -1,0 +1,358 @@
+"""The v1 API (envs.v1): Task / State rules, Config models, every local program
+form against the local model server (real SDK, real sockets), Toolset
+visibility / bindings / scopes, MCPTool over a real stdio MCP server, and Env
+under Environment.evaluate. Sandboxed programs and the CLI: tests/test_v1_e2e.py."""
+
+import json
+import sys
+import textwrap
+
+import pytest
+from openai import AsyncOpenAI
+
+import envs as vf
+from envs.testing.model_server import ModelServer, compute, fixed, tool_then_answer
+from envs.v1 import (
+    Config,
+    Env,
+    EnvConfig,
+    Harness,
+    HarnessConfig,
+    MCPTool,
+    SandboxConfig,
+    State,
+    Task,
+    Taskset,
+    TasksetConfig,
+    Toolset,
+)
+from sandboxes.errors import ConfigError, UsageError
+
+
+def client_for(srv):
+    return AsyncOpenAI(base_url=srv.base_url, api_key="x")
+
+
+# --------------------------------------------------------------------------- Task / State
+
+
+def test_task_is_frozen_and_refuses_system_messages():
+    task = Task({"question": "hi", "answer": "1"}).freeze()
+    assert task["prompt"] == [{"role": "user", "content": "hi"}] and task.frozen
+    with pytest.raises(TypeError, match="frozen"):
+        task["answer"] = "2"
+    with pytest.raises(TypeError):
+        task.update(answer="2")
+    assert Task(task, answer="2")["answer"] == "2"  # copies are writable
+    with pytest.raises(ConfigError, match="system"):
+        Task(prompt=[{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+    with pytest.raises(ConfigError, match="runtime"):
+        Task(prompt="x", runtime={})
+    assert json.loads(json.dumps(task)) == dict(task)
+
+
+def test_state_guards_managed_fields_and_borrows_handles():
+    parent = State.for_task({"prompt": "p", "answer": "a", "example_id": 3})
+    assert parent["example_id"] == 3 and parent["is_completed"] is False and parent["trajectory"] == []
+    for key in ("is_completed", "stop_condition", "is_truncated", "error"):
+        with pytest.raises(UsageError, match="managed"):
+            parent[key] = True
+    with pytest.raises(UsageError):
+        parent.update(error="x")
+    parent["mine"] = 1  # user fields are free
+    parent.stop("found_it")
+    assert parent["is_completed"] is True and parent["stop_condition"] == "found_it"
+
+    async def bash(command: str) -> str:
+        return command
+
+    async def other() -> str:
+        return ""
+
+    parent.runtime.update(model="m", client=object(), sandbox="SB", tools={"bash": bash, "other": other})
+    child = parent.for_task({"prompt": "c"}, borrow=["model", "sandbox", "tools"], tools="bash")
+    assert child.get_model() == "m" and child.runtime["sandbox"] == "SB" and list(child.get_tools()) == ["bash"]
+    assert child.runtime["client"] is parent.runtime["client"]
+    # borrowed handles are process-local: never part of the serialised state
+    assert "sandbox" not in json.dumps(child.serializable(), default=str) and "runtime" not in child
+    with pytest.raises(ConfigError, match="borrow"):
+        parent.for_task({"prompt": "c"}, borrow=["secrets"])
+    with pytest.raises(UsageError, match="no model"):
+        State.for_task({"prompt": "x"}).get_model()
+    assert State.for_task({"prompt": "x", "max_turns": 2}).get_max_turns(9) == 2
+    assert State.for_task({"prompt": "x"}).get_max_turns(9) == 9
+
+
+# --------------------------------------------------------------------------- Config
+
+
+class MyHarnessConfig(HarnessConfig):
+    depth: int = 1
+
+
+class MyEnvConfig(EnvConfig):
+    harness: MyHarnessConfig  # annotation only: defaults to MyHarnessConfig()
+
+
+def test_config_models(tmp_path):
+    cfg = MyEnvConfig()
+    assert isinstance(cfg.harness, MyHarnessConfig) and isinstance(cfg.taskset, TasksetConfig)
+    cfg = MyEnvConfig({"harness": {"depth": 3, "max_turns": 4}}, taskset={"taskset_id": "t"})
+    assert cfg.harness.depth == 3 and cfg.harness.max_turns == 4 and cfg.taskset.taskset_id == "t"
+    with pytest.raises(ValueError, match="harness.dpeth"):
+        MyEnvConfig({"harness": {"dpeth": 3}})
+    with pytest.raises(ValueError, match="imge"):
+        SandboxConfig(imge="x")
+    assert MyHarnessConfig(MyHarnessConfig(depth=2), max_turns=3).model_dump()["depth"] == 2
+    assert HarnessConfig.from_config(cfg.harness) is cfg.harness
+
+    class WithConfigField(Config):  # the source is positional-only: a field may be named config
+        config: str = "x"
+
+    assert WithConfigField({"config": "a"}, config="b").config == "b"
+    path = tmp_path / "c.toml"
+    path.write_text('[env.harness]\ndepth = 5\n[env.harness.sandbox]\nimage = "img"\n')
+    h = MyHarnessConfig.from_toml(path, "env.harness")
+    assert h.depth == 5 and h.sandbox.image == "img"
+    assert MyEnvConfig.from_toml(path, ["env"]).harness.depth == 5
+    with pytest.raises(ConfigError, match="no section"):
+        MyHarnessConfig.from_toml(path, "env.taskset")
+    assert vf.v1.resolve_ref("json:dumps") is json.dumps
+    with pytest.raises(ConfigError, match="no attribute"):
+        vf.v1.resolve_ref("json:nope")
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def add(a: int, b: int, secret: str) -> str:
+    """Add two numbers."""
+    return f"{a + b} ({secret})"
+
+
+def mul(a: int, b: int) -> int:
+    """Multiply."""
+    return a * b
+
+
+async def test_base_loop_with_toolset_bindings_and_visibility():
+    async with ModelServer(tool_then_answer("add", {"a": 2, "b": 3}, answer="\\boxed{5}")) as srv:
+        ts = Toolset(tools=[add, mul], bindings={"add.secret": "task.answer"}, hide=["mul"])
+        harness = Harness(client=client_for(srv), model="m", toolsets=[ts], system_prompt="be brief")
+        state = await harness.run({"prompt": "add 2 and 3", "answer": "S"})
+        assert state["error"] is None and state["stop_condition"] == "no_tools_called"
+        assert [m["role"] for m in state["completion"]] == ["assistant", "tool", "assistant"]
+        assert state["completion"][1]["content"] == "5 (S)"  # the binding filled `secret`
+        sent = srv.requests[0]
+        assert [t["name"] for t in sent.tools] == ["add"]  # mul hidden
+        assert "secret" not in json.dumps(sent.tools)  # bound args never reach the model
+        assert sent.messages[0] == {"role": "system", "content": "be brief"}
+        assert len(state["trajectory"]) == 2 and state["usage"]["input_tokens"] > 0
+        assert len(state["timing"].model.spans) == 2
+        # per-task visibility narrows further
+        state = await harness.run({"prompt": "x", "answer": "S", "tools": {"hide": ["add"]}})
+        assert srv.requests[-1].tools == []
+        await harness.teardown()
+
+
+async def test_base_loop_max_turns_and_model_errors_are_typed():
+    async with ModelServer(tool_then_answer("mul", {"a": 2, "b": 3})) as srv:
+        harness = Harness(client=client_for(srv), model="m", toolsets=[Toolset(tools=[mul])], max_turns=1)
+        state = await harness.run({"prompt": "x"})
+        assert state["stop_condition"] == "max_turns_reached" and len(state["trajectory"]) == 1
+        await harness.teardown()
+        # {"base": true} is the same loop; its max_turns, and a task's, win over the harness's
+        harness = Harness(program={"base": True, "max_turns": 1}, client=client_for(srv), model="m",
+                          toolsets=[Toolset(tools=[mul])], max_turns=5)
+        state = await harness.run({"prompt": "x"})
+        assert state["stop_condition"] == "max_turns_reached" and len(state["trajectory"]) == 1
+        state = await harness.run({"prompt": "x", "max_turns": 2})
+        assert state["stop_condition"] == "no_tools_called" and len(state["trajectory"]) == 2
+        await harness.teardown()
+    from envs.testing.model_server import fail
+
+    async with ModelServer(fail(400, "bad request body")) as srv:
+        harness = Harness(client=client_for(srv), model="m")
+        state = await harness.run({"prompt": "x"})
+        assert isinstance(state["error"], vf.ModelError) and state["stop_condition"] == "has_error"
+        await harness.teardown()
+
+
+async def test_callable_program_uses_the_endpoint_and_is_recorded():
+    async def program(task, state):
+        client = state.get_client()
+        resp = await client.chat.completions.create(model="ignored", messages=task["prompt"], temperature=0.9)
+        state["answer_seen"] = resp.choices[0].message.content
+        state.stop("done_by_program")
+
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program=program, client=client_for(srv), model="the-model", sampling_args={"temperature": 0.1})
+        state = await harness.run({"prompt": "What is 2 + 2?"})
+        assert state["answer_seen"] == "The answer is \\boxed{4}." and state["stop_condition"] == "done_by_program"
+        req = srv.requests[-1]
+        assert req.model == "the-model" and req.body["temperature"] == 0.1  # the run's model and sampling args win
+        assert state["completion"] == [{"role": "assistant", "content": "The answer is \\boxed{4}."}]
+        # the rollout's key dies with the rollout
+        key = state.runtime["endpoint"]["api_key"]
+        stale = AsyncOpenAI(base_url=state.runtime["endpoint"]["base_url"], api_key=key, max_retries=0)
+        with pytest.raises(Exception, match="401"):
+            await stale.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        await harness.teardown()
+
+
+async def test_fn_program_and_local_command_program(tmp_path, monkeypatch):
+    pkg = tmp_path / "v1prog"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "agent.py").write_text(textwrap.dedent("""
+        def run(task, state):
+            state["ran_with"] = task["answer"]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    script = textwrap.dedent("""
+        import json, os, sys, urllib.request
+        task = json.loads(os.environ["VF_TASK_JSON"])
+        body = {"model": os.environ["OPENAI_MODEL"], "messages": task["prompt"]}
+        req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+        print(json.load(urllib.request.urlopen(req))["choices"][0]["message"]["content"], sys.argv[1:], os.environ["EXTRA"])
+    """)
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program={"fn": "v1prog.agent:run"}, client=client_for(srv), model="m")
+        state = await harness.run({"prompt": "x", "answer": "A"})
+        assert state["ran_with"] == "A" and state["error"] is None
+        await harness.teardown()
+
+        harness = Harness(program={"command": [sys.executable, "-c", script], "args": ["--flag"], "env": {"EXTRA": "e"}},
+                          client=client_for(srv), model="m")
+        state = await harness.run({"prompt": "What is 3 + 4?", "program": {"args": ["--task-arg"]}})
+        res = state["program_result"]
+        assert res["exit_code"] == 0, res
+        assert res["stdout"].strip() == "The answer is \\boxed{7}. ['--flag', '--task-arg'] e"
+        assert len(state["trajectory"]) == 1 and state["completion"][-1]["content"] == "The answer is \\boxed{7}."
+        failing = Harness(program={"command": [sys.executable, "-c", "import sys; print('oops'); sys.exit(4)"]},
+                          client=client_for(srv), model="m")
+        state = await failing.run({"prompt": "x"})
+        assert state["program_result"]["exit_code"] == 4 and state["error"] is None  # a task result, not an error
+        await harness.teardown()
+        await failing.teardown()
+
+
+def test_program_forms_are_validated():
+    with pytest.raises(ConfigError, match="exactly one"):
+        Harness(program={"fn": "a:b", "command": ["x"]})
+    with pytest.raises(ConfigError, match="unknown program field"):
+        Harness(program={"command": ["x"], "cmd": 1})
+    with pytest.raises(ConfigError, match="non-empty list"):
+        Harness(program={"command": "ls"})
+    with pytest.raises(ConfigError, match="sandbox"):
+        Harness(program=lambda t, s: None, sandbox={"image": "x"})
+    with pytest.raises(ConfigError, match="not implemented"):
+        Harness(updates=[lambda t, s: None])
+    with pytest.raises(ConfigError, match="framework paths"):
+        Toolset(tools=[add], bindings={"add.secret": "literal"})
+    with pytest.raises(ConfigError, match="no tool"):
+        Toolset(tools=[add], bindings={"nope.secret": "task.answer"})
+    with pytest.raises(ValueError, match="progam"):
+        Harness(config={"progam": None})
+
+
+async def test_toolset_object_scopes():
+    built = []
+
+    def factory():
+        built.append(1)
+        return {"n": len(built)}
+
+    def which(db: dict) -> str:
+        """Which db."""
+        return str(db["n"])
+
+    for scope, expected in (("rollout", 3), ("group", 2), ("global", 1)):
+        built.clear()
+        ts = Toolset(tools=[which], objects={"db": factory}, bindings={"which.db": "objects.db"}, scope=scope)
+        for example_id in (0, 0, 1):
+            task = Task(prompt="x", example_id=example_id)
+            state = State.for_task(task)
+            tools, defs = await ts.resolve(task, state)
+            assert defs[0].parameters["properties"] == {}
+            await tools["which"]()
+            await ts.cleanup(task, state)
+        assert len(built) == expected, scope
+
+
+MCP_SERVER = textwrap.dedent("""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("calc")
+
+    @server.tool()
+    def multiply(a: int, b: int) -> str:
+        '''Multiply two integers.'''
+        return str(a * b)
+
+    server.run("stdio")
+""")
+
+
+async def test_mcp_tool_over_stdio_in_the_base_loop(tmp_path):
+    script = tmp_path / "mcp_server.py"
+    script.write_text(MCP_SERVER)
+    async with ModelServer(tool_then_answer("multiply", {"a": 6, "b": 7})) as srv:
+        harness = Harness(client=client_for(srv), model="m",
+                          toolsets=[Toolset(tools=[MCPTool(sys.executable, [str(script)])], scope="global")])
+        state = await harness.run({"prompt": "6 * 7?"})
+        assert state["error"] is None, state["error"]
+        assert state["completion"][1] == {"role": "tool", "tool_call_id": state["completion"][0]["tool_calls"][0]["id"],
+                                          "content": "42"}
+        assert srv.requests[0].tools[0]["name"] == "multiply"
+        assert srv.requests[0].tools[0]["parameters"]["required"] == ["a", "b"]
+        assert state["completion"][-1]["content"] == "42"
+        await harness.teardown()
+
+
+# --------------------------------------------------------------------------- Env
+
+
+def exact(task, state) -> float:
+    return 1.0 if vf.extract_boxed_answer(state["completion"][-1]["content"] or "", strict=True) == task["answer"] else 0.0
+
+
+def n_turns(task, state) -> float:
+    return float(len(state["trajectory"]))
+
+
+async def test_env_evaluates_like_a_classic_env():
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    cleaned = []
+    taskset = Taskset(source=lambda: rows, taskset_id="arith", rewards=[exact], system_prompt="sys",
+                      cleanups=[lambda t, s: cleaned.append(t["example_id"])])
+    env = Env(taskset, Harness(metrics=[n_turns]))
+    assert env.env_id == "arith" and len(env.get_dataset()) == 3
+    async with ModelServer(compute(wrong_every=3)) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=3, rollouts_per_example=2)
+    rows_out = out["outputs"]
+    assert len(rows_out) == 6 and {r["example_id"] for r in rows_out} == {0, 1, 2}
+    assert all(r["metrics"]["n_turns"] == 1.0 for r in rows_out)
+    assert sorted(r["reward"] for r in rows_out).count(0.0) == 2  # every third answer is wrong
+    assert out["metadata"]["avg_reward"] == pytest.approx(4 / 6)
+    assert sorted(cleaned) == [0, 0, 1, 1, 2, 2]
+    assert srv.requests[0].messages[0] == {"role": "system", "content": "sys"}
+    await env.teardown()
+
+
+async def test_env_records_program_errors_and_keeps_going():
+    def program(task, state):
+        if task["example_id"] == 1:
+            raise ValueError("broken task")
+        state["completion"] = [{"role": "assistant", "content": "\\boxed{%s}" % task["answer"]}]
+
+    env = Env(Taskset(source=[{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}], rewards=[exact]),
+              Harness(program=program))
+    async with ModelServer(fixed("unused")) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=2, rollouts_per_example=1)
+    by_id = {r["example_id"]: r for r in out["outputs"]}
+    assert by_id[0]["reward"] == 1.0 and by_id[0]["error"] is None
+    assert by_id[1]["reward"] == 0.0 and by_id[1]["error"] == "ValueError: broken task"
+    assert by_id[1]["stop_condition"] == "has_error"
+    await env.teardown()

@@ -1,0 +1,195 @@
+"""v1 programs in real Docker sandboxes, and v1 environments under
+`vf-sandbox eval` (a subprocess) against the local scripted model server:
+results, [env.taskset] / [env.harness] from the eval TOML, resume after a kill."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+
+from envs.testing.model_server import ModelServer, PolicyRequest, Reply, compute
+from envs.v1 import Harness, State, Task
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "environments" / "v1_sandbox_agent"))
+import v1_sandbox_agent  # noqa: E402
+
+pytestmark = pytest.mark.docker
+
+ASK = r"""
+import json, os, sys, urllib.request
+task = json.loads(os.environ["VF_TASK_JSON"])
+body = {"model": os.environ["OPENAI_MODEL"], "messages": task["prompt"]}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                             headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+print(json.load(urllib.request.urlopen(req))["choices"][0]["message"]["content"])
+print(open("/task/note.txt").read() if os.path.exists("/task/note.txt") else "no note")
+"""
+
+
+async def test_command_program_in_a_sandbox_reaches_the_endpoint_over_the_channel(docker_backend, python_image):
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program={"command": ["python3", "/opt/ask.py"], "files": {"/opt/ask.py": ASK}},
+                          sandbox={"image": python_image}, client=AsyncOpenAI(base_url=srv.base_url, api_key="x"),
+                          model="m")
+        harness.set_backend(docker_backend)  # an instance passes through sandboxes.registry.get_backend
+        task = Task(prompt="What is 5 + 6?", program={"files": {"/task/note.txt": "from the task"}}).freeze()
+        state = await harness.run(task)
+        res = state["program_result"]
+        assert state["error"] is None and res["exit_code"] == 0, res
+        assert res["stdout"].splitlines() == ["The answer is \\boxed{11}.", "from the task"]
+        assert len(state["trajectory"]) == 1 and srv.requests[-1].messages == [{"role": "user", "content": "What is 5 + 6?"}]
+        sandbox = state.runtime["sandbox"]
+        assert sandbox.spec.network is False  # the relay needs no network
+        probe = await sandbox.exec(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), 2)"])
+        assert probe.exit_code != 0
+        # a child harness borrowing the parent's sandbox runs there and leaves it alive
+        child = Harness(program={"command": ["python3", "/opt/ask.py"]}, sandbox={"image": python_image})
+        child.set_backend(docker_backend)
+        child_state = state.for_task({"prompt": "What is 1 + 1?"}, borrow=["model", "sandbox"])
+        await child.run(child_state.runtime["task"], child_state)
+        assert child_state["program_result"]["stdout"].splitlines() == ["The answer is \\boxed{2}.", "from the task"]
+        assert child_state.runtime["sandbox"] is sandbox and "sandbox" not in json.dumps(child_state.serializable(), default=str)
+        await child.cleanup_group([child_state.runtime["task"]], [child_state])
+        assert await sandbox.alive()  # not the child's to delete
+        await harness.cleanup_group([task], [state])
+        assert not await sandbox.alive()
+        await child.teardown()
+        await harness.teardown()
+
+
+def cli_env(workdir: Path) -> dict[str, str]:
+    env = {**os.environ, "VF_E2E_KEY": "k", "VF_RUNS_DB": str(workdir / "runs.db"), "COLUMNS": "160"}
+    env.pop("VF_RUN_ID", None)
+    return env
+
+
+def eval_cmd(workdir: Path, config: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "envs.cli.app", "eval", str(config), *args]
+
+
+def write_config(workdir: Path, base_url: str, extra: str = "", num_examples: int = 2) -> Path:
+    cfg = workdir / "eval.toml"
+    cfg.write_text(f"""
+model = "test-model"
+api_base_url = "{base_url}"
+api_key_var = "VF_E2E_KEY"
+env_dir_path = "{ROOT / 'environments'}"
+endpoints_path = "{workdir / 'none.toml'}"
+max_concurrent = 2
+
+[env.taskset]
+num_tasks = 4
+seed = 11
+
+[[eval]]
+env_id = "v1-sandbox-agent"
+num_examples = {num_examples}
+rollouts_per_example = 2
+{extra}
+""")
+    return cfg
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_v1_env_under_vf_sandbox_eval(tmp_path):
+    with ModelServer(v1_sandbox_agent.scripted_policy()).run_in_thread() as srv:
+        cfg = write_config(tmp_path, srv.base_url, extra="[eval.env.harness]\nmax_turns = 3\n")
+        res = subprocess.run(eval_cmd(tmp_path, cfg, "-d"), cwd=tmp_path, env=cli_env(tmp_path),
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert {r.api for r in srv.requests} == {"chat"} and srv.count == 8  # 4 rollouts x (tool call + answer)
+    run_dir = next((tmp_path / "outputs" / "evals" / "v1-sandbox-agent--test-model").iterdir())
+    rows = rows_of(run_dir)
+    expected = {i: t["answer"] for i, t in enumerate(v1_sandbox_agent.make_tasks(4, 11))}
+    assert len(rows) == 4 and all(r["error"] is None for r in rows)
+    assert all(r["reward"] == 1.0 and r["metrics"] == {"correct": 1.0, "agent_exit_ok": 1.0, "recount_in_sandbox": 1.0}
+               for r in rows)
+    assert all(r["answer"] == expected[r["example_id"]] for r in rows)  # seed 11 from [env.taskset]
+    assert all(len(r["trajectory"]) == 2 and r["completion"][1]["role"] == "tool" for r in rows)
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["avg_reward"] == 1.0 and meta["env_args"]["config"] == {"taskset": {"num_tasks": 4, "seed": 11},
+                                                                          "harness": {"max_turns": 3}}
+    env_calls = [r for r in srv.requests if r.tool_results()]
+    assert all(r.messages[0]["role"] == "system" for r in env_calls)
+
+
+def test_v1_env_config_unknown_field_is_named(tmp_path):
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1", extra="[eval.env.harness]\nmax_trns = 3\n")
+    res = subprocess.run(eval_cmd(tmp_path, cfg, "-d"), cwd=tmp_path, env=cli_env(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "harness.max_trns" in res.stderr, res.stderr[-2000:]
+    cfg.write_text(cfg.read_text().replace("[eval.env.harness]\nmax_trns = 3\n", "[eval.env.sandbox]\nimage = 'x'\n"))
+    res = subprocess.run(eval_cmd(tmp_path, cfg, "-d"), cwd=tmp_path, env=cli_env(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "only the sections" in res.stderr, res.stderr[-2000:]
+
+
+def slow_agent_policy(delay: float):
+    inner = v1_sandbox_agent.scripted_policy()
+
+    async def policy(req: PolicyRequest) -> Reply:
+        await asyncio.sleep(delay)
+        return inner(req)
+
+    return policy
+
+
+def test_v1_env_resume_after_sigkill(tmp_path, docker_backend):
+    with ModelServer(slow_agent_policy(0.4)).run_in_thread() as srv:
+        cfg = write_config(tmp_path, srv.base_url, num_examples=4)
+        proc = subprocess.Popen(eval_cmd(tmp_path, cfg, "-d", "-s"), cwd=tmp_path, env=cli_env(tmp_path),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        root = tmp_path / "outputs" / "evals" / "v1-sandbox-agent--test-model"
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                dirs = sorted(root.iterdir()) if root.exists() else []
+                if dirs and (dirs[0] / "results.jsonl").exists() and len(rows_of(dirs[0])) >= 2:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError("no rows before the deadline")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            asyncio.run(docker_backend.delete_many(labels={"vf-sandbox.owner-pid": str(proc.pid)}))
+        run_dir = sorted(root.iterdir())[0]
+        before = rows_of(run_dir)
+        assert 2 <= len(before) < 8 and len(before) % 2 == 0
+        count0 = srv.count
+        res = subprocess.run(eval_cmd(tmp_path, cfg, "-d", "-s", "--resume", str(run_dir)), cwd=tmp_path,
+                             env=cli_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert srv.count - count0 == 2 * (8 - len(before))  # only the missing rollouts ran
+    after = rows_of(run_dir)
+    assert after[: len(before)] == before and len(after) == 8
+    assert sorted(r["example_id"] for r in after) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(r["reward"] == 1.0 for r in after)
+
+
+async def test_base_loop_with_a_sandbox_gets_a_bash_tool_there(docker_backend, python_image):
+    from envs.testing.model_server import tool_then_answer
+
+    async with ModelServer(tool_then_answer("bash", {"command": "echo hi > /tmp/f && cat /tmp/f && exit 3"})) as srv:
+        harness = Harness(program={"base": True}, sandbox={"image": python_image},
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), model="m")
+        harness.set_backend(docker_backend)
+        task = Task(prompt="go").freeze()
+        state = await harness.run(task)
+        assert state["error"] is None and [t["name"] for t in srv.requests[0].tools] == ["bash"]
+        assert state["completion"][1]["content"] == "hi\n\n[exit code 3]"
+        sandbox = state.runtime["sandbox"]
+        await harness.cleanup_group([task], [state])
+        assert not await sandbox.alive()
+        await harness.teardown()
