@@ -1,5 +1,11 @@
 """Turning finished rollout states into output rows and aggregate metadata
-(avg reward / metrics / error, pass@k, pass-all-k, token usage)."""
+(avg reward / metrics / error, pass@k, pass-all-k, token usage).
+
+A row whose rollout ended in an infrastructure error (`is_infra_row`: the
+sandbox died, the agent broke, the engine did not answer, retries spent) has
+no result on the task: `aggregate` leaves it out of every average and counts
+it apart (`infra_errors`), the eval runner calls such a run `incomplete`, and
+`--resume` runs those rollouts again."""
 
 from __future__ import annotations
 
@@ -130,11 +136,25 @@ def serialize_trajectory(steps: list[Any], max_chars: int | None = None) -> tupl
     return out, keep_from
 
 
+def is_infra_row(row: dict[str, Any]) -> bool:
+    """The row's rollout ended in an infrastructure error (retries spent): no result on the task."""
+    if not row.get("error"):
+        return False
+    err, info = row.get("error"), row.get("error_info")
+    kind = row.get("error_kind") or (info.get("kind") if isinstance(info, dict) else None) or (
+        err.get("kind") if isinstance(err, dict) else None)
+    return kind == "infra"
+
+
 def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dict[str, Any]:
-    """avg_reward, avg_metrics, avg_error, pass_at_k, pass_all_k, usage over rows."""
+    """avg_reward, avg_metrics, avg_error, pass_at_k, pass_all_k, usage over the scored rows;
+    rows that ended in an infrastructure error are left out and counted in `infra_errors`."""
+    infra = sum(1 for row in outputs if is_infra_row(row))
+    outputs = [row for row in outputs if not is_infra_row(row)]
     n = len(outputs)
     if n == 0:
-        return {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": 0.0, "pass_at_k": {}, "pass_all_k": {}, "usage": None}
+        return {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": 0.0, "pass_at_k": {}, "pass_all_k": {}, "usage": None,
+                "scored_rollouts": 0, "infra_errors": infra}
     metric_sums: dict[str, float] = defaultdict(float)
     metric_counts: dict[str, int] = defaultdict(int)
     by_example: dict[Any, list[float]] = defaultdict(list)
@@ -161,4 +181,6 @@ def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dic
         "pass_at_k": p_any,
         "pass_all_k": p_all,
         "usage": {k: v / n for k, v in usage.items()} if usage else None,
+        "scored_rollouts": n,
+        "infra_errors": infra,
     }

@@ -359,6 +359,8 @@ class GenerateMetadata(TypedDict):
     avg_reward: float
     avg_metrics: dict[str, float]
     avg_error: float
+    scored_rollouts: NotRequired[int]  # rows in the averages (infra-error rows are not)
+    infra_errors: NotRequired[int]  # rows that ended in an infrastructure error: not scored, rerun by --resume
     pass_at_k: dict[str, float]
     pass_all_k: dict[str, float]
     pass_threshold: float

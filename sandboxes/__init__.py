@@ -15,6 +15,7 @@ from .errors import (
     SandboxCreateError,
     SandboxNotRunning,
     ServerStartError,
+    TransferTooLarge,
     UsageError,
     find_infra_error,
     is_infra_error,

@@ -14,6 +14,7 @@ Errors are named by what the caller can do about them:
     │   ├── ConfigError            malformed config / spec / arguments
     │   ├── ImageNotFound          no such image and no recipe to build it
     │   ├── PathError              path traversal, missing file, not a directory
+    │   ├── TransferTooLarge       a read_file / upload / download past its size limit
     │   └── BackendNotFound        unknown backend name
     └── ModelError                 the model endpoint failed (after its own retries)
 
@@ -81,6 +82,11 @@ class ImagePushFailed(UsageError):
 
 class PathError(UsageError):
     """A bad path: traversal outside the destination, missing file, wrong type."""
+
+
+class TransferTooLarge(UsageError):
+    """A file read or transfer is larger than its limit (`SandboxSpec.read_limit_bytes` /
+    `transfer_limit_bytes`); nothing past the limit was kept or written."""
 
 
 class BackendNotFound(UsageError):

@@ -29,7 +29,9 @@ The errors of each operation (every backend; the conformance suite checks it):
     exec, files   InfraError (usually SandboxNotRunning / AgentError) once the
                   sandbox is gone; PathError / ConfigError for bad arguments
     read_file     PathError: missing, a directory, empty path; ConfigError:
-                  max_bytes < 0
+                  max_bytes < 0; TransferTooLarge: past spec.read_limit_bytes
+    upload,       TransferTooLarge: past spec.transfer_limit_bytes
+    download
 
 Idempotent operations (create with its idempotency key, get, list, delete,
 delete_many) are repeated by the backend on transient InfraErrors under its
@@ -148,9 +150,10 @@ class Sandbox(abc.ABC):
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """The file's bytes, exactly (binary-safe, no decoding).
 
-        max_bytes: None reads the whole file, however large (it is held in
-        memory: pass a limit for files you do not control); otherwise at most
-        the file's first `max_bytes` bytes are returned: a longer file is cut
+        max_bytes: None reads the whole file up to `spec.read_limit_bytes`
+        (64 MiB by default; it is held in memory): a larger file raises
+        TransferTooLarge before anything is read. Otherwise at most the
+        file's first `max_bytes` bytes are returned: a longer file is cut
         there, without an error (compare the length with `max_bytes` to tell).
         Raises PathError when the path is missing, a directory or empty,
         ConfigError for max_bytes < 0, InfraError when the sandbox is gone.
@@ -158,12 +161,17 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def upload(self, local: str | Path, remote: str) -> None:
-        """Copy a local file or directory tree to `remote` (a tar stream: modes and symlinks kept)."""
+        """Copy a local file or directory tree to `remote` (a tar stream: modes and symlinks kept),
+        streamed. More than `spec.transfer_limit_bytes` (1 GiB by default) raises TransferTooLarge
+        before anything is sent."""
 
     @abc.abstractmethod
     async def download(self, remote: str, local: str | Path) -> None:
         """Copy a sandbox file or directory tree to `local`. Members escaping `local`
-        (absolute paths, `..`, links pointing out) are refused with PathError."""
+        (absolute paths, `..`, links pointing out) are refused with PathError. Streamed
+        through a temporary file; a tree past `spec.transfer_limit_bytes` (1 GiB by
+        default, sparse files count at their full size) raises TransferTooLarge and
+        nothing is extracted."""
 
     @abc.abstractmethod
     async def alive(self) -> bool:

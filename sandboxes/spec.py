@@ -20,6 +20,8 @@ from .errors import ConfigError
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024  # bytes kept per output stream
+DEFAULT_READ_LIMIT = 64 * 1024**2  # bytes read_file returns at most (held in memory)
+DEFAULT_TRANSFER_LIMIT = 1024**3  # bytes of one upload / download (streamed through a temp file)
 Isolation = Literal["runc", "gvisor"]
 ISOLATIONS: tuple[str, ...] = get_args(Isolation)
 
@@ -35,6 +37,8 @@ class SandboxSpec(BaseModel):
     cpu_cores: float = Field(1, gt=0, description="CPU limit in cores.")
     memory_gb: float = Field(2, gt=0, description="Memory limit in GiB (swap disabled).")
     disk_size_gb: float = Field(5, gt=0, description="Writable disk in GiB (where the backend can enforce it).")
+    read_limit_bytes: int = Field(DEFAULT_READ_LIMIT, gt=0, description="read_file without max_bytes refuses larger files (TransferTooLarge).")
+    transfer_limit_bytes: int = Field(DEFAULT_TRANSFER_LIMIT, gt=0, description="upload / download refuse trees or files larger than this (TransferTooLarge).")
     gpu_count: int = Field(0, ge=0, description="GPUs to attach.")
     timeout_minutes: float = Field(60, gt=0, description="Hard lifetime; the sandbox is removed after it even if its owner dies.")
     timeout_per_command_seconds: float = Field(30, gt=0, description="Default timeout of one exec.")

@@ -300,6 +300,15 @@ def load_environment(
          "message": f"{e.field}: {e.message}"}
         for e in report.errors
     ]
+    if debug_step == "gold_patch":  # a row without its gold patch is malformed, not an instance whose patch fails
+        patchless = [i for i in selected if not i.patch.strip()]
+        if patchless and ids:
+            raise UsageError(f"instance(s) without a gold patch (`patch` is empty or missing), needed by debug step "
+                             f"gold_patch: {', '.join(i.instance_id for i in patchless)}")
+        input_errors += [{"name": i.instance_id, "type": "malformed_row",
+                          "message": "patch: missing or empty (the gold patch the gold_patch debug step applies)"}
+                         for i in patchless]
+        selected = [i for i in selected if i.patch.strip()]
     builder = None
     if namespace or push_to or keep_images is not None:
         from sandboxes.images import RegistryAuth

@@ -264,7 +264,7 @@ def test_toml_unknown_key(workdir):
 
 def test_missing_api_key_names_variable(workdir):
     res = run_cli(workdir, "e2e-basic", "-d", key="VF_E2E_UNSET_KEY", base_url="http://127.0.0.1:9/v1")
-    assert res.returncode == 1 and "VF_E2E_UNSET_KEY" in res.stderr
+    assert res.returncode == 2 and "VF_E2E_UNSET_KEY" in res.stderr  # a usage error
 
 
 def test_model_endpoint_down(workdir):
@@ -274,7 +274,7 @@ def test_model_endpoint_down(workdir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     res = run_cli(workdir, "e2e-basic", "-d", "-s", base_url=f"http://127.0.0.1:{port}/v1")
-    assert res.returncode == 1 and "not reachable" in res.stderr and f"127.0.0.1:{port}" in res.stderr
+    assert res.returncode == 2 and "not reachable" in res.stderr and f"127.0.0.1:{port}" in res.stderr
     assert "Connection refused" in res.stderr and "is the server running?" in res.stderr
     assert "$VF_E2E_KEY (set)" in res.stderr  # the variable its key is read from
 
@@ -350,7 +350,7 @@ def test_resume_rejects_incompatible_run(workdir):
         assert run_cli(workdir, "e2e-basic", "-n", "2", "-r", "2", "-s", "-d", base_url=srv.base_url).returncode == 0
         (run_dir,) = run_dirs(workdir, "e2e-basic")
         res = run_cli(workdir, "e2e-basic", "-n", "2", "-r", "3", "-d", "--resume", str(run_dir), base_url=srv.base_url)
-        assert res.returncode == 1 and "rollouts_per_example 2 != 3" in res.stderr
+        assert res.returncode == 2 and "rollouts_per_example 2 != 3" in res.stderr
         res = run_cli(workdir, "e2e-basic", "-d", "--resume", str(workdir), base_url=srv.base_url)
     assert res.returncode != 0 and "not an eval results directory" in res.stderr + res.stdout
 

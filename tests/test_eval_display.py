@@ -42,7 +42,9 @@ def test_summary_shows_stats_errors_and_samples(capsys):
             "pass_at_k": {"1": 0.5}, "time_ms": 1500, "status": "completed", "path_to_save": "/tmp/r"}
     print_summary(meta, rows, plain=True)
     out = capsys.readouterr().out
-    assert "0.5000 ± 0.5000" in out and "pass@1" in out and "infra: 1" in out and "retried rollouts" in out
+    # the infra-error row has no result on the task: out of the average, counted apart
+    assert "1.0000 ± 0.0000 (over 1 scored)" in out and "not scored (infra errors)" in out
+    assert "pass@1" in out and "infra: 1" in out and "retried rollouts" in out
     assert "[b]q[/b]" in out and "[error] InfraError: gone" in out
     print_summary(meta, rows, abbreviated=True, plain=True)
     assert "samples" not in capsys.readouterr().out

@@ -2,7 +2,8 @@
 API with aiodocker, every command served by the in-sandbox agent over one
 attached exec per sandbox.
 
-Each container runs with networking off (unless `spec.network`), every
+Each container runs with networking off (unless `spec.network`: then on the
+project's egress-only bridge, see network.py; never host networking), every
 capability dropped, no-new-privileges, pids/memory(+swap)/CPU limits, an init
 process, AutoRemove, and PID 1 wrapped in `timeout -s KILL <lifetime>`: it is
 gone after `timeout_minutes` even if its owner was SIGKILLed. Creation is
@@ -56,6 +57,7 @@ from sandboxes.spec import SandboxSpec
 from .build import EngineImages
 from .channel import DockerExecChannel
 from .engine import DEFAULT_URL, resolve_url  # noqa: F401  (re-exported)
+from .network import check_network_mode, ensure_egress_network
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,7 @@ class DockerBackend:
         build_missing: bool = True,
         network_mode: str | None = None,
         hello_timeout: float = 60.0,
+        require_disk_limit: bool = False,
         api_timeout: float = 120.0,
         python: str = "python3",
         gvisor_runtime: str = "runsc",
@@ -156,8 +159,14 @@ class DockerBackend:
         self.url = resolve_url(url)
         self.retry = retry or RetryPolicy()
         self.build_missing = build_missing
+        if network_mode is not None:
+            check_network_mode(network_mode)  # refused at once, not at the first networked sandbox
         self.network_mode = network_mode
         self.hello_timeout = hello_timeout
+        self.require_disk_limit = require_disk_limit
+        self._disk_limits: bool | None = None  # can this engine cap a container's writable layer?
+        self._disk_why = ""
+        self._disk_warned = False
         self.api_timeout = api_timeout
         self.python = python
         self.gvisor_runtime = gvisor_runtime
@@ -301,12 +310,13 @@ class DockerBackend:
 
     # ---------------------------------------------------------- create
     async def _network_mode(self) -> str:
+        """The network of a sandbox with `spec.network`: the one named by `network_mode`, else the
+        project's egress-only bridge (backends/docker/network.py). Never the host's namespace."""
         if self.network_mode is None:
             docker = await self._client()
-            async with self._api("list networks"):
-                nets = await docker.networks.list()
-            names = {n.get("Name") for n in nets}
-            self.network_mode = "bridge" if "bridge" in names else "host"
+            async with self._api("sandbox network"):
+                self.network_mode = await ensure_egress_network(docker, self.url)
+        check_network_mode(self.network_mode)
         return self.network_mode
 
     async def _runtime(self, spec: SandboxSpec) -> str | None:
@@ -378,9 +388,41 @@ class DockerBackend:
         image = await self.resolve_image(spec.image)
         return await self._create_once(spec, image, name)
 
+    async def _disk_supported(self) -> bool:
+        """Whether the engine's storage driver can cap a container's writable layer
+        (`StorageOpt size`): overlay2 on xfs (mounted with pquota), btrfs, zfs, devicemapper."""
+        if self._disk_limits is None:
+            docker = await self._client()
+            async with self._api("info"):
+                info = await docker.system.info()
+            driver = info.get("Driver", "")
+            backing = dict(tuple(x) for x in info.get("DriverStatus") or [] if len(x) == 2).get("Backing Filesystem", "")
+            self._disk_limits = driver in ("btrfs", "zfs", "devicemapper", "windowsfilter") or (
+                driver in ("overlay2", "fuse-overlayfs") and backing == "xfs")
+            self._disk_why = f"storage driver {driver} on {backing or 'an unknown filesystem'}"
+        return self._disk_limits
+
+    async def _storage_opt(self, spec: SandboxSpec) -> dict[str, str] | None:
+        """{"size": ...} enforcing `spec.disk_size_gb`, or None (warned loudly, or refused
+        with `require_disk_limit`) where the engine cannot."""
+        if await self._disk_supported():
+            return {"size": f"{max(1, int(spec.disk_size_gb * 1024))}m"}
+        msg = (f"disk_size_gb={spec.disk_size_gb:g} is NOT enforced by the Docker engine at {self.url}: "
+               f"{self._disk_why} cannot cap a container's writable layer (needs overlay2 on xfs mounted with "
+               f"pquota, btrfs or zfs); a sandbox can fill the host's disk")
+        if self.require_disk_limit:
+            raise ConfigError(msg + " (require_disk_limit=True)")
+        if not self._disk_warned:
+            self._disk_warned = True
+            log.warning(msg)
+        return None
+
     async def _create_once(self, spec: SandboxSpec, image: str, name: str) -> AgentSandbox:
         docker = await self._client()
         config = await self.container_config(spec, image)
+        storage = await self._storage_opt(spec)
+        if storage:
+            config["HostConfig"]["StorageOpt"] = storage
         started = False
         try:
             async with self._api("create container"):
@@ -390,6 +432,10 @@ class DockerBackend:
             if exc.status == 404:
                 self._images.pop(spec.image, None)
                 raise ImageNotFound(f"image {image} vanished: {exc.message}") from exc
+            if exc.status != 409 and storage and "storage-opt" in str(exc.message).lower():
+                # e.g. xfs without pquota: the engine cannot after all; warn (or refuse) and go on without
+                self._disk_limits, self._disk_why = False, f"the engine said: {exc.message}"
+                return await self._create_once(spec, image, name)
             if exc.status != 409:
                 raise SandboxCreateError(f"cannot create container {name}: {exc.message}") from exc
             # a previous attempt of this very call created it: use that one

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import aiodocker
 
-from sandboxes.agent.client import extract_tar
-from sandboxes.errors import ConfigError, PathError, SandboxNotRunning
+from sandboxes.agent.client import extract_tar, tree_size
+from sandboxes.errors import ConfigError, PathError, SandboxNotRunning, TransferTooLarge
 from sandboxes.interface import BackgroundProcess, Command, Sandbox
 from sandboxes.results import ExecResult, OutputChunk
 from sandboxes.spec import SandboxSpec
@@ -196,6 +196,9 @@ class ExecSandbox(Sandbox):
         member = tar.next()
         if member is None or not member.isfile():
             raise PathError(f"{path} is not a regular file")
+        if max_bytes is None and member.size > self.spec.read_limit_bytes:
+            raise TransferTooLarge(f"{path} is {member.size} bytes, over the read limit of "
+                                   f"{self.spec.read_limit_bytes} bytes: pass max_bytes= or download() it")
         data = tar.extractfile(member).read()
         return data if max_bytes is None else data[:max_bytes]
 
@@ -203,6 +206,10 @@ class ExecSandbox(Sandbox):
         local = Path(local)
         if not local.exists():
             raise PathError(f"no such local file or directory: {local}")
+        limit = self.spec.transfer_limit_bytes
+        size = local.stat().st_size if not local.is_dir() else await asyncio.to_thread(tree_size, local)
+        if size > limit:
+            raise TransferTooLarge(f"upload {local}: {size} bytes, over the transfer limit of {limit} bytes")
         if not local.is_dir():
             await self.write_file(remote, local.read_bytes(), mode=stat.S_IMODE(local.stat().st_mode))
             return
@@ -218,6 +225,8 @@ class ExecSandbox(Sandbox):
         members = tar.getmembers()
         if not members:
             raise PathError(f"{remote}: empty archive")
+        if sum(m.size for m in members) > self.spec.transfer_limit_bytes:
+            raise TransferTooLarge(f"download {remote}: more than the transfer limit of {self.spec.transfer_limit_bytes} bytes")
         top = members[0]
         top_name, top_is_dir = top.name, top.isdir()
         # the archive is rooted at basename(remote): re-root it at "."

@@ -257,6 +257,8 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
     signals = getattr(run_evals, "signals", [])
     if signals:
         return 128 + int(signals[0]) if signals[0] in (signal.SIGINT, signal.SIGTERM) else 1
+    if any(r.status == "failed" and r.usage_error for r in results):
+        return 2  # bad usage (unknown env or endpoint alias, missing key variable, ...), as for flags
     return 0 if all(r.status == "completed" for r in results) else 1
 
 

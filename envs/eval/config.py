@@ -150,6 +150,8 @@ class EvalConfig(BaseModel):
         for ep in cc.get("endpoint_configs", []):
             ep["extra_headers"] = {k: REDACTED for k in ep.get("extra_headers", {})}
         data["backend_options"] = {k: (REDACTED if _SECRET_KEY.search(k) else v) for k, v in self.backend_options.items()}
+        data["env_args"] = redact_secrets(data["env_args"])  # e.g. a sandbox env var holding a token
+        data["extra_env_kwargs"] = redact_secrets(data["extra_env_kwargs"])
         return data
 
 
@@ -637,6 +639,26 @@ def configs_from_toml(path: str | Path, overrides: dict[str, Any] | None = None)
 
 REDACTED = "***"
 _SECRET_KEY = re.compile(r"key|token|secret|password|credential", re.I)
+# names of nested env arguments whose values are not recorded (`*_var` names a variable: kept)
+_SECRET_NAME = re.compile(r"secret|passw|credential|api_?key|(^|_)token($|_)", re.I)
+
+
+def redact_secrets(value: Any) -> Any:
+    """`value` with the scalar values of secret-looking keys (at any depth) replaced by REDACTED."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if isinstance(k, str) and _SECRET_NAME.search(k) and not k.lower().endswith("_var")
+                    and not isinstance(v, (dict, list)) else redact_secrets(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_secrets(x) for x in value]
+    return value
+
+
+def _has_redacted(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_redacted(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_redacted(v) for v in value)
+    return value == REDACTED
 
 
 def _recorded_definition(source: str) -> tuple[dict[str, Any], str]:
@@ -694,6 +716,9 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> Eva
     if secret_opts:
         raise ConfigError(f"--from-run {source}: backend option(s) {', '.join(secret_opts)} look secret and were not "
                           "recorded; pass them with --backend-options (better: name an environment variable)")
+    if _has_redacted(data.get("env_args")) or _has_redacted(data.get("extra_env_kwargs")):
+        raise ConfigError(f"--from-run {source}: secret-looking environment argument(s) were not recorded; pass them "
+                          "again with -a / -x (better: name an environment variable)")
     if data.get("backend") not in backend_names():
         raise ConfigError(f"unknown sandbox backend {data.get('backend')!r}; known: {', '.join(backend_names())}")
     try:

@@ -27,6 +27,7 @@ class EvalProgress:
     done: int = 0
     resumed: int = 0
     errors: int = 0
+    infra: int = 0  # rollouts that ended in an infrastructure error: not in the average
     reward_sum: float = 0.0
     status: str = "pending"
     started: float = field(default_factory=time.time)
@@ -35,7 +36,8 @@ class EvalProgress:
 
     @property
     def avg_reward(self) -> float:
-        return self.reward_sum / self.done if self.done else 0.0
+        scored = self.done - self.infra
+        return self.reward_sum / scored if scored > 0 else 0.0
 
     @property
     def rate(self) -> float:
@@ -288,12 +290,17 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
     stats = Table(title="results", show_header=True)
     stats.add_column("metric")
     stats.add_column("value", justify="right")
-    n = len(rows)
-    rewards = [float(r.get("reward") or 0.0) for r in rows]
+    from ..outputs import is_infra_row
+
+    scored = [r for r in rows if not is_infra_row(r)]
+    n = len(scored)
+    rewards = [float(r.get("reward") or 0.0) for r in scored]
     mean = sum(rewards) / n if n else 0.0
     std = (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5 if n else 0.0
-    stats.add_row("rollouts", str(n))
-    stats.add_row("avg reward", f"{mean:.4f} ± {std:.4f}")
+    stats.add_row("rollouts", str(len(rows)))
+    if len(rows) != n:
+        stats.add_row("not scored (infra errors)", f"{len(rows) - n}: rerun with --resume")
+    stats.add_row("avg reward", f"{mean:.4f} ± {std:.4f}" + (f" (over {n} scored)" if len(rows) != n else ""))
     for key, value in sorted((metadata.get("avg_metrics") or {}).items()):
         stats.add_row(f"  {key}", f"{value:.4f}")
     for k, v in (metadata.get("pass_at_k") or {}).items():

@@ -20,7 +20,8 @@ from sandboxes.errors import UsageError
 
 from ..errors import MissingKeyError
 from ..logging_utils import RUN_LOG_ONLY
-from .config import EvalConfig
+from ..outputs import is_infra_row
+from .config import EvalConfig, redact_secrets
 from .display import EvalProgress, PlainDisplay, RichDisplay
 from .setup import load_run_env, make_run_clients
 from .junit import write_junit
@@ -43,12 +44,13 @@ log = logging.getLogger("envs.eval")
 @dataclass
 class EvalResult:
     config: EvalConfig
-    status: str = "pending"  # completed | failed | stopped
+    status: str = "pending"  # completed | incomplete (infra-error rollouts, --resume reruns them) | failed | stopped
     error: str | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None
     run_id: str | None = None
+    usage_error: bool = False  # failed on bad usage (unknown env, missing key, ...): the CLI exits 2
 
 
 class StopRequested(Exception):
@@ -84,7 +86,7 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
         path_to_save=str(run_dir) if run_dir else "",
     )
     meta["env_id"] = cfg.env_id
-    meta["env_args"] = cfg.env_args
+    meta["env_args"] = redact_secrets(cfg.env_args)
     if planned_examples and 0 <= planned_examples < cfg.num_examples:
         meta["num_examples_requested"] = cfg.num_examples
     if cfg.name:
@@ -210,8 +212,9 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
         progress.total = len(rows) + len(todo)
         progress.done = progress.resumed = len(rows)
-        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows)
+        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if not is_infra_row(r))
         progress.errors = sum(1 for r in rows if r.get("error"))
+        progress.infra = 0
         progress.output = str(run_dir) if save else ""
         progress.status = "running"
         progress.started = time.time()
@@ -229,7 +232,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 writer.append(group_rows)  # one write + flush + fsync per group, on the loop (no torn groups)
             rows.extend(group_rows)
             progress.done += len(group_rows)
-            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows)
+            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if not is_infra_row(r))
+            progress.infra += sum(1 for r in group_rows if is_infra_row(r))
             progress.errors += sum(1 for r in group_rows if r.get("error"))
             for r in group_rows:
                 if r.get("error"):
@@ -287,6 +291,12 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         cause = all_failed_cause(rows)
         if cause:  # nothing was evaluated: the run failed, whatever the individual rows say
             status, error = "failed", cause
+        elif any(is_infra_row(r) for r in rows):  # no result on those tasks: not a finished run
+            infra = sum(1 for r in rows if is_infra_row(r))
+            status = "incomplete"
+            error = (f"{infra} rollout(s) ended in an infrastructure error (sandbox or backend failed after "
+                     f"{cfg.max_retries} retries): not scored, left out of the averages; run again with --resume "
+                     f"{run_dir} to run them")
         if cfg.save_to_hf_hub:
             push_to_hub(rows, cfg)
     except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
@@ -295,6 +305,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         status, error = "stopped", str(exc)
     except (UsageError, MissingKeyError) as exc:
         status, error = "failed", str(exc)
+        result.usage_error = True
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         log.info("%s: run failed with %s", cfg.env_id, error, exc_info=True, extra=RUN_LOG_ONLY)

@@ -23,6 +23,7 @@ from typing import Any
 
 from sandboxes.errors import ConfigError
 
+from ..outputs import is_infra_row
 from ..results_file import METADATA, RESULTS, ResultsWriter, dumps
 
 __all__ = [
@@ -81,12 +82,7 @@ def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, 
 def needs_rerun(row: dict[str, Any]) -> bool:
     """A row whose rollout ended in an infrastructure error (retries spent): no result
     on the task, so a resume runs it again."""
-    if not row.get("error"):
-        return False
-    err, info = row.get("error"), row.get("error_info")
-    kind = row.get("error_kind") or (info.get("kind") if isinstance(info, dict) else None) or (
-        err.get("kind") if isinstance(err, dict) else None)
-    return kind == "infra"
+    return is_infra_row(row)
 
 
 def check_compatible(metadata: dict[str, Any], env_id: str, model: str, rollouts_per_example: int, num_examples: int, where: Path) -> None:

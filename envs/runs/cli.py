@@ -105,7 +105,7 @@ def list_cmd(
     t = Table(box=None, header_style="bold")
     for col in ("ID", "NAME", "KIND", "WHERE", "ENV", "MODEL", "STATUS", "PROGRESS", "ERRORS", "STARTED", "DURATION"):
         t.add_column(col, no_wrap=col in ("ID", "STATUS", "STARTED", "PROGRESS"))
-    colors = {"running": "cyan", "completed": "green", "failed": "red", "stopped": "yellow"}
+    colors = {"running": "cyan", "completed": "green", "incomplete": "yellow", "failed": "red", "stopped": "yellow"}
     for r in runs:
         prog = f"{r.completed}/{r.total}" if r.total else str(r.completed)
         t.add_row(r.id, r.name or "", r.kind, _where(r), r.env_id, r.model or "",

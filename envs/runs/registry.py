@@ -61,8 +61,8 @@ log = logging.getLogger(__name__)
 _CURRENT_RUN: ContextVar[str | None] = ContextVar("vf_current_run", default=None)
 
 RunKind = Literal["eval", "swe-debug"]
-RunStatus = Literal["running", "completed", "failed", "stopped"]
-END_STATES = ("completed", "failed", "stopped")
+RunStatus = Literal["running", "completed", "incomplete", "failed", "stopped"]
+END_STATES = ("completed", "incomplete", "failed", "stopped")  # incomplete: infra-error rollouts left (--resume)
 DB_ENV = "VF_RUNS_DB"
 STATE_DIR_ENV = "VF_STATE_DIR"
 SCHEMA_VERSION = 1

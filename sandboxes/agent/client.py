@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import AgentError, ConfigError, PathError, SandboxNotRunning
+from ..errors import AgentError, ConfigError, PathError, SandboxNotRunning, TransferTooLarge
 from ..interface import BackgroundProcess, Command, Sandbox
 from ..results import ExecResult, OutputChunk, ProcessStatus
 from ..spec import SandboxSpec
@@ -285,6 +285,8 @@ def _raise_error(msg: dict[str, Any]) -> dict:
         raise PathError(text)
     if kind == "usage":
         raise ConfigError(text)
+    if kind == "too_large":
+        raise TransferTooLarge(text)
     raise AgentError(f"agent failed: {text}")
 
 
@@ -388,6 +390,18 @@ def extract_tar(fileobj, kind: str, local: Path) -> None:
 def _tar_local(local: Path, out) -> None:
     with tarfile.open(fileobj=out, mode="w:", format=tarfile.PAX_FORMAT) as tar:
         tar.add(str(local), arcname=".", recursive=True)
+
+
+def tree_size(root: Path) -> int:
+    """Bytes of the regular files under `root` (links not followed)."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, f))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    return total
 
 
 async def _file_pieces(fileobj) -> AsyncIterator[bytes]:
@@ -562,39 +576,58 @@ class AgentSandbox(Sandbox):
         if max_bytes is not None and max_bytes < 0:
             raise ConfigError(f"max_bytes must be >= 0 or None, got {max_bytes}")
         parts: list[bytes] = []
+        limit = self.spec.read_limit_bytes
+        got = [0]
 
         async def sink(data: bytes) -> None:
+            got[0] += len(data)
+            if max_bytes is None and got[0] > limit:  # the agent checks too; never hold more than asked
+                raise TransferTooLarge(f"{path}: more than the read limit of {limit} bytes")
             parts.append(data)
 
         msg: dict[str, Any] = {"op": "read_file", "path": path}
         if max_bytes is not None:
             msg["max_bytes"] = int(max_bytes)
+        else:
+            msg["limit"] = limit
         await self._run_stream(msg, sink=sink)
         return b"".join(parts)
 
     async def upload(self, local: str | Path, remote: str) -> None:
         local = Path(local)
+        limit = self.spec.transfer_limit_bytes
         try:
             st = local.stat()
         except FileNotFoundError:
             raise PathError(f"no such local file or directory: {local}") from None
         if not stat.S_ISDIR(st.st_mode):
-            data = await asyncio.to_thread(local.read_bytes)
-            await self.write_file(remote, data, mode=stat.S_IMODE(st.st_mode))
+            if st.st_size > limit:
+                raise TransferTooLarge(f"upload {local}: {st.st_size} bytes, over the transfer limit of {limit} bytes")
+            msg = {"op": "write_file", "path": remote, "mode": stat.S_IMODE(st.st_mode)}
+            with open(local, "rb") as fh:  # streamed: never the whole file in memory
+                await self._run_stream(msg, inbound=_file_pieces(fh))
             return
+        size = await asyncio.to_thread(tree_size, local)
+        if size > limit:
+            raise TransferTooLarge(f"upload {local}: the tree holds {size} bytes, over the transfer limit of {limit} bytes")
         with tempfile.TemporaryFile() as tmp:
             await asyncio.to_thread(_tar_local, local, tmp)
             tmp.seek(0)
-            await self._run_stream({"op": "put_tar", "dest": remote}, inbound=_file_pieces(tmp))
+            await self._run_stream({"op": "put_tar", "dest": remote, "limit": limit}, inbound=_file_pieces(tmp))
 
     async def download(self, remote: str, local: str | Path) -> None:
         local = Path(local)
+        limit = self.spec.transfer_limit_bytes
         with tempfile.SpooledTemporaryFile(max_size=8 << 20) as tmp:
+            got = [0]
 
             async def sink(data: bytes) -> None:
+                got[0] += len(data)
+                if got[0] > limit:  # the agent stops too; the temp file never grows past the limit
+                    raise TransferTooLarge(f"download {remote}: more than the transfer limit of {limit} bytes")
                 tmp.write(data)
 
-            result = await self._run_stream({"op": "get_tar", "path": remote}, sink=sink)
+            result = await self._run_stream({"op": "get_tar", "path": remote, "limit": limit}, sink=sink)
             await asyncio.to_thread(extract_tar, tmp, result.get("kind", "dir"), local)
 
     async def ping(self, timeout: float = 10.0) -> float:

@@ -38,7 +38,6 @@ _groups = set()  # pgids of running execs (killed on exit)
 _jobs = queue.SimpleQueue()  # work for idle worker threads
 _idle = [0]  # idle workers waiting on _jobs
 _idle_lock = threading.Lock()
-_oom_seen = [None]  # memory cgroup's oom_kill counter as last read
 
 
 def log(msg):
@@ -82,6 +81,10 @@ class AgentPathError(Exception):
 
 class AgentUsageError(Exception):
     kind = "usage"
+
+
+class AgentTooLarge(Exception):
+    kind = "too_large"
 
 
 class HeadTail(object):
@@ -187,12 +190,18 @@ class InboundReader(object):
 class ChunkWriter(object):
     """File-like sink that sends what is written as chunk events of CHUNK bytes."""
 
-    def __init__(self, req, stream="data"):
+    def __init__(self, req, stream="data", limit=None, what="transfer"):
         self.req = req
         self.stream = stream
         self.buf = bytearray()
+        self.limit = limit
+        self.what = what
+        self.total = 0
 
     def write(self, data):
+        self.total += len(data)
+        if self.limit is not None and self.total > self.limit:
+            raise AgentTooLarge("%s is larger than the transfer limit of %d bytes" % (self.what, self.limit))
         self.buf += data
         while len(self.buf) >= CHUNK:
             self._emit(bytes(self.buf[:CHUNK]))
@@ -250,6 +259,21 @@ def kill_group(pid, sig=signal.SIGKILL):
         os.killpg(pid, sig)
     except OSError:
         pass
+
+
+def kill_group_fully(proc, within=2.0):
+    """SIGKILL the command's process group until it is empty (a fork bomb forks between
+    signals: one killpg can miss children born meanwhile, which then hold the pids limit)."""
+    end = time.monotonic() + within
+    while True:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            return
+        proc.poll()  # reap the leader: a zombie still counts as a member of its group
+        if time.monotonic() > end:
+            return
+        time.sleep(0.005)
 
 
 def spawn(req, stdin_pipe):
@@ -337,6 +361,7 @@ def op_exec(req, ctx):
     limit = int(req.get("limit") or (1 << 20))
     streaming = bool(req.get("stream"))
     stdin_data = unb64(req.get("stdin"))
+    oom_before = oom_kills()
     try:
         proc = spawn(req, stdin_pipe=bool(stdin_data))
     except (OSError, ValueError, TypeError) as exc:
@@ -384,7 +409,7 @@ def op_exec(req, ctx):
             now = time.monotonic()
             if ctx.cancelled or (deadline is not None and now >= deadline):
                 timed_out = not ctx.cancelled
-                kill_group(proc.pid)
+                kill_group_fully(proc)
                 break
             if exited_at is not None and now - exited_at > DRAIN_GRACE:
                 break  # main process gone; leftovers keep the pipes open
@@ -419,18 +444,24 @@ def op_exec(req, ctx):
         for fd in fds:
             if fd not in open_fds:
                 _close(pipes[fd])
+        drained = False
         if leftover and not timed_out and not ctx.cancelled:
-            threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
-        else:
+            try:
+                threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
+                drained = True
+            except RuntimeError:  # no thread to spare (pids limit): the leftovers lose their pipes
+                pass
+        if not drained:
             for pipe in leftover:
                 _close(pipe)
     duration = time.monotonic() - started
     sig = -code if code < 0 else None
     oom = False
-    if sig == signal.SIGKILL and not timed_out:
+    if not timed_out and (sig == signal.SIGKILL or code == 128 + signal.SIGKILL):
+        # killed by SIGKILL itself, or a shell reporting a child's SIGKILL (exit 137): an OOM
+        # kill when the sandbox cgroup's oom_kill counter rose while the command ran
         after = oom_kills()
-        oom = after is not None and _oom_seen[0] is not None and after > _oom_seen[0]
-        _oom_seen[0] = after
+        oom = after is not None and oom_before is not None and after > oom_before
     result = {"exit_code": None if sig else code, "signal": sig, "timed_out": timed_out,
               "oom_killed": oom, "duration": duration}
     result.update(bufs[fds[0]][1].fields("stdout"))
@@ -617,9 +648,15 @@ def op_write_file(req, ctx):
 def op_read_file(req, ctx):
     path = req["path"]
     max_bytes = req.get("max_bytes")
+    limit = req.get("limit")  # only without max_bytes: a larger file is refused, not cut
     left = None if max_bytes is None else int(max_bytes)
     size = 0
     with open(path, "rb") as f:
+        if left is None and limit is not None:
+            total = os.fstat(f.fileno()).st_size
+            if total > int(limit):
+                raise AgentTooLarge("%s is %d bytes, over the read limit of %d bytes: pass max_bytes= to read "
+                                    "its start, or download() it" % (path, total, int(limit)))
         while left is None or left > 0:
             data = f.read(CHUNK if left is None else min(CHUNK, left))
             if not data:
@@ -627,6 +664,8 @@ def op_read_file(req, ctx):
             size += len(data)
             if left is not None:
                 left -= len(data)
+            elif limit is not None and size > int(limit):  # grew while read, or a /proc-like file
+                raise AgentTooLarge("%s: more than the read limit of %d bytes" % (path, int(limit)))
             if not ctx.chunk("data", data):
                 raise AgentUsageError("transfer cancelled")
     return {"size": size}
@@ -643,12 +682,17 @@ def op_put_tar(req, ctx):
     import tarfile
 
     dest = req["dest"]
+    limit = req.get("limit")
     os.makedirs(dest, exist_ok=True)
     reader = InboundReader(ctx)
     dirs = []
+    total = 0
     try:
-        with tarfile.open(fileobj=reader, mode="r|*") as tar:
+        with tarfile.open(fileobj=reader, mode="r|") as tar:  # uncompressed only: no decompression bombs
             for m in tar:
+                total += max(0, m.size)
+                if limit is not None and total > int(limit):
+                    raise AgentTooLarge("archive holds more than the transfer limit of %d bytes (at %s)" % (int(limit), m.name))
                 name = os.path.normpath(m.name)
                 if name == ".":
                     dirs.append((dest, m))
@@ -690,7 +734,8 @@ def op_get_tar(req, ctx):
     st = os.lstat(path)
     import stat as stat_mod
     kind = "dir" if stat_mod.S_ISDIR(st.st_mode) else "file"
-    sink = ChunkWriter(ctx)
+    limit = req.get("limit")
+    sink = ChunkWriter(ctx, limit=None if limit is None else int(limit), what=path)
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         if kind == "dir":
             tar.add(path, arcname=".", recursive=True)
@@ -721,7 +766,7 @@ def run_request(req, ctx):
         result = op(req, ctx)
         msg = {"id": rid, "ev": "result"}
         msg.update(result)
-    except (AgentPathError, AgentUsageError) as exc:
+    except (AgentPathError, AgentUsageError, AgentTooLarge) as exc:
         msg = {"id": rid, "ev": "error", "kind": exc.kind, "message": str(exc)}
     except Exception as exc:  # a bug or an unexpected OS error: report it, keep serving
         log("request %s (%s) failed: %r" % (rid, req.get("op"), exc))
@@ -750,7 +795,16 @@ def dispatch(req, ctx):
             _idle[0] -= 1
             _jobs.put((req, ctx))
             return
-    threading.Thread(target=_worker, args=(req, ctx), daemon=True).start()
+    try:
+        threading.Thread(target=_worker, args=(req, ctx), daemon=True).start()
+    except RuntimeError as exc:  # the sandbox is at its pids limit (a fork bomb): answer, keep serving
+        with _requests_lock:
+            _requests.pop(req.get("id"), None)
+        try:
+            send({"id": req.get("id"), "ev": "error", "kind": "internal",
+                  "message": "cannot start a thread for the request (%s): the sandbox is at its pids limit" % exc})
+        except Exception:
+            pass
 
 
 def shutdown():
@@ -769,7 +823,6 @@ def _on_term(signum, frame):
 
 
 def main():
-    _oom_seen[0] = oom_kills()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_term)
     send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),

@@ -61,7 +61,7 @@ async function viewList() {
     <h2>Runs</h2>
     <div class="filters">
       <select id="f-status"><option value="">any status</option>
-        ${["running", "completed", "failed", "stopped"].map(s => `<option ${filters.status === s ? "selected" : ""}>${s}</option>`).join("")}</select>
+        ${["running", "completed", "incomplete", "failed", "stopped"].map(s => `<option ${filters.status === s ? "selected" : ""}>${s}</option>`).join("")}</select>
       <select id="f-kind"><option value="">any kind</option>
         ${["eval", "swe-debug"].map(s => `<option ${filters.kind === s ? "selected" : ""}>${s}</option>`).join("")}</select>
       <input id="f-env" placeholder="env" value="${esc(filters.env)}">
