@@ -330,7 +330,7 @@ def test_failed_run_shows_error_and_log(world, page):
     assert page.locator("#diagnosis .category").inner_text() == "environment code error"
     assert "runs logs" in page.locator("#diagnosis .hint").inner_text()
     log = page.locator("pre#log")
-    page.wait_for_function("() => document.querySelector('pre#log').textContent.includes('scoring example 1')")
+    page.wait_for_function("() => document.querySelector('pre#log')?.textContent.includes('scoring example 1')")
     assert "finished example 0" in log.inner_text()
     # the full traceback, not only its last line
     text = log.inner_text()
@@ -363,18 +363,19 @@ def test_stop_button_stops_a_running_run(world, page):
     rid = world["ids"]["running"]
     page.goto(f'{world["base"]}/#/run/{rid}/log')
     # the log follows the live run's tail: new lines arrive without a reload
-    page.wait_for_function("() => document.querySelector('pre#log').textContent.includes('finished example')",
+    # null-safe predicates: the log tab renders after the run's head (a throwing predicate is not retried)
+    page.wait_for_function("() => document.querySelector('pre#log')?.textContent.includes('finished example')",
                            timeout=15_000)
     n0 = page.locator("pre#log").inner_text().count("finished example")
-    page.wait_for_function("n => document.querySelector('pre#log').textContent.split('finished example').length - 1 > n",
+    page.wait_for_function("n => (document.querySelector('pre#log')?.textContent ?? '').split('finished example').length - 1 > n",
                            arg=n0, timeout=15_000)
     assert page.locator("#log-follow").is_checked()
     assert page.evaluate("() => { const p = document.querySelector('pre#log'); "
                          "return p.scrollTop + p.clientHeight >= p.scrollHeight - 20; }")
     page.locator("#stop-btn").click()
-    page.wait_for_function("() => document.querySelector('#run-head .badge').dataset.status === 'stopped'",
+    page.wait_for_function("() => document.querySelector('#run-head .badge')?.dataset.status === 'stopped'",
                            timeout=30_000)
     assert world["running_proc"].wait(10) == 0
     assert registry.get_run(rid).status == "stopped"
-    page.wait_for_function("() => document.querySelector('pre#log').textContent.includes('stopped')")
+    page.wait_for_function("() => document.querySelector('pre#log')?.textContent.includes('stopped')")
     page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)

@@ -259,7 +259,7 @@ def test_dashboard_shows_real_eval_runs(env, fast_server):
             page.goto(f"http://127.0.0.1:{port}/#/run/{bad.id}")
             page.locator("#error-box").wait_for(timeout=10_000)
             assert "env exploded while generating" in page.locator("#error-box").inner_text()
-            page.wait_for_function("() => document.querySelector('pre#log').textContent.includes('failed')")
+            page.wait_for_function("() => document.querySelector('pre#log')?.textContent.includes('failed')")
             page.screenshot(path=str(ARTIFACTS / "e2e-failed-run.png"), full_page=True)
             browser.close()
             assert not errors, errors

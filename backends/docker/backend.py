@@ -137,6 +137,9 @@ class DockerSandbox(AgentSandbox):
             return await super().alive()
         return await self._backend._running(self.id)
 
+    async def gone(self) -> bool:
+        return not await self._backend._running(self.id)
+
 
 class DockerBackend:
     """Docker Engine backend (registered as "docker")."""

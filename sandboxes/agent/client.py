@@ -459,6 +459,47 @@ class AgentProcess(BackgroundProcess):
         return _status(await self._call("wait", guard=guard, timeout=timeout))
 
 
+PROBE_AFTER = 3.0  # seconds a call may be pending before the engine is asked whether the sandbox is gone
+PROBE_EVERY = 10.0  # and again this often while it stays pending
+
+
+class _Watchdog:
+    """Probes `sandbox.gone()` while one call is pending (a timer, no task on the hot
+    path); a gone sandbox fails every pending call with SandboxNotRunning."""
+
+    def __init__(self, sandbox: AgentSandbox):
+        self.sandbox = sandbox
+        self.loop = asyncio.get_running_loop()
+        self.task: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = self.loop.call_later(PROBE_AFTER, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        self.task = self.loop.create_task(self._probe())
+
+    async def _probe(self) -> None:
+        try:
+            gone = await self.sandbox.gone()
+        except Exception:  # noqa: BLE001 - the engine cannot tell now: the call's own timeout still applies
+            gone = False
+        if self.task is None:  # stopped meanwhile
+            return
+        if gone:
+            self.sandbox.connection._fail(SandboxNotRunning(
+                f"sandbox {self.sandbox.name} is gone (removed behind this handle)"))
+        else:
+            self.task = None
+            self.timer = self.loop.call_later(PROBE_EVERY, self._fire)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.task is not None:
+            task, self.task = self.task, None
+            task.cancel()
+
+
 class AgentSandbox(Sandbox):
     """A `Sandbox` whose every operation goes through the in-sandbox agent.
 
@@ -490,7 +531,18 @@ class AgentSandbox(Sandbox):
     async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
         if self._deleted:
             raise SandboxNotRunning(f"sandbox {self.name} was deleted")
-        return await self._conn.call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
+        watch = _Watchdog(self)  # a call still pending after PROBE_AFTER asks the engine whether the sandbox is gone
+        try:
+            return await self._conn.call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
+        finally:
+            watch.stop()
+
+    async def gone(self) -> bool:
+        """True when the backend knows the sandbox no longer runs (removed behind this
+        handle). Asked by the watchdog of a pending call: a channel does not always see
+        its sandbox die (under gVisor the exec proxy may outlive a removed container).
+        Backends that can ask their engine override it; the default cannot tell."""
+        return False
 
     def _exec_msg(self, cmd, timeout, env, cwd, output_limit) -> tuple[dict[str, Any], float]:
         t = float(timeout if timeout is not None else self.spec.timeout_per_command_seconds)
