@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,12 +67,18 @@ def run_eval(base_url: str, out: Path, n: int, r: int, c: int, workers: int, ser
             "span": max(ends) - min(starts), "reward": sum(row["reward"] for row in rows) / len(rows)}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Field-wise medians of repeated runs of one variant."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=100)
     ap.add_argument("--rollouts-per-example", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved -w 1 / -w N pairs; medians reported")
     a = ap.parse_args()
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "compute"],
@@ -89,14 +96,20 @@ def main() -> None:
             base = Path(tmp)
             run_eval(base_url, base / "warm", 1, 1, 1, 1, server.pid)  # warm the page cache and the server
             startup = run_eval(base_url, base / "startup", 1, 1, 1, 1, server.pid)
-            one = run_eval(base_url, base / "w1", a.examples, a.rollouts_per_example, a.concurrency, 1, server.pid)
-            many = run_eval(base_url, base / f"w{a.workers}", a.examples, a.rollouts_per_example, a.concurrency, a.workers, server.pid)
+            ones, manys = [], []
+            for k in range(a.repeats):  # interleaved, so that load drift hits both variants
+                ones.append(run_eval(base_url, base / f"w1-{k}", a.examples, a.rollouts_per_example, a.concurrency, 1,
+                                     server.pid))
+                manys.append(run_eval(base_url, base / f"w{a.workers}-{k}", a.examples, a.rollouts_per_example,
+                                      a.concurrency, a.workers, server.pid))
+            one, many = median_run(ones), median_run(manys)
     finally:
         server.terminate()
         server.wait(timeout=10)
     n = one["rollouts"]
     cpu_ms = (one["cpu"] - startup["cpu"]) / n * 1000
-    print(f"\n{n} single-turn rollouts (math-single), -c {a.concurrency}, {os.cpu_count()} cores, instant local model server")
+    print(f"\n{n} single-turn rollouts (math-single), -c {a.concurrency}, {os.cpu_count()} cores, instant local model server; "
+          f"medians of {a.repeats} interleaved runs each")
     print(f"{'variant':<22}{'wall s':>9}{'rollouts/s':>12}{'gen span s':>12}{'gen rollouts/s':>16}{'avg reward':>12}")
     for name, r in ((f"-w 1 (baseline)", one), (f"-w {a.workers}", many)):
         print(f"{name:<22}{r['wall']:>9.2f}{r['rollouts'] / r['wall']:>12.0f}{r['span']:>12.2f}"
