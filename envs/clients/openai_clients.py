@@ -75,6 +75,38 @@ def _classify_openai_error(exc: BaseException) -> BaseException:
     return classify_sdk_error(openai, exc)
 
 
+async def post_json(client: openai.AsyncOpenAI, path: str, body: dict[str, Any], sampling_args: SamplingArgs,
+                    tools: list[Any] | None, extra_headers: dict[str, str] | None = None,
+                    renamed: dict[str, str] | None = None) -> dict[str, Any]:
+    """POST `body` plus the sampling args to `path` through the SDK's generic `post`
+    (its transport, retries and typed errors) and return the parsed JSON reply.
+    `extra_body` merges into the body, `extra_headers` / `extra_query` / `timeout`
+    become request options, `renamed` maps sampling keys to this route's names."""
+    options: dict[str, Any] = {}
+    for key, value in sampling_args.items():
+        if value is None:
+            continue
+        if key == "extra_body":
+            body.update(value or {})
+        elif key == "extra_headers":
+            options["headers"] = {**options.get("headers", {}), **value}
+        elif key == "extra_query":
+            options["params"] = value
+        elif key == "timeout":
+            options["timeout"] = value
+        else:
+            body[(renamed or {}).get(key, key)] = value
+    if tools:
+        body["tools"] = tools
+    if extra_headers:
+        options["headers"] = {**options.get("headers", {}), **extra_headers}
+    raw = await client.post(path, body=body, cast_to=bytes, options=options)
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InvalidModelResponseError(f"model response is not JSON: {raw[:200]!r}") from exc
+
+
 class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
     """OpenAI Chat Completions API (the default client)."""
 
@@ -101,31 +133,8 @@ class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
         # of the whole message list and the pydantic construction of the
         # reply: together they cost more CPU than the rest of a rollout at
         # high concurrency (see benchmarks/bench_eval.py).
-        options: dict[str, Any] = {}
-        body: dict[str, Any] = {"model": model, "messages": prompt}
-        for key, value in sampling_args.items():
-            if value is None:
-                continue
-            if key == "extra_body":
-                body.update(value or {})
-            elif key == "extra_headers":
-                options["headers"] = {**options.get("headers", {}), **value}
-            elif key == "extra_query":
-                options["params"] = value
-            elif key == "timeout":
-                options["timeout"] = value
-            else:
-                body[key] = value
-        if tools:
-            body["tools"] = tools
-        headers = kwargs.get("extra_headers")
-        if headers:
-            options["headers"] = {**options.get("headers", {}), **headers}
-        raw = await self._client.post("/chat/completions", body=body, cast_to=bytes, options=options)
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise InvalidModelResponseError(f"model response is not JSON: {raw[:200]!r}") from exc
+        return await post_json(self._client, "/chat/completions", {"model": model, "messages": prompt}, sampling_args,
+                               tools, kwargs.get("extra_headers"))
 
     def classify_error(self, exc: BaseException) -> BaseException:
         return _classify_openai_error(exc)

@@ -5,7 +5,6 @@ Responses input items (assistant tool calls -> `function_call`, tool results ->
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import openai
@@ -14,7 +13,7 @@ from ..errors import EmptyModelResponseError, InvalidModelResponseError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
 from .base import Client
 from .config import ClientConfig
-from .openai_clients import _classify_openai_error, build_async_openai
+from .openai_clients import _classify_openai_error, build_async_openai, post_json
 
 _RENAMED = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"}
 
@@ -71,28 +70,8 @@ class OpenAIResponsesClient(Client[openai.AsyncOpenAI]):
     async def get_native_response(
         self, prompt: Any, model: str, sampling_args: SamplingArgs, tools: list[Any] | None, **kwargs: Any
     ) -> Any:
-        body: dict[str, Any] = {"model": model, "input": prompt}
-        options: dict[str, Any] = {}
-        for key, value in sampling_args.items():
-            if value is None:
-                continue
-            if key == "extra_body":
-                body.update(value or {})
-            elif key == "extra_headers":
-                options["headers"] = {**options.get("headers", {}), **value}
-            elif key == "timeout":
-                options["timeout"] = value
-            else:
-                body[_RENAMED.get(key, key)] = value
-        if tools:
-            body["tools"] = tools
-        if kwargs.get("extra_headers"):
-            options["headers"] = {**options.get("headers", {}), **kwargs["extra_headers"]}
-        raw = await self._client.post("/responses", body=body, cast_to=bytes, options=options)
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise InvalidModelResponseError(f"model response is not JSON: {raw[:200]!r}") from exc
+        return await post_json(self._client, "/responses", {"model": model, "input": prompt}, sampling_args, tools,
+                               kwargs.get("extra_headers"), renamed=_RENAMED)
 
     def classify_error(self, exc: BaseException) -> BaseException:
         return _classify_openai_error(exc)
