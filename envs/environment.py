@@ -57,6 +57,7 @@ from .types import (
     SamplingArgs,
     State,
     Tool,
+    add_usage,
 )
 
 log = logging.getLogger("envs")
@@ -412,11 +413,7 @@ class Environment(ABC):
         else:
             response = await client.get_response(prompt, model, args, tools)
         if response.usage is not None:
-            usage = state.setdefault("usage", {})
-            usage["input_tokens"] = usage.get("input_tokens", 0) + response.usage.prompt_tokens
-            usage["output_tokens"] = usage.get("output_tokens", 0) + response.usage.completion_tokens
-            usage["final_input_tokens"] = response.usage.prompt_tokens
-            usage["final_output_tokens"] = response.usage.completion_tokens
+            add_usage(state, response.usage)
         if self.max_seq_len and response.usage is not None:
             if response.usage.prompt_tokens + response.usage.completion_tokens > self.max_seq_len:
                 state["is_truncated"] = True

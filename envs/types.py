@@ -103,7 +103,8 @@ _NESTED_ENDPOINTS = "ClientConfig.endpoint_configs entries cannot include endpoi
 
 
 class EndpointClientConfig(BaseModel):
-    """One endpoint replica inside ClientConfig.endpoint_configs (a leaf: no nesting)."""
+    """One endpoint replica inside ClientConfig.endpoint_configs (a leaf: no nesting);
+    also the connection fields every ClientConfig has."""
 
     client_idx: int = 0
     api_key_var: str = DEFAULT_KEY_VAR
@@ -118,26 +119,16 @@ class EndpointClientConfig(BaseModel):
     _check_headers = field_validator("extra_headers", mode="before")(classmethod(lambda cls, v: _validate_extra_headers(v)))
 
 
-class ClientConfig(BaseModel):
-    """How to build a Client. With `endpoint_configs`, requests go round-robin
-    over the replicas (one group stays on one replica)."""
+class ClientConfig(EndpointClientConfig):
+    """How to build a Client: the endpoint fields plus the client's own. With
+    `endpoint_configs`, requests go round-robin over the replicas (one group stays
+    on one replica)."""
 
-    client_idx: int = 0
     client_type: ClientType = "openai_chat_completions"
     preserve_all_thinking: bool = False
     preserve_thinking_between_tool_calls: bool = False
-    api_key_var: str = DEFAULT_KEY_VAR
-    api_base_url: str = DEFAULT_BASE_URL
     endpoint_configs: list[EndpointClientConfig] = Field(default_factory=list)
-    timeout: float = 3600.0
-    connect_timeout: float = 5.0
-    max_connections: int = 28000
-    max_keepalive_connections: int = 28000
-    max_retries: int = 10
-    extra_headers: dict[str, str] = Field(default_factory=dict)
     extra_headers_from_state: dict[str, str] = Field(default_factory=dict)
-
-    _check_headers = field_validator("extra_headers", mode="before")(classmethod(lambda cls, v: _validate_extra_headers(v)))
 
     @field_validator("endpoint_configs", mode="before")
     @classmethod
@@ -238,6 +229,15 @@ class Usage(CustomBaseModel):
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     total_tokens: int = 0
+
+
+def add_usage(state: dict[str, Any], usage: Usage) -> None:
+    """Add one model call's token usage to `state["usage"]` (totals and the last call's)."""
+    total = state.setdefault("usage", {})
+    total["input_tokens"] = total.get("input_tokens", 0) + usage.prompt_tokens
+    total["output_tokens"] = total.get("output_tokens", 0) + usage.completion_tokens
+    total["final_input_tokens"] = usage.prompt_tokens
+    total["final_output_tokens"] = usage.completion_tokens
 
 
 class ToolCall(CustomBaseModel):

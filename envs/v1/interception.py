@@ -24,7 +24,7 @@ from aiohttp import web
 
 from ..errors import Error, error_text
 from ..multi_turn import response_to_message
-from ..types import Response, TimeSpan, Tool
+from ..types import Response, TimeSpan, Tool, add_usage
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +152,7 @@ class InterceptionServer:
         if timing is not None:
             timing.model.spans.append(TimeSpan(start=t0, end=t1))
         if response.usage is not None:
-            usage = state.setdefault("usage", {})
-            usage["input_tokens"] = usage.get("input_tokens", 0) + response.usage.prompt_tokens
-            usage["output_tokens"] = usage.get("output_tokens", 0) + response.usage.completion_tokens
-            usage["final_input_tokens"] = response.usage.prompt_tokens
-            usage["final_output_tokens"] = response.usage.completion_tokens
+            add_usage(state, response.usage)
 
 
 def _error(status: int, message: str) -> web.Response:
