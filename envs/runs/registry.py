@@ -163,13 +163,35 @@ def connect(path: str | os.PathLike[str] | None = None) -> sqlite3.Connection:
     conn = sqlite3.connect(p, timeout=30.0, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA busy_timeout=30000")
-    if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-        conn.execute("PRAGMA journal_mode=WAL")
+    if (conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+            or conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION):
+        _initialise(conn, p)
     conn.execute("PRAGMA synchronous=NORMAL")
-    if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-        conn.executescript(_SCHEMA)
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     return conn
+
+
+def _initialise(conn: sqlite3.Connection, p: Path) -> None:
+    """Switch a new registry to WAL and create its schema, one process at a time (a
+    file lock beside it). SQLite's busy handler does not cover a journal-mode switch:
+    two processes opening a fresh registry at once got "database is locked" at
+    once, so the switch is also retried for up to the busy timeout."""
+    import fcntl
+
+    with open(p.with_name(p.name + ".init-lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
+                if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                    conn.executescript(_SCHEMA)
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def _row(r: sqlite3.Row) -> RunRecord:
