@@ -64,3 +64,11 @@ async def test_without_a_backend_answer_the_call_keeps_waiting(fast_probes):
         await asyncio.wait_for(sb.exec("sleep 100"), 0.5)
     assert sb.probes >= 3
     await sb.connection.close()
+
+
+async def test_a_mute_stream_fails_typed_once_the_sandbox_is_gone(fast_probes):
+    """File transfers and streamed execs are requests too: the same watchdog covers them."""
+    sb = await Probed.connect(SilentChannel(), id="z", name="z", spec=SandboxSpec(image="i"), gone_after=2)
+    with pytest.raises(SandboxNotRunning, match="removed behind this handle"):
+        await asyncio.wait_for(sb.read_file("/etc/hostname"), 5)
+    await sb.connection.close()

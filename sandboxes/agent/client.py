@@ -464,8 +464,9 @@ PROBE_EVERY = 10.0  # and again this often while it stays pending
 
 
 class _Watchdog:
-    """Probes `sandbox.gone()` while one call is pending (a timer, no task on the hot
-    path); a gone sandbox fails every pending call with SandboxNotRunning."""
+    """Probes `sandbox.gone()` while one request (call or stream) is pending (a timer,
+    no task on the hot path); a gone sandbox fails every pending request with
+    SandboxNotRunning. Used as `with _Watchdog(sandbox): ...`."""
 
     def __init__(self, sandbox: AgentSandbox):
         self.sandbox = sandbox
@@ -490,6 +491,12 @@ class _Watchdog:
         else:
             self.task = None
             self.timer = self.loop.call_later(PROBE_EVERY, self._fire)
+
+    def __enter__(self) -> "_Watchdog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.timer is not None:
@@ -531,11 +538,8 @@ class AgentSandbox(Sandbox):
     async def _call(self, msg: dict[str, Any], timeout: float | None = None, cancel_on_abort: bool = False) -> dict:
         if self._deleted:
             raise SandboxNotRunning(f"sandbox {self.name} was deleted")
-        watch = _Watchdog(self)  # a call still pending after PROBE_AFTER asks the engine whether the sandbox is gone
-        try:
+        with _Watchdog(self):  # still pending after PROBE_AFTER: ask the engine whether the sandbox is gone
             return await self._conn.call(msg, timeout=timeout, cancel_on_abort=cancel_on_abort)
-        finally:
-            watch.stop()
 
     async def gone(self) -> bool:
         """True when the backend knows the sandbox no longer runs (removed behind this
@@ -575,11 +579,12 @@ class AgentSandbox(Sandbox):
         msg["stream"] = True
         stream = self._conn.stream(msg)
         try:
-            async for ev in stream:
-                if ev.get("ev") == "chunk":
-                    yield OutputChunk(stream=ev["stream"], data=unb64(ev["data"]))
-                else:
-                    yield exec_result(ev)
+            with _Watchdog(self):
+                async for ev in stream:
+                    if ev.get("ev") == "chunk":
+                        yield OutputChunk(stream=ev["stream"], data=unb64(ev["data"]))
+                    else:
+                        yield exec_result(ev)
         finally:
             await stream.aclose()
 
@@ -614,12 +619,13 @@ class AgentSandbox(Sandbox):
         if self._deleted:
             raise SandboxNotRunning(f"sandbox {self.name} was deleted")
         result: dict = {}
-        async for ev in self._conn.stream(msg, inbound):
-            if ev.get("ev") == "chunk":
-                if sink is not None:
-                    await sink(unb64(ev["data"]))
-            else:
-                result = ev
+        with _Watchdog(self):
+            async for ev in self._conn.stream(msg, inbound):
+                if ev.get("ev") == "chunk":
+                    if sink is not None:
+                        await sink(unb64(ev["data"]))
+                else:
+                    result = ev
         return result
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
