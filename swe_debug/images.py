@@ -393,9 +393,10 @@ class ImageBuilder:
     # ------------------------------------------------------------------ disk policy
 
     def hold(self, ref: ImageRef) -> None:
-        """A rollout uses `ref` (pulled or built by this call: the builder owns it)."""
+        """A rollout uses `ref`; the builder owns it when this call pulled it or built
+        its instance layer (a new environment layer under a cached instance is not that)."""
         self._held[ref.tag] = self._held.get(ref.tag, 0) + 1
-        if ref.built and ref.layer in ("instance", "prebuilt"):
+        if {"pull", "instance"} & set(ref.built):
             self._owned[ref.tag] = time.monotonic()
 
     async def release(self, ref: ImageRef) -> list[str]:
