@@ -35,11 +35,11 @@ from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, UsageError
 
+from ..runs.hosted import RESULTS_SUBDIR  # under the head node's Ray logs directory; pulled back from there
 from .config import EvalConfig
 
 SPEC_FILE = ".vf-run.json"
 RESUME_DIR = "resume"
-RESULTS_SUBDIR = "vf-sandbox"  # under the head node's Ray logs directory
 INSTANCE_BACKENDS = ("kubernetes", "prime")  # backends that create pods / machines
 
 log = logging.getLogger("envs.eval.hosted")

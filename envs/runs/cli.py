@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from .registry import END_STATES, is_hosted
+
 if TYPE_CHECKING:
     from .registry import RunRecord
 
@@ -24,7 +26,7 @@ runs_app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-STATUSES = ("running", "completed", "failed", "stopped")
+STATUSES = ("running", *END_STATES)
 KINDS = ("eval", "swe-debug")
 app.add_typer(runs_app, name="runs")
 
@@ -52,12 +54,12 @@ def _get(run_id: str) -> "RunRecord":
 
 def _where(rec: "RunRecord") -> str:
     """LOCAL, or HOSTED with the cluster address."""
-    return f"HOSTED {rec.args.get('address') or ''}".strip() if rec.args.get("hosted") is True else "LOCAL"
+    return f"HOSTED {rec.args.get('address') or ''}".strip() if is_hosted(rec) else "LOCAL"
 
 
 def _refresh_hosted(runs: list["RunRecord"]) -> list["RunRecord"]:
     """Running hosted runs' rows brought up to date from their Ray jobs (when Ray is installed)."""
-    if not any(r.args.get("hosted") is True and r.status == "running" for r in runs):
+    if not any(is_hosted(r) and r.status == "running" for r in runs):
         return runs
     from .hosted import refresh_all
 
@@ -146,7 +148,7 @@ def show_cmd(
     rows = [
         ("kind", rec.kind), ("status", _status_text(rec, outputs)), ("env", rec.env_id),
         ("model", rec.model or "-"), ("output dir", f"{rec.output_dir} ({outputs})"), ("log", rec.log_path),
-        ("where", _where(rec) + (f" (Ray job {_job_id(rec)})" if rec.args.get("hosted") is True else "")),
+        ("where", _where(rec) + (f" (Ray job {_job_id(rec)})" if is_hosted(rec) else "")),
         ("pid", f"{rec.pid} on {rec.host}"), ("progress", f"{rec.completed}/{rec.total} ({rec.errors} errors)"),
         ("started", _ago(rec.started_at)), ("ended", _ago(rec.ended_at)), ("duration", _dur(rec.duration)),
         ("attempts", str(rec.attempts)),
@@ -211,7 +213,7 @@ def logs_cmd(
     _use_db(db)
     rec = _get(run_id)
     out = sys.stdout
-    if rec.args.get("hosted") is True:
+    if is_hosted(rec):
         from .hosted import follow_log as follow_hosted
 
         rec = _refresh_hosted([rec])[0]
@@ -277,7 +279,7 @@ def stop_cmd(
     _use_db(db)
     rec = _get(run_id)
     finished = rec.status != "running"
-    if rec.args.get("hosted") is True and not finished:
+    if is_hosted(rec) and not finished:
         from .hosted import stop as stop_hosted
 
         rec, removed = stop_hosted(rec, timeout=max(timeout, 120.0))
@@ -364,7 +366,7 @@ def pull_cmd(
     from .hosted import pull
 
     rec = _get(run_id)
-    if rec.args.get("hosted") is not True:
+    if not is_hosted(rec):
         typer.echo(f"error: run {rec.id} ran here (not --hosted); its results are in {rec.output_dir}", err=True)
         raise typer.Exit(2)
     rec = _refresh_hosted([rec])[0]

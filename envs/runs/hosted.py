@@ -47,10 +47,6 @@ RESULT_FILES = ("results.jsonl", "metadata.json")
 CLEANUP_ENTRYPOINT = "python -m envs.runs.hosted_cleanup"
 
 
-def is_hosted(rec: RunRecord) -> bool:
-    return registry.is_hosted(rec)
-
-
 def address_of(rec: RunRecord) -> str:
     return str(rec.args.get("address") or "")
 
@@ -172,7 +168,7 @@ def _record(rec: RunRecord, meta: dict[str, Any]) -> None:
 def refresh(rec: RunRecord, client: Any | None = None) -> RunRecord:
     """Bring a running hosted run's row up to date with its Ray job (pulling its
     results when the job has ended). Unreachable clusters leave the row as it is."""
-    if not is_hosted(rec) or rec.status != "running":
+    if not registry.is_hosted(rec) or rec.status != "running":
         return rec
     try:
         client = client or jobs_client(address_of(rec))
@@ -196,7 +192,7 @@ def sync(rec: RunRecord) -> RunRecord:
     """A running hosted run brought up to date now: its rows, log and progress pulled
     while it runs (its end recorded once the job has ended). For watchers that do not
     follow (the dashboard); an unreachable cluster leaves the row as it is."""
-    if not is_hosted(rec) or rec.status != "running":
+    if not registry.is_hosted(rec) or rec.status != "running":
         return rec
     try:
         client = jobs_client(address_of(rec))
@@ -210,7 +206,7 @@ def sync(rec: RunRecord) -> RunRecord:
 
 
 def refresh_all(recs: list[RunRecord]) -> list[RunRecord]:
-    return [refresh(r) if is_hosted(r) and r.status == "running" else r for r in recs]
+    return [refresh(r) if registry.is_hosted(r) and r.status == "running" else r for r in recs]
 
 
 # ------------------------------------------------------------------ follow
