@@ -232,3 +232,16 @@ def test_system_message_from_path(tmp_path):
     assert msg.content == "  be exact\n" and msg.role == "system"
     env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}], system_prompt=msg)
     assert env.get_eval_dataset()[0]["prompt"][0] == {"role": "system", "content": "  be exact\n"}
+
+
+def test_hosted_junit_without_follow_is_refused_before_anything_is_submitted():
+    """The hosted JUnit report is written when the run ends, which only --follow waits for:
+    without it the flag would be accepted and ignored."""
+    from envs.clients import ClientConfig
+    from envs.eval.config import EvalConfig
+    from envs.eval.hosted import run_hosted
+    from sandboxes.errors import ConfigError
+
+    cfg = EvalConfig(env_id="math-single", model="m", client_config=ClientConfig(), junit_xml="report.xml")
+    with pytest.raises(ConfigError, match="--junit-xml with --hosted needs --follow"):
+        run_hosted([cfg], {}, follow=False, poll_interval=1.0)

@@ -153,6 +153,8 @@ def run_hosted(configs: list[EvalConfig], secrets: dict[str, str], follow: bool,
     from ..runs import hosted
 
     out = out or sys.stdout
+    if not follow and any(cfg.junit_xml for cfg in configs):
+        raise ConfigError("--junit-xml with --hosted needs --follow (the report is written when the run ends)")
     rows = []
     for cfg in configs:
         row = submit(cfg, secrets)
