@@ -138,7 +138,16 @@ class DockerSandbox(AgentSandbox):
         return await self._backend._running(self.id)
 
     async def gone(self) -> bool:
-        return not await self._backend._running(self.id)
+        """Only the engine's own answer counts: no such container (404) or not running.
+        Any other engine error propagates (the watchdog then cannot tell, and waits)."""
+        docker = await self._backend._client()
+        try:
+            container = await docker.containers.get(self.id)
+        except aiodocker.DockerError as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return not container["State"].get("Running")
 
 
 class DockerBackend:

@@ -470,9 +470,11 @@ class _Watchdog:
 
     def __init__(self, sandbox: AgentSandbox):
         self.sandbox = sandbox
-        self.loop = asyncio.get_running_loop()
         self.task: asyncio.Task | None = None
-        self.timer: asyncio.TimerHandle | None = self.loop.call_later(PROBE_AFTER, self._fire)
+        self.timer: asyncio.TimerHandle | None = None
+        if type(sandbox).gone is not AgentSandbox.gone:  # a backend that cannot tell: nothing to arm
+            self.loop = asyncio.get_running_loop()
+            self.timer = self.loop.call_later(PROBE_AFTER, self._fire)
 
     def _fire(self) -> None:
         self.timer = None
