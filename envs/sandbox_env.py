@@ -291,18 +291,18 @@ class SandboxEnv(StatefulToolEnv):
         """Change sandbox settings by their constructor names (validated like the constructor)."""
         fields = {self._SPEC_SETTINGS[k]: v for k, v in settings.items()}
         try:
-            self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
+            spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings {settings} for {type(self).__name__}: {exc}") from exc
+        if spec != self.sandbox_spec and self._pool is not None:  # its sandboxes were made from the old spec
+            raise ConfigError(f"cannot change sandbox settings {sorted(settings)} after the warm pool was started")
+        self.sandbox_spec = spec
 
     def set_isolation(self, isolation: str) -> None:
         """Run this env's sandboxes under `isolation` ("runc" or "gvisor"): -x isolation=gvisor,
         TOML `isolation`, the run definition."""
         super().set_isolation(isolation)
-        if isolation != self.sandbox_spec.isolation:
-            if self._pool is not None:
-                raise ConfigError("set_isolation() after the warm pool was started")
-            self.set_sandbox_settings(isolation=isolation)
+        self.set_sandbox_settings(isolation=isolation)
 
     def isolation_in_use(self) -> str | None:
         return self.sandbox_spec.isolation

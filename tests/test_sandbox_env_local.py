@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 import envs as vf
 from envs.testing.model_server import tool_script
+from sandboxes.errors import ConfigError
 from test_sandbox_env import dataset, run_env, tool_messages
 
 
@@ -23,3 +26,20 @@ async def test_python_tool_on_local_backend():
     env = vf.PythonEnv(dataset=dataset(), backend="local", pip_install_packages="", max_turns=5)
     rows = await run_env(env, tool_script([("python", {"code": "a = 2"}), ("python", {"code": "a * 21"})]))
     assert tool_messages(rows[0]) == ["(no output)", "Out[2]: 42"]
+
+
+async def test_sandbox_settings_cannot_change_under_a_started_pool():
+    """The warm pool's sandboxes are made from the spec at its start: a later change
+    would be accepted and not applied, so it is refused (setting the same value is fine)."""
+    env = vf.SandboxEnv(dataset=dataset(), backend="local", pool_size=1)
+    try:
+        env.set_memory_gb(1.5)  # before the pool: applied
+        await env._get_pool(env.sandbox_spec)
+        with pytest.raises(ConfigError, match="after the warm pool was started"):
+            env.set_memory_gb(3)
+        with pytest.raises(ConfigError, match="after the warm pool was started"):
+            env.set_isolation("gvisor")
+        env.set_memory_gb(1.5)
+        assert env.sandbox_spec.memory_gb == 1.5
+    finally:
+        await env.teardown()
