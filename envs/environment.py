@@ -281,7 +281,8 @@ class Environment(ABC):
         ConfigError naming it (a setting that would be silently ignored is a bug)."""
         from sandboxes.errors import ConfigError
 
-        unknown = [k for k in kwargs if not callable(getattr(self, f"set_{k}", None)) and not hasattr(self, k)]
+        unknown = [k for k in kwargs if not callable(getattr(self, f"set_{k}", None))
+                   and (not hasattr(self, k) or callable(getattr(self, k)))]  # never a method
         if unknown:
             raise ConfigError(
                 f"{type(self).__name__} has no setting {', '.join(map(repr, unknown))} "
@@ -319,6 +320,14 @@ class Environment(ABC):
         """The isolation this env's sandboxes run under (recorded in metadata.json);
         None for an env without sandboxes that was never given one."""
         return getattr(self, "sandbox_isolation", None)
+
+    def set_max_workers(self, max_workers: int) -> None:
+        """Refused: `max_workers` only sizes the thread pool before a run; the run's
+        concurrency (-c, `set_concurrency`) sizes it from then on, so it would be ignored."""
+        from sandboxes.errors import ConfigError
+
+        raise ConfigError(f"max_workers is a constructor argument (the initial thread pool size); a run sizes the "
+                          f"pool from its concurrency: use -c {max_workers} instead of -x max_workers")
 
     def set_concurrency(self, concurrency: int) -> None:
         """Set the concurrency and size the sync-code thread pool to match."""

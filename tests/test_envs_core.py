@@ -378,6 +378,11 @@ async def test_independent_scoring_and_set_kwargs(server):
     with pytest.raises(ConfigError, match="'custom_attr'"):
         env.set_kwargs(max_seq_len=7, custom_attr=5)
     assert env.max_seq_len == 100 and not hasattr(env, "custom_attr")
+    # a method is not a setting, and max_workers (only the initial pool size) would be ignored
+    with pytest.raises(ConfigError, match="'rollout'"):
+        env.set_kwargs(rollout=5)
+    with pytest.raises(ConfigError, match="use -c 8 instead of -x max_workers"):
+        env.set_kwargs(max_workers=8)
     out = await env.evaluate(client_for(server), "m", num_examples=2, rollouts_per_example=2)
     assert all(o["reward"] == 0.0 for o in out["outputs"])
     env.set_score_rollouts(True)
