@@ -356,3 +356,14 @@ async def test_env_records_program_errors_and_keeps_going():
     assert by_id[1]["reward"] == 0.0 and by_id[1]["error"] == "ValueError: broken task"
     assert by_id[1]["stop_condition"] == "has_error"
     await env.teardown()
+
+
+def test_the_runs_isolation_reaches_the_harness_sandboxes():
+    """-x isolation=gvisor on a v1 env puts gVisor on the spec its harness creates
+    sandboxes from (it was recorded in metadata and not applied)."""
+    env = Env(Taskset(source=[{"prompt": [{"role": "user", "content": "hi"}]}]),
+              Harness(sandbox=SandboxConfig(image="vf-sandbox/python:3.11")))
+    task = {"prompt": [{"role": "user", "content": "hi"}]}
+    assert env.harness.sandbox_spec(task).isolation == "runc"
+    env.set_kwargs(isolation="gvisor")
+    assert env.harness.sandbox_spec(task).isolation == "gvisor" and env.isolation_in_use() == "gvisor"

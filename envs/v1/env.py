@@ -51,6 +51,11 @@ class Env(Environment):
         super().set_backend(backend, options)
         self.harness.set_backend(backend, options)
 
+    def set_isolation(self, isolation: str) -> None:
+        """The run's isolation reaches the harness's sandboxes (-x isolation=gvisor)."""
+        super().set_isolation(isolation)
+        self.harness.isolation = isolation
+
     async def rollout(self, input: RolloutInput, client: Any, model: str,
                       sampling_args: SamplingArgs | None = None) -> ClassicState:
         from ..clients import make_client

@@ -126,6 +126,7 @@ class Harness:
         self.cleanups = [resolve_ref(f) for f in cleanups or []]
         self.endpoint = InterceptionServer()
         self.backend_name: str | None = None
+        self.isolation: str | None = None  # the run's isolation (set_isolation); None: the sandbox config's own
         self.backend_options: dict[str, Any] = {}
         self._backend: Any = None
         self._owned_sandboxes: dict[int, Any] = {}
@@ -145,6 +146,8 @@ class Harness:
         assert self.sandbox is not None
         data = self.sandbox.model_dump(exclude={"backend"})
         data.update(dict(task.get("sandbox") or {}))
+        if self.isolation is not None:
+            data["isolation"] = self.isolation
         data["name"] = "vf-v1"
         try:
             return SandboxSpec(**data)
