@@ -2,6 +2,9 @@
 # Both run the idempotent set-up first.
 .PHONY: setup demo test bench
 PY := .venv/bin/python
+# uv trusts the system CA store (as scripts/setup.sh does), also for the uv the
+# suite and `vf-sandbox env install` run after set-up, whatever the caller's env
+export UV_NATIVE_TLS ?= 1
 
 setup:
 	scripts/setup.sh
