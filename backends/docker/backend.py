@@ -394,6 +394,10 @@ class DockerBackend:
         }
         if cell_host:
             host["CapAdd"] = list(CELL_HOST_CAPS)
+            if spec.isolation == "gvisor":
+                # the engine's pids limit counts the gVisor kernel's host threads (several per
+                # sandboxed thread); each cell's own pids cgroup, enforced inside gVisor, is the limit
+                host["PidsLimit"] = max(spec.pids_limit * 8, 32768)
             host["NanoCpus"] = int(min(spec.cpu_cores, await self._engine_cpus()) * 1e9)
         runtime = await self._runtime(spec)
         if runtime:
