@@ -49,6 +49,7 @@ def _split_ids(values: list[str] | None) -> list[str]:
 def run(
     dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name.")],
     split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
+    dataset_format: Annotated[Optional[str], typer.Option("--dataset-format", help="Published shape of the rows: swe-bench, swe-gym, swe-smith, r2e-gym, swe-rebench or native (default: recognised per row by its columns).")] = None,
     instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", "-i", help="Only these ids (repeat or comma-separate).")] = None,
     debug_step: Annotated[Step, typer.Option("--debug-step", help="What to do before the tests.")] = Step.gold_patch,
     debug_command: Annotated[Optional[str], typer.Option("--debug-command", help="Shell command for --debug-step command.")] = None,
@@ -95,7 +96,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
         "memory_gb": a["memory_gb"], "namespace": a["namespace"], "push_to": a["push_to"],
-        "keep_images": a["keep_images"],
+        "keep_images": a["keep_images"], "dataset_format": a.get("dataset_format"),
     }
     return {k: v for k, v in out.items() if v is not None}
 

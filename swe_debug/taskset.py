@@ -22,12 +22,14 @@ from sandboxes import ExecResult, Sandbox, SandboxSpec
 from .grading import Grade, grade
 from .images import ImageBuilder, ImageRef
 from .instances import SWEInstance, patch_file_changes
-from .parsers import ParseResult, get_parser
+from .parser_names import get_parser
+from .parsers import ParseResult
 
 T = TypeVar("T")
 
 PATCH_PATH = "/tmp/vf_gold.diff"
 TEST_PATCH_PATH = "/tmp/vf_test.diff"
+SETUP_PATCH_PATH = "/tmp/vf_setup.diff"
 APPLY_TIMEOUT = 60.0
 
 
@@ -229,10 +231,17 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
                 f" || {{ echo 'base_commit {inst.base_commit} is not in this repository' >&2; exit 3; }}",
                 'status=$(git status --porcelain)',
                 'test -z "$status" || { echo "working tree is not clean:" >&2; echo "$status" >&2; exit 3; }',
+                # committed, so that resetting the tree between apply rungs keeps it
+                *([f"git apply --verbose {SETUP_PATCH_PATH} || {{ echo 'setup_patch does not apply' >&2; exit 3; }}",
+                   "git add -A && git -c user.name=vf-swe-debug -c user.email=vf-swe-debug@invalid "
+                   "commit -q --no-verify -m 'vf-swe-debug: setup_patch'"]
+                  if inst.setup_patch.strip() else []),
                 *inst.setup_commands,
             ]
         )
         t0 = time.perf_counter()
+        if inst.setup_patch.strip():
+            await sandbox.write_file(SETUP_PATCH_PATH, inst.setup_patch if inst.setup_patch.endswith("\n") else inst.setup_patch + "\n")
         r = await sandbox.exec(["bash", "-c", script], cwd=inst.workdir, timeout=timeout)
         return StepResult.of(r, time.perf_counter() - t0)
 
@@ -265,7 +274,7 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
             return StepResult(ok=False), tp
         t0 = time.perf_counter()
         r = await sandbox.exec(
-            ["bash", "-c", f"{self.test_command(inst)} 2>&1"], cwd=inst.workdir, timeout=timeout, output_limit=output_limit
+            ["bash", "-c", f"{{ {self.test_command(inst)}\n}} 2>&1"], cwd=inst.workdir, timeout=timeout, output_limit=output_limit
         )
         return StepResult.of(r, time.perf_counter() - t0), tp
 

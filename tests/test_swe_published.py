@@ -1,0 +1,311 @@
+"""Published SWE datasets read as published: one realistic row per shape (SWE-bench
+Verified, SWE-Gym, SWE-smith, R2E-Gym, SWE-rebench V1/V2), written by the test to
+the file types those datasets ship (parquet with JSON-string test lists, jsonl,
+json, a hub-style directory of parquet shards read by `datasets.load_dataset`, a
+`save_to_disk` directory) and mapped per `swe_debug.published.SHAPES`; rows that
+fit no shape, or miss a column their shape needs, are load-time errors naming the
+row and the column. No network to the Hugging Face hub here: hub loading is
+exercised through `datasets.load_dataset` on a local directory laid out like a
+hub dataset repo (`data/<split>-*.parquet`), the code path a hub name takes
+after download.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DJANGO_TEST_PATCH = """diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py
+--- a/tests/auth_tests/test_validators.py
++++ b/tests/auth_tests/test_validators.py
+@@ -237,7 +237,7 @@ def test_unicode_validator(self):
+         invalid_usernames = [
+             "o'connell", "عبد ال",
+             "zerowidth\\u200Bspace", "nonbreaking\\u00A0space",
+-            "en\\u2013dash",
++            "en\\u2013dash", 'trailingnewline\\u000A',
+         ]
+"""
+DJANGO_PATCH = """diff --git a/django/contrib/auth/validators.py b/django/contrib/auth/validators.py
+--- a/django/contrib/auth/validators.py
++++ b/django/contrib/auth/validators.py
+@@ -7,7 +7,7 @@
+ @deconstructible
+ class ASCIIUsernameValidator(validators.RegexValidator):
+-    regex = r'^[\\w.@+-]+$'
++    regex = r'^[\\w.@+-]+\\Z'
+"""
+
+VERIFIED_ROW = {
+    "repo": "django/django", "instance_id": "django__django-11099",
+    "base_commit": "d26b2424437dabeeca94d7900b37d2df4410da0c", "patch": DJANGO_PATCH, "test_patch": DJANGO_TEST_PATCH,
+    "problem_statement": "UsernameValidator allows trailing newline in usernames", "hints_text": "",
+    "created_at": "2019-03-20T03:46:18Z", "version": "3.0",
+    "FAIL_TO_PASS": json.dumps(["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)",
+                                "test_unicode_validator (auth_tests.test_validators.UsernameValidatorsTests)"]),
+    "PASS_TO_PASS": json.dumps(["test_help_text (auth_tests.test_validators.UserAttributeSimilarityValidatorTest)"]),
+    "environment_setup_commit": "419a78300f7cd27611196e1e464d50fd0385ff27", "difficulty": "<15 min fix",
+}
+
+GYM_ROW = {
+    "instance_id": "getmoto__moto-5752", "hints_text": "", "created_at": "2022-12-10T20:23:01Z",
+    "patch": "diff --git a/moto/ssm/models.py b/moto/ssm/models.py\n--- a/moto/ssm/models.py\n+++ b/moto/ssm/models.py\n"
+             "@@ -1,1 +1,1 @@\n-x = 1\n+x = 2\n",
+    "test_patch": "diff --git a/tests/test_ssm/test_ssm_boto3.py b/tests/test_ssm/test_ssm_boto3.py\n"
+                  "--- a/tests/test_ssm/test_ssm_boto3.py\n+++ b/tests/test_ssm/test_ssm_boto3.py\n@@ -1,1 +1,1 @@\n-a\n+b\n",
+    "problem_statement": "Regex in SSM get_parameters_by_path", "repo": "getmoto/moto",
+    "base_commit": "b2300f1eae1323e3e8bc45f97e530ce129dff12e", "version": "4.0",
+    "PASS_TO_PASS": ["tests/test_ssm/test_ssm_boto3.py::test_get_parameters_by_path"],
+    "FAIL_TO_PASS": ["tests/test_ssm/test_ssm_boto3.py::test_get_parameter_with_regex"],
+}
+
+SMITH_BUG = ("diff --git a/src/idna/core.py b/src/idna/core.py\n--- a/src/idna/core.py\n+++ b/src/idna/core.py\n"
+             "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n")
+SMITH_ROW = {
+    "instance_id": "kjd__idna.d8fd8e3a.func_pm_op_swap__3k2b1a9x", "patch": SMITH_BUG,
+    "FAIL_TO_PASS": ["tests/test_idna.py::IDNATests::test_encode"], "PASS_TO_PASS": ["tests/test_idna.py::IDNATests::test_decode"],
+    "image_name": "jyangballin/swesmith.x86_64.kjd_1776_idna.d8fd8e3a", "repo": "swesmith/kjd__idna.d8fd8e3a",
+    "problem_statement": "encode() swaps operands",
+}
+
+R2E_COMMIT = {
+    "old_commit_hash": "aaa", "new_commit_hash": "bbb", "commit_message": "Fix rounding", "commit_date": "2019-01-01",
+    "file_diffs": [
+        {"header": {"file": {"path": "Orange/data/table.py"}, "misc_line": None},
+         "index_line": {"old_commit_hash": "1111111", "new_commit_hash": "2222222", "mode": "100644"},
+         "is_binary_file": False, "binary_line": None,
+         "minus_file": {"path": "a/Orange/data/table.py"}, "plus_file": {"path": "b/Orange/data/table.py"},
+         "hunks": [{"descriptor": {"old_range": {"start": 10, "length": 3}, "new_range": {"start": 10, "length": 3},
+                                   "section": "def round_it(x):"},
+                    "line_group": {"all_lines": [{"content": "    y = x", "type": "context"},
+                                                 {"content": "    return int(y)", "type": "deleted"},
+                                                 {"content": "    return round(y)", "type": "added"},
+                                                 {"content": "", "type": "context"}]}}]},
+        {"header": {"file": {"path": "Orange/tests/test_table.py"}, "misc_line": None}, "index_line": None,
+         "is_binary_file": False, "minus_file": {"path": "a/Orange/tests/test_table.py"},
+         "plus_file": {"path": "b/Orange/tests/test_table.py"},
+         "hunks": [{"descriptor": {"old_range": {"start": 1, "length": 1}, "new_range": {"start": 1, "length": 2}, "section": ""},
+                    "line_group": {"all_lines": [{"content": "import x", "type": "context"},
+                                                 {"content": "import y", "type": "added"}]}}]},
+    ],
+}
+R2E_ROW = {
+    "repo_name": "orange3", "docker_image": "namanjain12/orange3_final:8f4c7d0e5a",
+    "commit_hash": "8f4c7d0e5a2b9d6f1c3e4a5b6c7d8e9f0a1b2c3d", "parsed_commit_content": json.dumps(R2E_COMMIT),
+    "execution_result_content": "{}", "modified_files": ["Orange/data/table.py"], "relevant_files": [],
+    "num_non_test_files": 1, "num_non_test_func_methods": 1, "num_non_test_lines": 2,
+    "prompt": "", "problem_statement": "[ISSUE]round_it truncates[/ISSUE]",
+    "expected_output_json": json.dumps({"TestTable.test_round": "PASSED", "TestTable.test_other": "PASSED",
+                                        "\u001b[31mTestTable.test_known_bad\u001b[0m": "FAILED"}),
+}
+
+REBENCH_ROW = {
+    "instance_id": "oemof__tespy-653", "base_commit": "1c5f2f0d1e9a", "created_at": "2025-02-01",
+    "environment_setup_commit": "1c5f2f0d1e9a", "hints_text": "", "patch": DJANGO_PATCH.replace("django/contrib/auth", "src/tespy"),
+    "problem_statement": "x", "repo": "oemof/tespy", "test_patch": GYM_ROW["test_patch"], "version": "0.7",
+    "install_config": {"install": "pip install -e .", "log_parser": "parse_log_pytest", "python": "3.10",
+                       "test_cmd": "pytest --no-header -rA --tb=no -p no:cacheprovider -W ignore::DeprecationWarning"},
+    "FAIL_TO_PASS": ["tests/test_x.py::test_a"], "PASS_TO_PASS": ["tests/test_x.py::test_b"],
+    "docker_image": "swerebench/sweb.eval.x86_64.oemof_1776_tespy-653", "license_name": "MIT",
+    "meta": {"has_test_patch": True, "is_lite": False}, "requirements": "", "environment": "",
+}
+
+REBENCH_V2_ROW = {
+    **{k: v for k, v in REBENCH_ROW.items() if k not in ("docker_image", "install_config")},
+    "instance_id": "BurntSushi__ripgrep-2576", "repo": "BurntSushi/ripgrep", "language": "rust", "license": "MIT",
+    "image_name": "swerebench/sweb.eval.x86_64.burntsushi_1776_ripgrep-2576",
+    "install_config": json.dumps({"test_cmd": ["cargo test --no-fail-fast", "cargo test --doc"],
+                                  "log_parser": "parse_log_cargo", "install": ["cargo build"]}),
+    "FAIL_TO_PASS": json.dumps(["regression::r2576"]), "PASS_TO_PASS": json.dumps([]),
+}
+
+
+def _write_parquet(rows, path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_swe_bench_verified_parquet_maps_through_the_harness_specs(tmp_path):
+    """SWE-bench Verified as the hub stores it (parquet, JSON-string test lists): recognised
+    by `environment_setup_commit`; its test command, Django's dotted test modules and the
+    Django log parser come from the swebench package's per-repo specs."""
+    from swe_debug.instances import load_instances
+
+    rep = load_instances(_write_parquet([VERIFIED_ROW], tmp_path / "verified.parquet"), named_images=True)
+    assert not rep.errors, rep.errors
+    (inst,) = rep.instances
+    assert inst.dataset_format == "swe-bench"
+    assert inst.FAIL_TO_PASS[1] == "test_unicode_validator (auth_tests.test_validators.UsernameValidatorsTests)"
+    assert inst.test_cmd.startswith("source /opt/miniconda3/bin/activate && conda activate testbed; ")
+    assert inst.test_cmd.endswith("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1")
+    assert "export LANG=en_US.UTF-8" in inst.test_cmd  # the spec's eval_commands, before the tests
+    assert inst.directives() == ["auth_tests.test_validators"]
+    assert inst.log_parser == "swebench:django/django"
+    assert inst.run_env()["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
+    assert inst.difficulty == "<15 min fix"  # unknown columns kept
+
+
+def test_swe_gym_jsonl_named_format(tmp_path):
+    """SWE-Gym (lists, no environment_setup_commit) is the SWE-bench schema: named with
+    --dataset-format; a repo the harness has no spec for keeps pytest."""
+    from swe_debug.instances import DEFAULT_TEST_CMD, load_instances
+
+    path = tmp_path / "gym.jsonl"
+    path.write_text(json.dumps(GYM_ROW) + "\n")
+    rep = load_instances(path, named_images=True, dataset_format="swe-gym")
+    assert not rep.errors, rep.errors
+    (inst,) = rep.instances
+    assert inst.dataset_format == "swe-gym" and inst.test_cmd == DEFAULT_TEST_CMD and inst.log_parser == "pytest"
+    assert inst.FAIL_TO_PASS == GYM_ROW["FAIL_TO_PASS"] and inst.directives() == ["tests/test_ssm/test_ssm_boto3.py"]
+    # the same row without a column SWE-Gym publishes: the row and the column are named
+    path.write_text(json.dumps({k: v for k, v in GYM_ROW.items() if k != "base_commit"}) + "\n")
+    rep = load_instances(path, named_images=True, dataset_format="swe-gym")
+    assert not rep.instances and str(rep.errors[0]).startswith("row 0 (getmoto__moto-5752): base_commit: missing")
+
+
+def test_swe_smith_json_bug_is_the_setup_and_its_reverse_the_gold(tmp_path):
+    from swe_debug.instances import load_instances
+    from swe_debug.published import reverse_patch
+
+    path = tmp_path / "smith.json"
+    path.write_text(json.dumps([SMITH_ROW]))
+    rep = load_instances(path)
+    assert not rep.errors, rep.errors
+    (inst,) = rep.instances
+    assert inst.dataset_format == "swe-smith" and inst.image_name == SMITH_ROW["image_name"]
+    assert inst.setup_patch == SMITH_BUG and inst.patch == reverse_patch(SMITH_BUG) != SMITH_BUG
+    assert "-B\n+b" in inst.patch and inst.test_patch == "" and inst.directives() == []
+    bad = {k: v for k, v in SMITH_ROW.items() if k != "image_name"}
+    path.write_text(json.dumps([bad]))
+    rep = load_instances(path, dataset_format="swe-smith")
+    assert str(rep.errors[0]).startswith(f"row 0 ({SMITH_ROW['instance_id']}): image_name: missing")
+
+
+def test_reverse_patch_undoes_a_real_git_diff(tmp_path):
+    """reverse_patch against real git: modified, added (no trailing newline), deleted and
+    renamed files; applying the diff then its reverse gives back the original tree."""
+    from swe_debug.published import reverse_patch
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True).stdout  # noqa: E731
+    git("init", "-q")
+    (repo / "a.py").write_text("".join(f"line {i}\n" for i in range(30)))
+    (repo / "gone.py").write_text("bye\n")
+    (repo / "old_name.py").write_text("".join(f"keep {i}\n" for i in range(20)))
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    (repo / "a.py").write_text("".join(f"line {i}\n" if i % 7 else f"-- changed {i}\n" for i in range(30)))
+    (repo / "new.py").write_text("hello\nno newline")
+    (repo / "gone.py").unlink()
+    git("mv", "old_name.py", "new_name.py")
+    (repo / "new_name.py").write_text("".join(f"keep {i}\n" for i in range(19)) + "changed\n")
+    git("add", "-A")
+    diff = git("diff", "--cached", "-M")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "change")
+    (tmp_path / "rev.diff").write_text(reverse_patch(diff))
+    git("apply", "--check", str(tmp_path / "rev.diff"))
+    git("apply", str(tmp_path / "rev.diff"))
+    git("add", "-A")
+    assert git("diff", "--cached", "HEAD~1", "--stat") == ""  # back to the base tree exactly
+    (tmp_path / "fwd.diff").write_text(diff)
+    git("apply", "--check", str(tmp_path / "fwd.diff"))  # the forward diff applies again
+    with pytest.raises(subprocess.CalledProcessError):  # and the reverse no longer does
+        git("apply", "--check", str(tmp_path / "rev.diff"))
+
+
+def test_r2e_gym_hub_style_directory_via_datasets(tmp_path):
+    """R2E-Gym as a hub dataset repo (data/train-*.parquet) read by datasets.load_dataset:
+    the gold patch rebuilt from parsed_commit_content (non-test files only), the tests
+    expected PASSED as FAIL_TO_PASS in R2E's id form, the image from docker_image."""
+    from swe_debug.instances import load_instances
+
+    repo = tmp_path / "R2E-Gym-Lite"
+    _write_parquet([R2E_ROW], repo / "data" / "train-00000-of-00001.parquet")
+    rep = load_instances(repo, split="train")
+    assert not rep.errors, rep.errors
+    (inst,) = rep.instances
+    assert inst.dataset_format == "r2e-gym" and inst.instance_id == f"orange3-{R2E_ROW['commit_hash']}"
+    assert inst.image_name == R2E_ROW["docker_image"] and inst.repo == "orange3"
+    assert inst.patch == ("diff --git a/Orange/data/table.py b/Orange/data/table.py\nindex 1111111..2222222 100644\n"
+                          "--- a/Orange/data/table.py\n+++ b/Orange/data/table.py\n@@ -10,3 +10,3 @@ def round_it(x):\n"
+                          "     y = x\n-    return int(y)\n+    return round(y)\n \n")
+    assert inst.FAIL_TO_PASS == ["TestTable.test_other", "TestTable.test_round"] and inst.PASS_TO_PASS == []
+    assert inst.test_cmd == "bash run_tests.sh" and inst.directives() == [] and inst.log_parser == "r2e-pytest"
+    assert any("/r2e_tests" in c for c in inst.setup_commands)
+    # R2E's parser ids: the file dropped, `::` → `.`
+    from swe_debug.parsers import get_parser
+
+    log = ("=== short test summary info ===\nPASSED r2e_tests/test_1.py::TestTable::test_round\n"
+           "FAILED r2e_tests/test_1.py::TestTable::test_other - assert 1 == 2\n=== 1 failed, 1 passed in 0.1s ===\n")
+    assert get_parser("r2e-pytest")(log).statuses == {"TestTable.test_round": "PASSED", "TestTable.test_other": "FAILED"}
+
+
+def test_swe_rebench_parquet_and_v2_save_to_disk(tmp_path):
+    """SWE-rebench V1 (install_config a struct column, docker_image) from parquet and V2
+    (install_config a JSON string with a list of test commands, language, image_name) from
+    a datasets save_to_disk directory: test_cmd and the named swebench parser from
+    install_config, no directives appended, V2 in /<repo name>."""
+    import datasets
+
+    from swe_debug.instances import load_instances
+
+    rep = load_instances(_write_parquet([REBENCH_ROW], tmp_path / "rebench.parquet"))
+    assert not rep.errors, rep.errors
+    (v1,) = rep.instances
+    assert v1.dataset_format == "swe-rebench" and v1.image_name == REBENCH_ROW["docker_image"]
+    assert v1.test_cmd == REBENCH_ROW["install_config"]["test_cmd"] and v1.directives() == []
+    assert v1.log_parser == "parse_log_pytest" and v1.workdir == "/testbed"
+
+    datasets.Dataset.from_list([REBENCH_V2_ROW]).save_to_disk(str(tmp_path / "v2"))
+    rep = load_instances(tmp_path / "v2")
+    assert not rep.errors, rep.errors
+    (v2,) = rep.instances
+    assert v2.workdir == "/ripgrep" and v2.log_parser == "parse_log_cargo" and v2.FAIL_TO_PASS == ["regression::r2576"]
+    assert v2.test_cmd == "fail=0; { cargo test --no-fail-fast; } || fail=1; { cargo test --doc; } || fail=1; exit $fail"
+
+
+def test_unknown_shapes_and_missing_columns_are_load_errors_naming_row_and_field(tmp_path):
+    from swe_debug.instances import load_instances
+
+    rows = [
+        {"id": "x-1", "diff": "..."},                                            # no shape at all
+        {**REBENCH_ROW, "instance_id": "rb-1", "install_config": {"log_parser": "parse_log_pytest"}},
+        {**REBENCH_ROW, "instance_id": "rb-2", "install_config": {"test_cmd": "pytest", "log_parser": "parse_log_nope"}},
+        {k: v for k, v in R2E_ROW.items() if k != "expected_output_json"},
+        {**R2E_ROW, "parsed_commit_content": "{\"nope\": 1}"},
+        {**VERIFIED_ROW, "instance_id": "v-1", "FAIL_TO_PASS": "[not json"},
+        {k: v for k, v in VERIFIED_ROW.items() if k != "test_patch"},
+        {**GYM_ROW, "image_name": "img"},                                        # native: loads
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = load_instances(path)
+    assert [i.instance_id for i in rep.instances] == ["getmoto__moto-5752"]
+    errs = {e.index: e for e in rep.errors}
+    assert errs[0].field == "instance_id" and "matches none of the published shapes" in errs[0].message
+    assert "its columns: diff, id" in errs[0].message
+    assert (errs[1].instance_id, errs[1].field) == ("rb-1", "install_config.test_cmd")
+    assert errs[2].field == "log_parser" and "unknown log parser 'parse_log_nope'" in errs[2].message
+    assert (errs[3].instance_id, errs[3].field) == (R2E_ROW["commit_hash"], "expected_output_json")
+    assert errs[4].field == "parsed_commit_content"
+    assert errs[5].field == "FAIL_TO_PASS" and "not a JSON list" in errs[5].message
+    assert (errs[6].instance_id, errs[6].field) == ("django__django-11099", "test_patch")
+    with pytest.raises(ValueError, match="unknown dataset format 'swe-bench-pro'"):
+        load_instances(path, dataset_format="swe-bench-pro")
+
+
+def test_readme_mapping_table_is_the_data():
+    """The README's table is rendered from swe_debug.published.SHAPES (so it stays true)."""
+    from swe_debug.published import mapping_table
+
+    assert mapping_table() in (ROOT / "swe_debug" / "README.md").read_text()
