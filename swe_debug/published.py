@@ -19,12 +19,12 @@ from pydantic import BaseModel, Field
 ShapeName = Literal["native", "swe-bench", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench"]
 SHAPE_NAMES: tuple[str, ...] = ShapeName.__args__  # type: ignore[attr-defined]
 
-CONDA_PATH = ("/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:/opt/conda/envs/testbed/bin:/opt/conda/bin:"
-              "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-"""PATH in the published images: the harness's conda env `testbed` first (the SWE-bench
-harness `conda activate testbed`s; SWE-smith and SWE-rebench images follow it)."""
+CONDA_PATH = "export PATH=/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:/opt/conda/envs/testbed/bin:$PATH; "
+"""Put before the test command of the published images: the harness's conda env `testbed`
+first on the image's own PATH (the SWE-bench harness `conda activate testbed`s; SWE-smith
+and SWE-rebench images follow it). Absent directories are harmless."""
 
-R2E_PATH = "/testbed/.venv/bin:/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+R2E_PATH = "export PATH=/testbed/.venv/bin:/root/.local/bin:$PATH; "
 
 SWE_BENCH_COLUMNS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "version")
 
@@ -50,7 +50,7 @@ SHAPES: dict[str, PublishedShape] = {s.name: s for s in [
         columns={"instance_id, repo, base_commit, patch, test_patch, version": "same name",
                  "FAIL_TO_PASS, PASS_TO_PASS": "JSON-encoded strings decoded to lists",
                  "problem_statement, hints_text, created_at, environment_setup_commit": "kept, unused"},
-        image="`--namespace NS`: `NS/sweb.eval.<arch>.<id>` (`__` → `_1776_`); the images' conda env `testbed` is on PATH",
+        image="`--namespace NS`: `NS/sweb.eval.<arch>.<id>` (`__` → `_1776_`); the tests run in their conda env `testbed`",
         notes="test command, test directives (Django: dotted modules) and log parser from the `swebench` package's "
               "per-repo specs (`MAP_REPO_VERSION_TO_SPECS`, `MAP_REPO_TO_PARSER`) when the row names none",
     ),
@@ -158,14 +158,20 @@ def normalize_row(row: Mapping[str, Any], shape: str | None = None) -> dict[str,
                                      f"(missing {', '.join(missing)})")
     out = dict(row)
     if name in ("swe-bench", "swe-gym"):
-        out.setdefault("eval_env", {"PATH": CONDA_PATH})
         from .harness_lib import apply_repo_spec
 
-        out = apply_repo_spec(out)
+        out = apply_repo_spec(out)  # its test command activates the env itself
+        if "test_cmd" not in out:
+            from .instances import DEFAULT_TEST_CMD
+
+            out["test_cmd"] = CONDA_PATH + DEFAULT_TEST_CMD
     elif name == "swe-smith":
         bug = str(row["patch"])
         out.update(setup_patch=bug, patch=reverse_patch(bug))
-        out.setdefault("eval_env", {"PATH": CONDA_PATH})
+        if "test_cmd" not in row:
+            from .instances import DEFAULT_TEST_CMD
+
+            out["test_cmd"] = CONDA_PATH + DEFAULT_TEST_CMD
     elif name == "r2e-gym":
         out.update(_r2e(row))
     elif name == "swe-rebench":
@@ -195,7 +201,7 @@ def _rebench(row: Mapping[str, Any]) -> dict[str, Any]:
                                               + "; exit $fail") if cmds else None
     if not isinstance(cmd, str) or not cmd.strip():
         raise ShapeError("install_config.test_cmd", "missing or empty (the command that runs the tests)")
-    out: dict[str, Any] = {"test_cmd": cmd, "test_directives": [], "eval_env": {"PATH": CONDA_PATH}}
+    out: dict[str, Any] = {"test_cmd": CONDA_PATH + cmd, "test_directives": []}
     if cfg.get("log_parser"):
         out["log_parser"] = str(cfg["log_parser"])
     if row.get("language") and "/" in str(row.get("repo", "")):
@@ -266,8 +272,7 @@ def _r2e(row: Mapping[str, Any]) -> dict[str, Any]:
         # moved in and ignored (so resetting the tree between apply rungs keeps them)
         "setup_commands": ["if [ -d /r2e_tests ]; then rm -rf r2e_tests && mv /r2e_tests ./r2e_tests"
                            " && echo /r2e_tests >> .git/info/exclude; fi"],
-        "test_cmd": "bash run_tests.sh", "test_directives": [], "log_parser": "r2e-pytest",
-        "eval_env": {"PATH": R2E_PATH},
+        "test_cmd": R2E_PATH + "bash run_tests.sh", "test_directives": [], "log_parser": "r2e-pytest",
     }
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from test_swe_docker import examples, instances  # noqa: F401 - session fixtures of the SWE suite
+
 ROOT = Path(__file__).resolve().parent.parent
 
 DJANGO_TEST_PATCH = """diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py
@@ -150,7 +152,6 @@ def test_swe_bench_verified_parquet_maps_through_the_harness_specs(tmp_path):
     assert "export LANG=en_US.UTF-8" in inst.test_cmd  # the spec's eval_commands, before the tests
     assert inst.directives() == ["auth_tests.test_validators"]
     assert inst.log_parser == "swebench:django/django"
-    assert inst.run_env()["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
     assert inst.difficulty == "<15 min fix"  # unknown columns kept
 
 
@@ -158,13 +159,15 @@ def test_swe_gym_jsonl_named_format(tmp_path):
     """SWE-Gym (lists, no environment_setup_commit) is the SWE-bench schema: named with
     --dataset-format; a repo the harness has no spec for keeps pytest."""
     from swe_debug.instances import DEFAULT_TEST_CMD, load_instances
+    from swe_debug.published import CONDA_PATH
 
     path = tmp_path / "gym.jsonl"
     path.write_text(json.dumps(GYM_ROW) + "\n")
     rep = load_instances(path, named_images=True, dataset_format="swe-gym")
     assert not rep.errors, rep.errors
     (inst,) = rep.instances
-    assert inst.dataset_format == "swe-gym" and inst.test_cmd == DEFAULT_TEST_CMD and inst.log_parser == "pytest"
+    assert inst.dataset_format == "swe-gym" and inst.log_parser == "pytest"
+    assert inst.test_cmd == CONDA_PATH + DEFAULT_TEST_CMD and CONDA_PATH.startswith("export PATH=/opt/miniconda3/envs/testbed/bin:")
     assert inst.FAIL_TO_PASS == GYM_ROW["FAIL_TO_PASS"] and inst.directives() == ["tests/test_ssm/test_ssm_boto3.py"]
     # the same row without a column SWE-Gym publishes: the row and the column are named
     path.write_text(json.dumps({k: v for k, v in GYM_ROW.items() if k != "base_commit"}) + "\n")
@@ -240,7 +243,7 @@ def test_r2e_gym_hub_style_directory_via_datasets(tmp_path):
                           "--- a/Orange/data/table.py\n+++ b/Orange/data/table.py\n@@ -10,3 +10,3 @@ def round_it(x):\n"
                           "     y = x\n-    return int(y)\n+    return round(y)\n \n")
     assert inst.FAIL_TO_PASS == ["TestTable.test_other", "TestTable.test_round"] and inst.PASS_TO_PASS == []
-    assert inst.test_cmd == "bash run_tests.sh" and inst.directives() == [] and inst.log_parser == "r2e-pytest"
+    assert inst.test_cmd.endswith("; bash run_tests.sh") and inst.directives() == [] and inst.log_parser == "r2e-pytest"
     assert any("/r2e_tests" in c for c in inst.setup_commands)
     # R2E's parser ids: the file dropped, `::` → `.`
     from swe_debug.parsers import get_parser
@@ -263,7 +266,7 @@ def test_swe_rebench_parquet_and_v2_save_to_disk(tmp_path):
     assert not rep.errors, rep.errors
     (v1,) = rep.instances
     assert v1.dataset_format == "swe-rebench" and v1.image_name == REBENCH_ROW["docker_image"]
-    assert v1.test_cmd == REBENCH_ROW["install_config"]["test_cmd"] and v1.directives() == []
+    assert v1.test_cmd.endswith("; " + REBENCH_ROW["install_config"]["test_cmd"]) and v1.directives() == []
     assert v1.log_parser == "parse_log_pytest" and v1.workdir == "/testbed"
 
     datasets.Dataset.from_list([REBENCH_V2_ROW]).save_to_disk(str(tmp_path / "v2"))
@@ -271,7 +274,7 @@ def test_swe_rebench_parquet_and_v2_save_to_disk(tmp_path):
     assert not rep.errors, rep.errors
     (v2,) = rep.instances
     assert v2.workdir == "/ripgrep" and v2.log_parser == "parse_log_cargo" and v2.FAIL_TO_PASS == ["regression::r2576"]
-    assert v2.test_cmd == "fail=0; { cargo test --no-fail-fast; } || fail=1; { cargo test --doc; } || fail=1; exit $fail"
+    assert v2.test_cmd.endswith("; fail=0; { cargo test --no-fail-fast; } || fail=1; { cargo test --doc; } || fail=1; exit $fail")
 
 
 def test_unknown_shapes_and_missing_columns_are_load_errors_naming_row_and_field(tmp_path):
@@ -309,3 +312,59 @@ def test_readme_mapping_table_is_the_data():
     from swe_debug.published import mapping_table
 
     assert mapping_table() in (ROOT / "swe_debug" / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------- end to end on Docker
+
+
+@pytest.mark.docker
+async def test_swe_smith_row_runs_end_to_end_on_docker(instances, tmp_path):
+    """A SWE-smith-shaped row on a REAL image in SWE-smith's layout (the repo with the fix
+    and its tests committed: a clean tree that passes) and the bug as its `patch`: the
+    setup step applies the bug, the gold (its reverse) fixes it, the whole suite runs;
+    without the gold every FAIL_TO_PASS test fails (--check-fails-before)."""
+    import uuid
+
+    import docker
+
+    from swe_debug.images import ImageBuilder
+    from swe_debug.instances import load_instances
+    from swe_debug.published import reverse_patch
+    from swe_debug.taskset import SWETaskSet
+    from test_swe_docker import IDNA, _run
+
+    inst = instances[IDNA]
+    base = (await ImageBuilder().ensure(inst)).tag
+    script = (f"set -e; cd /testbed\ncat > /tmp/g.diff <<'EOF_VF_GOLD'\n{inst.patch}\nEOF_VF_GOLD\n"
+              f"cat > /tmp/t.diff <<'EOF_VF_TEST'\n{inst.test_patch}\nEOF_VF_TEST\n"
+              "git apply /tmp/g.diff && git apply /tmp/t.diff && rm /tmp/*.diff && git add -A && "
+              "git -c user.name=s -c user.email=s@s commit -qm 'SWE-smith: clean repo'")
+    client = docker.from_env()
+    repo, tag = "vf-swe-test/swesmith.x86_64.kjd_1776_idna", uuid.uuid4().hex[:12]
+    c = client.containers.run(base, ["bash", "-c", script], detach=True, network_disabled=True)
+    try:
+        assert c.wait()["StatusCode"] == 0, c.logs().decode()
+        c.commit(repository=repo, tag=tag)
+    finally:
+        c.remove(force=True)
+    try:
+        row = {"instance_id": "kjd__idna.d8fd8e3a.revert_fix__vf", "patch": reverse_patch(inst.patch),
+               "FAIL_TO_PASS": inst.FAIL_TO_PASS, "PASS_TO_PASS": inst.PASS_TO_PASS, "image_name": f"{repo}:{tag}",
+               "repo": "swesmith/kjd__idna.d8fd8e3a", "problem_statement": "x"}
+        # a bug that breaks nothing: its F2P test already passes without the "gold"
+        harmless = {**row, "instance_id": "kjd__idna.harmless", "patch": "diff --git a/HARMLESS.txt b/HARMLESS.txt\n"
+                    "new file mode 100644\n--- /dev/null\n+++ b/HARMLESS.txt\n@@ -0,0 +1 @@\n+harmless\n"}
+        path = tmp_path / "smith.jsonl"
+        path.write_text(json.dumps(row) + "\n" + json.dumps(harmless) + "\n")
+        rep = load_instances(path)
+        assert not rep.errors and [i.dataset_format for i in rep.instances] == ["swe-smith", "swe-smith"], rep.errors
+        rows = await _run(instances, [], taskset=SWETaskSet(rep.instances), check_fails_before=True, concurrency=2)
+        ok = rows[row["instance_id"]]
+        assert ok["valid"] and ok["reason"] == "pass", {k: ok[k] for k in ("detail", "stdout_tail", "stderr_tail", "test_exit_code")}
+        assert ok["fails_before"]["ok"], ok["fails_before"]
+        bad = rows["kjd__idna.harmless"]
+        assert not bad["valid"] and bad["fails_before"]["passing_before"] == inst.FAIL_TO_PASS, bad
+    finally:
+        client.images.remove(f"{repo}:{tag}", force=True)
+        client.close()
+
