@@ -19,12 +19,12 @@ from pydantic import BaseModel, Field
 ShapeName = Literal["native", "swe-bench", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench"]
 SHAPE_NAMES: tuple[str, ...] = ShapeName.__args__  # type: ignore[attr-defined]
 
-CONDA_PATH = "export PATH=/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:/opt/conda/envs/testbed/bin:$PATH; "
-"""Put before the test command of the published images: the harness's conda env `testbed`
-first on the image's own PATH (the SWE-bench harness `conda activate testbed`s; SWE-smith
-and SWE-rebench images follow it). Absent directories are harmless."""
+CONDA_PATH = ["/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin", "/opt/conda/envs/testbed/bin"]
+"""First on the published images' PATH for the tests: the harness's conda env `testbed`
+(the SWE-bench harness `conda activate testbed`s; SWE-smith and SWE-rebench images follow
+it). Absent directories are harmless."""
 
-R2E_PATH = "export PATH=/testbed/.venv/bin:/root/.local/bin:$PATH; "
+R2E_PATH = ["/testbed/.venv/bin", "/root/.local/bin"]
 
 SWE_BENCH_COLUMNS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "version")
 
@@ -160,18 +160,12 @@ def normalize_row(row: Mapping[str, Any], shape: str | None = None) -> dict[str,
     if name in ("swe-bench", "swe-gym"):
         from .harness_lib import apply_repo_spec
 
-        out = apply_repo_spec(out)  # its test command activates the env itself
-        if "test_cmd" not in out:
-            from .instances import DEFAULT_TEST_CMD
-
-            out["test_cmd"] = CONDA_PATH + DEFAULT_TEST_CMD
+        out = apply_repo_spec(out)  # a spec's test command activates the env itself
+        out.setdefault("test_path", CONDA_PATH)
     elif name == "swe-smith":
         bug = str(row["patch"])
         out.update(setup_patch=bug, patch=reverse_patch(bug))
-        if "test_cmd" not in row:
-            from .instances import DEFAULT_TEST_CMD
-
-            out["test_cmd"] = CONDA_PATH + DEFAULT_TEST_CMD
+        out.setdefault("test_path", CONDA_PATH)
     elif name == "r2e-gym":
         out.update(_r2e(row))
     elif name == "swe-rebench":
@@ -201,7 +195,7 @@ def _rebench(row: Mapping[str, Any]) -> dict[str, Any]:
                                               + "; exit $fail") if cmds else None
     if not isinstance(cmd, str) or not cmd.strip():
         raise ShapeError("install_config.test_cmd", "missing or empty (the command that runs the tests)")
-    out: dict[str, Any] = {"test_cmd": CONDA_PATH + cmd, "test_directives": []}
+    out: dict[str, Any] = {"test_cmd": cmd, "test_directives": [], "test_path": CONDA_PATH}
     if cfg.get("log_parser"):
         out["log_parser"] = str(cfg["log_parser"])
     if row.get("language") and "/" in str(row.get("repo", "")):
@@ -272,7 +266,7 @@ def _r2e(row: Mapping[str, Any]) -> dict[str, Any]:
         # moved in and ignored (so resetting the tree between apply rungs keeps them)
         "setup_commands": ["if [ -d /r2e_tests ]; then rm -rf r2e_tests && mv /r2e_tests ./r2e_tests"
                            " && echo /r2e_tests >> .git/info/exclude; fi"],
-        "test_cmd": R2E_PATH + "bash run_tests.sh", "test_directives": [], "log_parser": "r2e-pytest",
+        "test_cmd": "bash run_tests.sh", "test_directives": [], "log_parser": "r2e-pytest", "test_path": R2E_PATH,
     }
 
 

@@ -266,7 +266,10 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         return res
 
     def test_command(self, inst: SWEInstance) -> str:
-        return " ".join([inst.test_cmd, *map(shlex.quote, inst.directives())])
+        cmd = " ".join([inst.test_cmd, *map(shlex.quote, inst.directives())])
+        if inst.test_path:
+            cmd = f"export PATH={shlex.quote(':'.join(inst.test_path))}:\"$PATH\"; {cmd}"
+        return cmd
 
     async def run_tests(self, sandbox: Sandbox, inst: SWEInstance, timeout: float, output_limit: int) -> tuple[StepResult, ApplyResult]:
         tp = await self.apply_test_patch(sandbox, inst)

@@ -167,7 +167,7 @@ def test_swe_gym_jsonl_named_format(tmp_path):
     assert not rep.errors, rep.errors
     (inst,) = rep.instances
     assert inst.dataset_format == "swe-gym" and inst.log_parser == "pytest"
-    assert inst.test_cmd == CONDA_PATH + DEFAULT_TEST_CMD and CONDA_PATH.startswith("export PATH=/opt/miniconda3/envs/testbed/bin:")
+    assert inst.test_cmd == DEFAULT_TEST_CMD and inst.test_path[0] == CONDA_PATH[0] == "/opt/miniconda3/envs/testbed/bin"
     assert inst.FAIL_TO_PASS == GYM_ROW["FAIL_TO_PASS"] and inst.directives() == ["tests/test_ssm/test_ssm_boto3.py"]
     # the same row without a column SWE-Gym publishes: the row and the column are named
     path.write_text(json.dumps({k: v for k, v in GYM_ROW.items() if k != "base_commit"}) + "\n")
@@ -243,7 +243,7 @@ def test_r2e_gym_hub_style_directory_via_datasets(tmp_path):
                           "--- a/Orange/data/table.py\n+++ b/Orange/data/table.py\n@@ -10,3 +10,3 @@ def round_it(x):\n"
                           "     y = x\n-    return int(y)\n+    return round(y)\n \n")
     assert inst.FAIL_TO_PASS == ["TestTable.test_other", "TestTable.test_round"] and inst.PASS_TO_PASS == []
-    assert inst.test_cmd.endswith("; bash run_tests.sh") and inst.directives() == [] and inst.log_parser == "r2e-pytest"
+    assert inst.test_cmd == "bash run_tests.sh" and inst.directives() == [] and inst.test_path[0] == "/testbed/.venv/bin" and inst.log_parser == "r2e-pytest"
     assert any("/r2e_tests" in c for c in inst.setup_commands)
     # R2E's parser ids: the file dropped, `::` → `.`
     from swe_debug.parsers import get_parser
@@ -266,7 +266,7 @@ def test_swe_rebench_parquet_and_v2_save_to_disk(tmp_path):
     assert not rep.errors, rep.errors
     (v1,) = rep.instances
     assert v1.dataset_format == "swe-rebench" and v1.image_name == REBENCH_ROW["docker_image"]
-    assert v1.test_cmd.endswith("; " + REBENCH_ROW["install_config"]["test_cmd"]) and v1.directives() == []
+    assert v1.test_cmd == REBENCH_ROW["install_config"]["test_cmd"] and v1.directives() == []
     assert v1.log_parser == "parse_log_pytest" and v1.workdir == "/testbed"
 
     datasets.Dataset.from_list([REBENCH_V2_ROW]).save_to_disk(str(tmp_path / "v2"))
@@ -274,7 +274,7 @@ def test_swe_rebench_parquet_and_v2_save_to_disk(tmp_path):
     assert not rep.errors, rep.errors
     (v2,) = rep.instances
     assert v2.workdir == "/ripgrep" and v2.log_parser == "parse_log_cargo" and v2.FAIL_TO_PASS == ["regression::r2576"]
-    assert v2.test_cmd.endswith("; fail=0; { cargo test --no-fail-fast; } || fail=1; { cargo test --doc; } || fail=1; exit $fail")
+    assert v2.test_cmd == "fail=0; { cargo test --no-fail-fast; } || fail=1; { cargo test --doc; } || fail=1; exit $fail"
 
 
 def test_unknown_shapes_and_missing_columns_are_load_errors_naming_row_and_field(tmp_path):
