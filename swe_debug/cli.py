@@ -206,7 +206,8 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
 
 class SWEDisplay:
     """The eval runner's display for vf-swe-debug: a line per finished instance, a
-    progress bar counting valid / invalid / errored ones (none with quiet)."""
+    progress bar counting valid / invalid / errored ones, and one per image being
+    pulled (none with quiet; display only: results, metadata and JUnit are unchanged)."""
 
     def __init__(self, console: Any, quiet: bool = False):
         import time
@@ -216,6 +217,7 @@ class SWEDisplay:
         self.counts = {"valid": 0, "invalid": 0, "errors": 0}
         self._bar: Any = None
         self._task: Any = None
+        self._pulls: dict[str, Any] = {}  # image -> its progress task
         self._t0 = time.perf_counter()
 
     def elapsed(self) -> float:
@@ -225,17 +227,41 @@ class SWEDisplay:
 
     def __enter__(self) -> "SWEDisplay":
         if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=self.console, transient=False)
+            from .images import add_pull_listener
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[amount]}"),
+                                 TimeElapsedColumn(), console=self.console, transient=False)
             self._bar.__enter__()
-            self._task = self._bar.add_task("starting", total=None)
+            self._task = self._bar.add_task("starting", total=None, amount="")
+            add_pull_listener(self.on_pull)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        from .images import remove_pull_listener
+
+        remove_pull_listener(self.on_pull)
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+    def on_pull(self, p: Any) -> None:
+        """A bar per image being pulled (MB downloaded of the layers announced so far);
+        a line when it is done. Called from the pull's worker thread (rich locks)."""
+        if self._bar is None:
+            return
+        mb = f"{p['done'] / 1e6:.1f}/{p['total'] / 1e6:.1f} MB"
+        task = self._pulls.get(p["image"])
+        if task is None and not p["finished"]:
+            task = self._pulls[p["image"]] = self._bar.add_task(f"[cyan]pull[/] {p['image']}", total=p["total"] or None,
+                                                                amount=mb)
+        if task is not None:
+            self._bar.update(task, total=p["total"] or None, completed=p["done"], amount=mb)
+        if p["finished"]:
+            if task is not None:
+                self._bar.remove_task(task)
+                self._pulls.pop(p["image"], None)
+            self._bar.console.print(f"[cyan]↓[/] pulled {p['image']} ({p['total'] / 1e6:.1f} MB)", highlight=False)
 
     def add(self, progress: Any) -> int:
         self.evals.append(progress)
@@ -258,7 +284,7 @@ class SWEDisplay:
         if self._bar is None:
             return
         p, c = self.evals[idx], self.counts
-        self._bar.update(self._task, total=p.total or None, completed=p.done,
+        self._bar.update(self._task, total=p.total or None, completed=p.done, amount=f"{p.done}/{p.total or '?'}",
                          description=f"[green]{c['valid']} valid[/] [red]{c['invalid']} invalid[/] [yellow]{c['errors']} errors[/]")
 
 

@@ -22,6 +22,7 @@ imports no backend and runs no engine CLI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -40,7 +41,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, ImageNotFound, InfraError
-from sandboxes.images import BuiltImage, ImageBuildRequest, RegistryAuth, host_arch, image_builder
+from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -133,6 +134,29 @@ def find_pip() -> list[str]:
         if subprocess.run([*argv, "--version"], capture_output=True).returncode == 0:
             return argv
     raise ImageBuildError("no pip on the host to download wheels with (set VF_SWE_PIP)")
+
+
+PullListener = Callable[[PullProgress], None]
+_PULL_LISTENERS: list[PullListener] = []
+
+
+def add_pull_listener(fn: PullListener) -> None:
+    """Have `fn` told how every image pull of this process goes (e.g. a progress bar);
+    it may be called from a worker thread."""
+    _PULL_LISTENERS.append(fn)
+
+
+def remove_pull_listener(fn: PullListener) -> None:
+    with contextlib.suppress(ValueError):
+        _PULL_LISTENERS.remove(fn)
+
+
+def _notify_pull(p: PullProgress) -> None:
+    for fn in list(_PULL_LISTENERS):
+        try:
+            fn(p)
+        except Exception:  # noqa: BLE001 - a display must never fail a pull
+            log.debug("pull listener failed", exc_info=True)
 
 
 class ImageBuilder:
@@ -365,7 +389,7 @@ class ImageBuilder:
         if name and (inst.source is None or not inst.image_name):
             try:
                 async with self._pull_slots():
-                    await self.builder.pull_image(name, self.auth)
+                    await self.builder.pull_image(name, self.auth, on_progress=_notify_pull)
                 self._image_ids.pop(name, None)
                 return ImageRef(tag=name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
             except ImageNotFound as exc:

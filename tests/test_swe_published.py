@@ -368,3 +368,24 @@ async def test_swe_smith_row_runs_end_to_end_on_docker(instances, tmp_path):
         client.images.remove(f"{repo}:{tag}", force=True)
         client.close()
 
+
+
+def test_cli_dataset_format_reaches_the_run_definition_and_a_wrong_one_exits_2(tmp_path):
+    import sys
+
+    from swe_debug.cli import eval_config, env_args
+
+    path = tmp_path / "smith.jsonl"
+    path.write_text(json.dumps(SMITH_ROW) + "\n")
+    args = {"dataset": str(path), "split": "test", "instance_ids": None, "debug_step": type("S", (), {"value": "gold_patch"}),
+            "debug_command": None, "debug_script_path": None, "debug_timeout": None, "test_timeout": 900,
+            "timeout_seconds": 1800, "check_fails_before": False, "repeat": 1, "no_setup": False, "no_tests": False,
+            "output_tail_chars": 2000, "cpu_cores": None, "memory_gb": None, "namespace": None, "push_to": None,
+            "keep_images": None, "dataset_format": "swe-smith", "concurrency": 1, "max_retries": 0, "output_dir": None,
+            "resume": False, "name": None, "junit_xml": None, "backend": "docker", "timeout_minutes": 10, "isolation": None}
+    assert env_args(args)["dataset_format"] == "swe-smith"
+    cfg = eval_config(args)  # the run definition (serialisable, what --resume compares) carries it
+    assert cfg.env_args["dataset_format"] == "swe-smith" and '"dataset_format":"swe-smith"' in cfg.model_dump_json()
+    res = subprocess.run([sys.executable, "-m", "swe_debug.cli", str(path), "--dataset-format", "swe-bench-pro", "-q"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 2 and "unknown dataset format 'swe-bench-pro'" in res.stdout + res.stderr, res
