@@ -373,11 +373,11 @@ async def test_swe_smith_row_runs_end_to_end_on_docker(instances, tmp_path):
 def test_cli_dataset_format_reaches_the_run_definition_and_a_wrong_one_exits_2(tmp_path):
     import sys
 
-    from swe_debug.cli import eval_config, env_args
+    from swe_debug.cli import Step, env_args, eval_config
 
     path = tmp_path / "smith.jsonl"
     path.write_text(json.dumps(SMITH_ROW) + "\n")
-    args = {"dataset": str(path), "split": "test", "instance_ids": None, "debug_step": type("S", (), {"value": "gold_patch"}),
+    args = {"dataset": str(path), "split": "test", "instance_ids": None, "debug_step": Step.gold_patch,
             "debug_command": None, "debug_script_path": None, "debug_timeout": None, "test_timeout": 900,
             "timeout_seconds": 1800, "check_fails_before": False, "repeat": 1, "no_setup": False, "no_tests": False,
             "output_tail_chars": 2000, "cpu_cores": None, "memory_gb": None, "namespace": None, "push_to": None,
