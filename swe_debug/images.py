@@ -73,11 +73,17 @@ class ImagePullFailed(InfraError):
     verdict on the instance."""
 
 
-def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest") -> str:
+IMAGE_SCHEMES = {"swe-bench": "_1776_", "swe-gym": "_s_"}
+"""How each published image set spells an instance id's `__` in image names (SWE-bench on
+Docker Hub: `_1776_`; SWE-Gym's `xingyaoww/sweb.eval.x86_64.*`: `_s_`)."""
+
+
+def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest", scheme: str = "swe-bench") -> str:
     """The SWE-bench harness's published name of an instance image:
     `{namespace}/sweb.eval.{arch}.{instance id}` lower-cased, with `__` spelled `_1776_`
-    (as on Docker Hub); `namespace` may start with a registry (`host:port/ns`)."""
-    key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", "_1776_")
+    (as on Docker Hub; `_s_` in SWE-Gym's scheme); `namespace` may start with a registry
+    (`host:port/ns`)."""
+    key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", IMAGE_SCHEMES[scheme])
     return f"{namespace.rstrip('/')}/{key}:{tag}"
 
 
@@ -376,7 +382,7 @@ class ImageBuilder:
         """The image a row names (`image_name`), else its SWE-bench name under `namespace`."""
         if inst.image_name:
             return inst.image_name
-        return swebench_image_name(self.namespace, inst.instance_id) if self.namespace else None
+        return swebench_image_name(self.namespace, inst.instance_id, scheme=inst.image_scheme) if self.namespace else None
 
     async def ensure(self, inst: SWEInstance) -> ImageRef:
         """The image to run `inst` in: a local or pulled prebuilt image, or the cached/built

@@ -85,6 +85,11 @@ class SWEInstance(BaseModel):
 
     # what an offline run needs
     image_name: str | None = Field(None, description="A prebuilt instance image; used when it exists locally.")
+    image_scheme: Literal["swe-bench", "swe-gym"] = Field(
+        "swe-bench", description="How --namespace names the row's image when it names none (images.IMAGE_SCHEMES).")
+    keep_untracked: bool = Field(
+        False, description="The image ships untracked files in its work tree (a published image): setup keeps them "
+                           "(git-excluded) instead of refusing an unclean tree.")
     environment: EnvironmentSpec | None = None
     source: SourceSpec | None = None
     install: list[str] = Field(default_factory=list, description="Commands run in /testbed when the instance layer is built.")

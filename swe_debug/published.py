@@ -61,7 +61,7 @@ SHAPES: dict[str, PublishedShape] = {s.name: s for s in [
         required=SWE_BENCH_COLUMNS,
         columns={"instance_id, repo, base_commit, patch, test_patch, version": "same name",
                  "FAIL_TO_PASS, PASS_TO_PASS": "lists (sequence of strings)"},
-        image="`--namespace`, or an `image_name` column (SWE-Gym's own images use another naming scheme)",
+        image="`--namespace xingyaoww` (SWE-Gym's images: `xingyaoww/sweb.eval.x86_64.<id>`, `__` → `_s_`), or `image_name`",
         notes="test command and parser from the `swebench` specs when its repo/version is there (SWE-Gym's repos "
               "mostly are not: give `test_cmd`/`log_parser` columns, else pytest)",
     ),
@@ -171,6 +171,10 @@ def normalize_row(row: Mapping[str, Any], shape: str | None = None) -> dict[str,
     elif name == "swe-rebench":
         out.update(_rebench(row))
     out["dataset_format"] = name
+    if name != "native":
+        out.setdefault("keep_untracked", True)  # images made elsewhere: their untracked files are their state
+    if name == "swe-gym":
+        out.setdefault("image_scheme", "swe-gym")
     return out
 
 

@@ -229,6 +229,10 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
                 f"git rev-parse --is-inside-work-tree >/dev/null || {{ echo 'no git work tree in {inst.workdir}' >&2; exit 3; }}",
                 f"test -z {base} || git rev-parse -q --verify {base}^{{commit}} >/dev/null"
                 f" || {{ echo 'base_commit {inst.base_commit} is not in this repository' >&2; exit 3; }}",
+                # a published image's own untracked files (run_tests.sh, a venv, build output) are
+                # its state: excluded, so the clean check passes and resets between rungs keep them
+                *(["mkdir -p .git/info && git status --porcelain --untracked-files=normal | sed -n 's|^?? |/|p' >> .git/info/exclude"]
+                  if inst.keep_untracked else []),
                 'status=$(git status --porcelain)',
                 'test -z "$status" || { echo "working tree is not clean:" >&2; echo "$status" >&2; exit 3; }',
                 # committed, so that resetting the tree between apply rungs keeps it

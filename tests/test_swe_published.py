@@ -152,6 +152,11 @@ def test_swe_bench_verified_parquet_maps_through_the_harness_specs(tmp_path):
     assert "export LANG=en_US.UTF-8" in inst.test_cmd  # the spec's eval_commands, before the tests
     assert inst.directives() == ["auth_tests.test_validators"]
     assert inst.log_parser == "swebench:django/django"
+    from sandboxes.images import host_arch
+    from swe_debug.images import ImageBuilder
+
+    assert ImageBuilder(namespace="swebench").remote_image(inst) == \
+        f"swebench/sweb.eval.{host_arch().swebench}.django_1776_django-11099:latest"
     assert inst.difficulty == "<15 min fix"  # unknown columns kept
 
 
@@ -169,6 +174,13 @@ def test_swe_gym_jsonl_named_format(tmp_path):
     assert inst.dataset_format == "swe-gym" and inst.log_parser == "pytest"
     assert inst.test_cmd == DEFAULT_TEST_CMD and inst.test_path[0] == CONDA_PATH[0] == "/opt/miniconda3/envs/testbed/bin"
     assert inst.FAIL_TO_PASS == GYM_ROW["FAIL_TO_PASS"] and inst.directives() == ["tests/test_ssm/test_ssm_boto3.py"]
+    # SWE-Gym's own images under --namespace: `__` spelled `_s_` (SWE-bench's: `_1776_`)
+    from sandboxes.images import host_arch
+    from swe_debug.images import ImageBuilder
+
+    arch = host_arch().swebench
+    assert ImageBuilder(namespace="xingyaoww").remote_image(inst) == f"xingyaoww/sweb.eval.{arch}.getmoto_s_moto-5752:latest"
+    assert inst.keep_untracked  # a published image's untracked files are its state
     # the same row without a column SWE-Gym publishes: the row and the column are named
     path.write_text(json.dumps({k: v for k, v in GYM_ROW.items() if k != "base_commit"}) + "\n")
     rep = load_instances(path, named_images=True, dataset_format="swe-gym")
@@ -338,7 +350,8 @@ async def test_swe_smith_row_runs_end_to_end_on_docker(instances, tmp_path):
     script = (f"set -e; cd /testbed\ncat > /tmp/g.diff <<'EOF_VF_GOLD'\n{inst.patch}\nEOF_VF_GOLD\n"
               f"cat > /tmp/t.diff <<'EOF_VF_TEST'\n{inst.test_patch}\nEOF_VF_TEST\n"
               "git apply /tmp/g.diff && git apply /tmp/t.diff && rm /tmp/*.diff && git add -A && "
-              "git -c user.name=s -c user.email=s@s commit -qm 'SWE-smith: clean repo'")
+              "git -c user.name=s -c user.email=s@s commit -qm 'SWE-smith: clean repo' && "
+              "echo 'untracked, as published images have' > run_tests.sh")  # kept by setup (keep_untracked)
     client = docker.from_env()
     repo, tag = "vf-swe-test/swesmith.x86_64.kjd_1776_idna", uuid.uuid4().hex[:12]
     c = client.containers.run(base, ["bash", "-c", script], detach=True, network_disabled=True)
