@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from test_swe_docker import examples, instances  # noqa: F401 - session fixtures of the SWE suite
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PYTEST_HEAD = """============================= test session starts ==============================
@@ -166,3 +168,59 @@ def test_readme_parity_table_is_what_was_measured():
     assert f"swebench {swebench.__version__}" in readme
     missing = [c.row() for c in CASES if c.row() not in readme]
     assert not missing, "README parity rows differ from the cases:\n" + "\n".join(missing)
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+@dataclass
+class RunCase:
+    name: str
+    variant: dict  # SWEInstance fields changed from the idna example
+    step: str
+    ours: str
+    theirs: str
+    why: str = "same verdict"
+
+    def row(self) -> str:
+        return f"| {self.name} | `{self.ours}` | `{self.theirs}` | {self.why} |"
+
+
+RUN_CASES = [
+    RunCase("idna example, gold patch", {}, "gold_patch", "pass", "RESOLVED_FULL"),
+    RunCase("idna example, no patch (debug step `none`)", {}, "none", "test_failed", "RESOLVED_NO"),
+    RunCase("idna example, gold patch, `pytest --color=yes`",
+            {"test_cmd": "python -m pytest -rA -v --color=yes -p no:cacheprovider"}, "gold_patch", "pass", "RESOLVED_NO",
+            "**harness wrong**: the coloured `PASSED` lines are not matched"),
+    RunCase("idna example, gold patch, FAIL_TO_PASS emptied", {"FAIL_TO_PASS": []}, "gold_patch", "test_failed",
+            "RESOLVED_FULL", "stricter: nothing shows the fix"),
+]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("case", RUN_CASES, ids=[c.name for c in RUN_CASES])
+async def test_real_runs_of_the_example_graded_by_both(case, instances, tmp_path):
+    """The idna example instance and broken variants of it, run for real on Docker; the
+    full test log of each run graded by us (the verdict of the run) and by the harness
+    (its pytest parser and grading on the same log between its markers)."""
+    from sandboxes import get_backend
+    from swe_debug.debug import DebugOptions, run_debug
+    from swe_debug.taskset import SWETaskSet
+    from test_swe_docker import IDNA
+
+    inst = instances[IDNA].model_copy(update=case.variant)
+    backend = get_backend("docker")
+    try:
+        out = await run_debug(SWETaskSet([inst]), inst, backend, DebugOptions(output_tail_chars=10**7),
+                              step=case.step)
+    finally:
+        await backend.close()
+    theirs = _theirs(Case(case.name, "pytest-dev/pytest", "8.3", out.stdout_tail, out.test_exit_code or 0,
+                          inst.FAIL_TO_PASS, inst.PASS_TO_PASS), tmp_path)
+    assert (out.reason, theirs) == (case.ours, case.theirs), out.detail
+
+
+def test_readme_real_run_parity_rows():
+    readme = (ROOT / "swe_debug" / "README.md").read_text()
+    missing = [c.row() for c in RUN_CASES if c.row() not in readme]
+    assert not missing, "README rows differ from the real-run cases:\n" + "\n".join(missing)
