@@ -126,8 +126,10 @@ def apply_repo_spec(row: dict[str, Any]) -> dict[str, Any]:
     if "test_cmd" not in row:
         test_cmd = spec["test_cmd"]
         test_cmd = " && ".join(test_cmd) if isinstance(test_cmd, list) else test_cmd
-        # the harness's eval script: activate the env, its eval_commands, then the tests
-        pre = [CONDA_ACTIVATE, *spec.get("eval_commands", [])]
+        # the harness's eval script: activate the env, its eval_commands, re-install the
+        # package (the gold patch may change compiled code), then the tests; like the
+        # harness's (no `set -e`) a failed step does not stop the tests
+        pre = [CONDA_ACTIVATE, *spec.get("eval_commands", []), *([spec["install"]] if spec.get("install") else [])]
         out["test_cmd"] = "; ".join([*pre, test_cmd])
         if "test_directives" not in row:
             out["test_directives"] = test_directives(row)

@@ -150,6 +150,7 @@ def test_swe_bench_verified_parquet_maps_through_the_harness_specs(tmp_path):
     assert inst.test_cmd.startswith("source /opt/miniconda3/bin/activate && conda activate testbed; ")
     assert inst.test_cmd.endswith("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1")
     assert "export LANG=en_US.UTF-8" in inst.test_cmd  # the spec's eval_commands, before the tests
+    assert "; python -m pip install -e .; ./tests/runtests.py" in inst.test_cmd  # and its re-install, as the harness
     assert inst.directives() == ["auth_tests.test_validators"]
     assert inst.log_parser == "swebench:django/django"
     from sandboxes.images import host_arch
