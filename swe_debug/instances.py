@@ -97,6 +97,8 @@ class SWEInstance(BaseModel):
     setup_patch: str = Field("", description="A diff the setup step applies before the debug step (SWE-smith: the bug).")
     dataset_format: str = Field("native", description="The published shape the row was read as (swe_debug.published).")
     test_cmd: str = DEFAULT_TEST_CMD
+    eval_script: str = Field("", description="The row's own test script (swebench 5.x datasets): it resets and applies "
+                             "the test patch and runs the tests between the harness's markers; replaces test_cmd.")
     test_path: list[str] = Field(default_factory=list, description="Directories put first on PATH for the test command "
                                  "(the published images' conda env).")
     test_directives: list[str] | None = Field(None, description="Test paths/modules; default: the files of test_patch.")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-ShapeName = Literal["native", "swe-bench", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench"]
+ShapeName = Literal["native", "swe-bench", "swe-bench-v5", "swe-gym", "swe-smith", "r2e-gym", "swe-rebench"]
 SHAPE_NAMES: tuple[str, ...] = ShapeName.__args__  # type: ignore[attr-defined]
 
 CONDA_PATH = ["/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin", "/opt/conda/envs/testbed/bin"]
@@ -53,6 +53,18 @@ SHAPES: dict[str, PublishedShape] = {s.name: s for s in [
         image="`--namespace NS`: `NS/sweb.eval.<arch>.<id>` (`__` → `_1776_`); the tests run in their conda env `testbed`",
         notes="test command, test directives (Django: dotted modules) and log parser from the `swebench` package's "
               "per-repo specs (`MAP_REPO_VERSION_TO_SPECS`, `MAP_REPO_TO_PARSER`) when the row names none",
+    ),
+    PublishedShape(
+        name="swe-bench-v5",
+        datasets="SWE-bench datasets published for swebench 5.x (a row's own `eval_script`), SumanthRH/SWE-Gym",
+        recognised_by="`eval_script`",
+        required=("instance_id", "eval_script", "FAIL_TO_PASS", "PASS_TO_PASS"),
+        columns={"instance_id, repo, patch, test_patch, version": "same name",
+                 "eval_script": "run as the test step (it resets and applies the test patch itself); the test "
+                                "command's exit code recorded after its end marker, the log parsed between its markers",
+                 "log_parser": "the `swebench` parser of that name (else pytest)",
+                 "image": "image_name", "FAIL_TO_PASS, PASS_TO_PASS": "JSON strings or lists"},
+        image="`image` / `image_name`, else `--namespace`",
     ),
     PublishedShape(
         name="swe-gym",
@@ -127,6 +139,8 @@ def detect_shape(row: Mapping[str, Any]) -> ShapeName:
         return "r2e-gym"
     if "install_config" in row:
         return "swe-rebench"
+    if "eval_script" in row:
+        return "swe-bench-v5"
     image = row.get("image_name")
     if isinstance(image, str) and "swesmith" in image.lower() and "test_patch" not in row:
         return "swe-smith"

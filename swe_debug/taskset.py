@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
+import re
 import shlex
 import time
 from collections.abc import Sequence
@@ -30,6 +31,30 @@ T = TypeVar("T")
 PATCH_PATH = "/tmp/vf_gold.diff"
 TEST_PATCH_PATH = "/tmp/vf_test.diff"
 SETUP_PATCH_PATH = "/tmp/vf_setup.diff"
+EVAL_SCRIPT_PATH = "/tmp/vf_eval.sh"
+START_TEST_OUTPUT, END_TEST_OUTPUT = ">>>>> Start Test Output", ">>>>> End Test Output"
+TEST_EXIT_CODE = ">>>>> Test Exit Code"
+"""The SWE-bench harness's eval-script markers (its 5.x records the test command's exit code
+after the end marker: the script's own status is its last `git checkout`'s)."""
+
+
+def record_test_exit_code(script: str) -> str:
+    """`script` with the test command's exit status captured before the end marker and
+    printed after it (as swebench 5.x does); unchanged when it has no end marker."""
+    lines = script.split("\n")
+    for i, line in enumerate(lines):
+        if END_TEST_OUTPUT in line:
+            return "\n".join([*lines[:i], "VF_TEST_EXIT_CODE=$?", line,
+                              f'echo "{TEST_EXIT_CODE}: $VF_TEST_EXIT_CODE"', *lines[i + 1:]])
+    return script
+
+
+def between_markers(log: str) -> str:
+    """The test output of an eval-script log: between the start and end markers when both
+    are there (else the whole log)."""
+    if START_TEST_OUTPUT in log and END_TEST_OUTPUT in log:
+        return log.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
+    return log
 APPLY_TIMEOUT = 60.0
 
 
@@ -276,6 +301,8 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         return cmd
 
     async def run_tests(self, sandbox: Sandbox, inst: SWEInstance, timeout: float, output_limit: int) -> tuple[StepResult, ApplyResult]:
+        if inst.eval_script.strip():
+            return await self._run_eval_script(sandbox, inst, timeout, output_limit)
         tp = await self.apply_test_patch(sandbox, inst)
         if not tp.applied:
             return StepResult(ok=False), tp
@@ -285,8 +312,23 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         )
         return StepResult.of(r, time.perf_counter() - t0), tp
 
+    async def _run_eval_script(self, sandbox: Sandbox, inst: SWEInstance, timeout: float,
+                               output_limit: int) -> tuple[StepResult, ApplyResult]:
+        """The row's own eval script (it applies the test patch itself); the exit code is
+        the test command's, recorded after the end marker (None when the script never got
+        there: the tests did not run to the end)."""
+        await sandbox.write_file(EVAL_SCRIPT_PATH, record_test_exit_code(inst.eval_script))
+        t0 = time.perf_counter()
+        r = await sandbox.exec(["bash", "-c", f"{{ bash {EVAL_SCRIPT_PATH}\n}} 2>&1"], cwd=inst.workdir, timeout=timeout,
+                               output_limit=output_limit)
+        step = StepResult.of(r, time.perf_counter() - t0)
+        m = re.search(rf"^{re.escape(TEST_EXIT_CODE)}: (-?\d+)\s*$", r.stdout, re.M)
+        step.exit_code = int(m.group(1)) if m else (None if not r.timed_out else r.exit_code)
+        step.ok = step.exit_code == 0
+        return step, ApplyResult(applied=True, method="eval_script")
+
     def parse_log(self, inst: SWEInstance, log: str) -> ParseResult:
-        return get_parser(inst.log_parser)(log)
+        return get_parser(inst.log_parser)(between_markers(log) if inst.eval_script.strip() else log)
 
     def grade(self, inst: SWEInstance, parse: ParseResult, exit_code: int | None) -> Grade:
         return grade(parse, exit_code, inst.FAIL_TO_PASS, inst.PASS_TO_PASS)

@@ -403,3 +403,46 @@ def test_cli_dataset_format_reaches_the_run_definition_and_a_wrong_one_exits_2(t
     res = subprocess.run([sys.executable, "-m", "swe_debug.cli", str(path), "--dataset-format", "swe-bench-pro", "-q"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 2 and "unknown dataset format 'swe-bench-pro'" in res.stdout + res.stderr, res
+
+
+@pytest.mark.docker
+async def test_eval_script_rows_run_their_own_script_on_docker(instances, tmp_path):
+    """A swebench-5.x-shaped row (its own `eval_script`, `image`, `log_parser` by the
+    harness's function name) on the REAL idna image: the script resets and applies the
+    test patch itself; the test command's own exit code is recorded after the end marker
+    (the script's is its last `git checkout`'s) and the log is parsed between markers.
+    Gold → valid; no patch → test_failed; a script whose tests exit 4 with nothing failing
+    → no_tests_ran (the exit code is the test command's, not the script's 0)."""
+    from swe_debug.images import ImageBuilder
+    from swe_debug.instances import load_instances
+    from swe_debug.taskset import SWETaskSet
+    from test_swe_docker import IDNA, _run
+
+    inst = instances[IDNA]
+    image = (await ImageBuilder().ensure(inst)).tag
+    files = " ".join(inst.directives())
+
+    def script(test: str) -> str:
+        return "\n".join([
+            "#!/bin/bash", "set -uxo pipefail", "cd /testbed", "git status", f"git checkout {inst.base_commit} {files}",
+            f"git apply -v - <<'EOF_114329324912'\n{inst.test_patch}\nEOF_114329324912",
+            ": '>>>>> Start Test Output'", test, ": '>>>>> End Test Output'", f"git checkout {inst.base_commit} {files}",
+        ])
+
+    row = {"instance_id": "kjd__idna-3.4", "repo": "kjd/idna", "version": "3.4", "base_commit": inst.base_commit,
+           "patch": inst.patch, "test_patch": inst.test_patch, "image": image, "log_parser": "parse_log_pytest",
+           "eval_type": "pass_and_fail", "FAIL_TO_PASS": json.dumps(inst.FAIL_TO_PASS),
+           "PASS_TO_PASS": json.dumps(inst.PASS_TO_PASS),
+           "eval_script": script(f"python -m pytest -rA --color=no -p no:cacheprovider {files}")}
+    nothing = {**row, "instance_id": "kjd__idna-exit4", "eval_script": script(
+        f"python -m pytest -rA --color=no -p no:cacheprovider {files}; exit_code=4; (exit $exit_code)")}
+    path = tmp_path / "v5.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(nothing) + "\n")
+    rep = load_instances(path)
+    assert not rep.errors and {i.dataset_format for i in rep.instances} == {"swe-bench-v5"}, rep.errors
+    ts = SWETaskSet(rep.instances)
+    gold = await _run(instances, [], taskset=ts, concurrency=2)
+    assert gold[IDNA]["valid"] and gold[IDNA]["reason"] == "pass" and gold[IDNA]["test_exit_code"] == 0, gold[IDNA]
+    assert gold["kjd__idna-exit4"]["reason"] == "no_tests_ran" and gold["kjd__idna-exit4"]["test_exit_code"] == 4
+    none = await _run(instances, [], taskset=SWETaskSet(rep.instances[:1]), debug_step="none")
+    assert none[IDNA]["reason"] == "test_failed" and none[IDNA]["test_exit_code"] == 1, none[IDNA]
