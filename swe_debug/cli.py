@@ -49,7 +49,7 @@ def _split_ids(values: list[str] | None) -> list[str]:
 def run(
     dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name.")],
     split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
-    dataset_format: Annotated[Optional[str], typer.Option("--dataset-format", help="Published shape of the rows: swe-bench, swe-gym, swe-smith, r2e-gym, swe-rebench or native (default: recognised per row by its columns).")] = None,
+    dataset_format: Annotated[Optional[str], typer.Option("--dataset-format", help="Published shape of the rows: swe-bench, swe-bench-v5, swe-gym, swe-smith, r2e-gym, swe-rebench or native (default: recognised per row by its columns; see swe_debug/README.md).")] = None,
     instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", "-i", help="Only these ids (repeat or comma-separate).")] = None,
     debug_step: Annotated[Step, typer.Option("--debug-step", help="What to do before the tests.")] = Step.gold_patch,
     debug_command: Annotated[Optional[str], typer.Option("--debug-command", help="Shell command for --debug-step command.")] = None,

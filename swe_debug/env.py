@@ -282,7 +282,7 @@ def load_environment(
     or the Docker config, never from arguments (so never from results or metadata).
     `keep_images`: of the images this run pulled or built, keep only that many (least
     recently used go first, never one in use, never one the run did not make).
-    `dataset_format`: the published shape of the rows (swe-bench, swe-gym, swe-smith,
+    `dataset_format`: the published shape of the rows (swe-bench, swe-bench-v5, swe-gym, swe-smith,
     r2e-gym, swe-rebench, native; swe_debug.published); default: recognised per row."""
     from .instances import dataset_name, load_instances
     from .taskset import SWETaskSet
