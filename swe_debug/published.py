@@ -108,7 +108,7 @@ SHAPES: dict[str, PublishedShape] = {s.name: s for s in [
         required=SWE_BENCH_COLUMNS[:-1] + ("install_config",),
         columns={"instance_id, repo, base_commit, patch, test_patch": "same name",
                  "FAIL_TO_PASS, PASS_TO_PASS": "lists or JSON strings",
-                 "install_config.test_cmd": "test_cmd (a list runs every command; no directives appended)",
+                 "install_config.test_cmd": "test_cmd (a list runs every command, exit status the highest; no directives appended)",
                  "install_config.log_parser": "log_parser (the `swebench` parser of that name)",
                  "image_name / docker_image": "image_name"},
         image="`image_name` / `docker_image`, else `--namespace`",
@@ -209,8 +209,9 @@ def _rebench(row: Mapping[str, Any]) -> dict[str, Any]:
         cmd = cmd.tolist()
     if isinstance(cmd, (list, tuple)):
         cmds = [c for c in cmd if isinstance(c, str) and c.strip()]
-        cmd = cmds[0] if len(cmds) == 1 else ("fail=0; " + "; ".join(f"{{ {c}; }} || fail=1" for c in cmds)
-                                              + "; exit $fail") if cmds else None
+        # every command runs; the status is the highest of theirs (a 2 is not masked by a later 1)
+        cmd = cmds[0] if len(cmds) == 1 else ("rc=0; " + " ".join(f"{{ {c}\n}}; s=$?; [ $s -gt $rc ] && rc=$s;" for c in cmds)
+                                              + " exit $rc") if cmds else None
     if not isinstance(cmd, str) or not cmd.strip():
         raise ShapeError("install_config.test_cmd", "missing or empty (the command that runs the tests)")
     out: dict[str, Any] = {"test_cmd": cmd, "test_directives": [], "test_path": CONDA_PATH}
