@@ -456,3 +456,40 @@ async def test_eval_script_rows_run_their_own_script_on_docker(instances, tmp_pa
     assert gold["kjd__idna-exit4"]["reason"] == "no_tests_ran" and gold["kjd__idna-exit4"]["test_exit_code"] == 4
     none = await _run(instances, [], taskset=SWETaskSet(rep.instances[:1]), debug_step="none")
     assert none[IDNA]["reason"] == "test_failed" and none[IDNA]["test_exit_code"] == 1, none[IDNA]
+
+
+@pytest.mark.docker
+def test_example_taskset_in_the_published_schema_runs_from_a_hub_style_parquet_dir(instances, tmp_path):
+    """The example taskset written as SWE-bench publishes it (only its columns, JSON-string
+    test lists, environment_setup_commit; the image by name), as a hub dataset repo
+    (data/test-*.parquet), through `datasets.load_dataset` and the vf-swe-debug CLI:
+    every instance valid, exit 0, a JUnit report with no failure."""
+    import sys
+    import xml.etree.ElementTree as ET
+
+    from sandboxes.images import run_sync
+    from swe_debug.images import ImageBuilder
+    from test_swe_docker import DATEUTIL, IDNA, MORE
+
+    rows = []
+    for iid in (IDNA, DATEUTIL, MORE):
+        inst = instances[iid]
+        row = {"repo": inst.repo, "instance_id": iid, "base_commit": inst.base_commit, "patch": inst.patch,
+               "test_patch": inst.test_patch, "problem_statement": "", "hints_text": "", "created_at": "2024-01-01",
+               "version": inst.version, "FAIL_TO_PASS": json.dumps(inst.FAIL_TO_PASS),
+               "PASS_TO_PASS": json.dumps(inst.PASS_TO_PASS), "environment_setup_commit": inst.base_commit,
+               "image_name": run_sync(lambda inst=inst: ImageBuilder().ensure(inst)).tag,
+               # the one instance not run by pytest names its runner (a repo the harness has no spec for)
+               "test_cmd": inst.test_cmd, "log_parser": inst.log_parser,
+               "test_directives": inst.test_directives}
+        rows.append(row)
+    repo = tmp_path / "SWE-bench_examples"
+    _write_parquet(rows, repo / "data" / "test-00000-of-00001.parquet")
+    out, junit = tmp_path / "out", tmp_path / "junit.xml"
+    res = subprocess.run([sys.executable, "-m", "swe_debug.cli", str(repo), "--split", "test", "-c", "3", "-q",
+                          "-o", str(out), "--junit-xml", str(junit)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env={**__import__("os").environ, "VF_RUNS_DB": str(tmp_path / "runs.db")})
+    assert res.returncode == 0, res.stdout + res.stderr
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert int(suite.get("tests")) == 3 and int(suite.get("failures", 0)) == 0 and int(suite.get("errors", 0)) == 0
