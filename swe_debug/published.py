@@ -154,10 +154,14 @@ def detect_shape(row: Mapping[str, Any]) -> ShapeName:
                                     f"its columns: {cols}")
 
 
+_NAMES = ("instance_id", "image_name", "commit_hash", "docker_image")
+
+
 def _present(row: Mapping[str, Any], key: str) -> bool:
+    """A column is missing when absent or null; an empty name counts as missing too (an
+    empty patch does not: the gold_patch step refuses it with its own message)."""
     v = row.get(key)
-    return v is not None and not (isinstance(v, str) and key in ("instance_id", "image_name", "commit_hash", "docker_image")
-                                  and not v.strip())
+    return v is not None and not (key in _NAMES and isinstance(v, str) and not v.strip())
 
 
 def normalize_row(row: Mapping[str, Any], shape: str | None = None) -> dict[str, Any]:
