@@ -55,12 +55,14 @@ _T = TypeVar("_T")
 
 class PullProgress(TypedDict):
     """How far a pull of `image` is: bytes of its layers downloaded so far out of the
-    bytes the registry announced (both grow as layers are announced); `finished` once."""
+    bytes the registry announced (both grow as layers are announced); `finished` once,
+    at the end, with `failed` when the pull did not bring the image."""
 
     image: str
     done: int
     total: int
     finished: bool
+    failed: bool
 
 
 class RegistryAuth(BaseModel):

@@ -261,7 +261,10 @@ class SWEDisplay:
             if task is not None:
                 self._bar.remove_task(task)
                 self._pulls.pop(p["image"], None)
-            self._bar.console.print(f"[cyan]↓[/] pulled {p['image']} ({p['total'] / 1e6:.1f} MB)", highlight=False)
+            if p.get("failed"):
+                self._bar.console.print(f"[yellow]![/] pull of {p['image']} failed", highlight=False)
+            else:
+                self._bar.console.print(f"[cyan]↓[/] pulled {p['image']} ({p['total'] / 1e6:.1f} MB)", highlight=False)
 
     def add(self, progress: Any) -> int:
         self.evals.append(progress)

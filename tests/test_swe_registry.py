@@ -203,3 +203,17 @@ async def test_pull_progress_reaches_the_display(instances, registry):
     assert any(0 < e["done"] < e["total"] for e in events[:-1]), events  # seen while downloading
     assert all(a["done"] <= b["done"] for a, b in zip(events, events[1:]))
     assert f"pulled {name} ({final['total'] / 1e6:.1f} MB)" in out.getvalue()
+    assert not final["failed"]
+    # a pull that fails (no such tag) ends with one failed report; the display says so
+    from swe_debug.images import ImagePullFailed
+
+    events.clear()
+    add_pull_listener(listen)
+    missing = f"{registry.url}/progress/blob:no-such-tag"
+    try:
+        with SWEDisplay(Console(file=out, width=200)), pytest.raises(ImagePullFailed):
+            await ImageBuilder(auth=_auth(registry)).ensure(inst.model_copy(update={"image_name": missing}))
+    finally:
+        remove_pull_listener(listen)
+    assert [e for e in events if e["finished"]] == [events[-1]] and events[-1]["failed"], events
+    assert f"pull of {missing} failed" in out.getvalue()

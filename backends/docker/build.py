@@ -100,11 +100,19 @@ class EngineImages:
              on_progress: Callable[[PullProgress], None] | None = None) -> str:
         """Pull `image` from its registry; its id. ImageNotFound when that fails (no registry
         here, no such image or tag, bad credentials: the registry's own words say which).
-        `on_progress` gets the layers' downloaded / announced bytes as the engine reports them."""
-        import docker
-
+        `on_progress` gets the layers' downloaded / announced bytes as the engine reports them,
+        and a last report when it ends (`failed` when it raised)."""
         repo, tag = split_name(image)
         layers = _LayerBytes(image, on_progress)
+        try:
+            return self._pull(image, repo, tag, auth, layers)
+        except BaseException:
+            layers.finish(failed=True)
+            raise
+
+    def _pull(self, image: str, repo: str, tag: str | None, auth: RegistryAuth | None, layers: "_LayerBytes") -> str:
+        import docker
+
         with self.api(f"pull {image}", timeout=900) as api:
             try:
                 for chunk in api.pull(repo, tag=tag, stream=True, decode=True,
@@ -272,11 +280,14 @@ class _LayerBytes:
         self.total: dict[str, int] = {}
         self.current: dict[str, int] = {}
 
-    def _emit(self, finished: bool = False) -> None:
+    def _emit(self, finished: bool = False, failed: bool = False) -> None:
         if self.on_progress is not None:
             total = sum(self.total.values())
-            done = total if finished else min(sum(self.current.values()), total)
-            self.on_progress(PullProgress(image=self.image, done=done, total=total, finished=finished))
+            done = total if finished and not failed else min(sum(self.current.values()), total)
+            try:
+                self.on_progress(PullProgress(image=self.image, done=done, total=total, finished=finished, failed=failed))
+            except Exception:  # noqa: BLE001 - a progress display never fails a pull
+                log.debug("pull progress callback failed", exc_info=True)
 
     def update(self, chunk: dict) -> None:
         layer, status = chunk.get("id"), str(chunk.get("status") or "")
@@ -292,5 +303,5 @@ class _LayerBytes:
             return
         self._emit()
 
-    def finish(self) -> None:
-        self._emit(finished=True)
+    def finish(self, failed: bool = False) -> None:
+        self._emit(finished=True, failed=failed)
