@@ -144,6 +144,7 @@ class SandboxEnv(StatefulToolEnv):
         workdir: str | None = None,
         network: bool = False,
         isolation: str = "runc",
+        rollout_isolation: str = "container",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
@@ -166,6 +167,7 @@ class SandboxEnv(StatefulToolEnv):
             labels=labels if labels is not None else {sandbox_name: "true"},
             network=network,
             isolation=isolation,
+            rollout_isolation=rollout_isolation,
         )
         if workdir:
             spec_fields["workdir"] = workdir
@@ -285,6 +287,7 @@ class SandboxEnv(StatefulToolEnv):
         "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
         "timeout_minutes": "timeout_minutes", "environment_vars": "environment_vars", "network": "network",
         "workdir": "workdir", "labels": "labels", "isolation": "isolation",
+        "rollout_isolation": "rollout_isolation",
     }
 
     def set_sandbox_settings(self, **settings: Any) -> None:

@@ -74,6 +74,7 @@ def run(
     namespace: Annotated[Optional[str], typer.Option("--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD or the Docker config.")] = None,
     push_to: Annotated[Optional[str], typer.Option("--push-to", help="Push instance images built here to this registry (host:port or host:port/ns), so other machines, Kubernetes and Ray nodes pull them by name.")] = None,
     keep_images: Annotated[Optional[int], typer.Option("--keep-images", min=0, help="Disk bound: of the images this run pulls or builds, keep at most N (least recently used removed first; never an image in use or one the run did not make). Default: keep all.")] = None,
+    rollout_isolation: Annotated[Optional[str], typer.Option("--rollout-isolation", help="Each instance in a new container (`container`) or in a cell of a pooled container of its image (`namespace`: private overlay, namespaces, cgroup limits; see README) \\[default: container].")] = None,
     isolation: Annotated[Optional[str], typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) \\[default: runc].")] = None,
     name: Annotated[Optional[str], typer.Option("--eval-name", "--name", help="Run name in the run registry (default: the dataset's name and the debug step).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
@@ -97,6 +98,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
         "memory_gb": a["memory_gb"], "namespace": a["namespace"], "push_to": a["push_to"],
         "keep_images": a["keep_images"], "dataset_format": a.get("dataset_format"),
+        "rollout_isolation": a.get("rollout_isolation"),
     }
     return {k: v for k, v in out.items() if v is not None}
 

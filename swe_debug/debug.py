@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
-from sandboxes.spec import Isolation
+from sandboxes.spec import Isolation, RolloutIsolation
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
@@ -50,6 +50,7 @@ class DebugOptions(BaseModel):
     memory_gb: float | None = None
     disk_size_gb: float | None = None
     isolation: Isolation | None = None  # None: the task set's spec (runc)
+    rollout_isolation: RolloutIsolation | None = None  # None: the task set's spec (container)
     labels: list[str] | dict[str, str] | None = None
     timeout_seconds: float = 1800.0
     output_tail_chars: int = 2000
@@ -197,6 +198,8 @@ async def run_debug(
                                 memory_gb=opts.memory_gb, disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
     if opts.isolation is not None and opts.isolation != spec.isolation:
         spec = spec.model_copy(update={"isolation": opts.isolation})
+    if opts.rollout_isolation is not None and opts.rollout_isolation != spec.rollout_isolation:
+        spec = spec.model_copy(update={"rollout_isolation": opts.rollout_isolation})
     clock.lap()
     sandbox: Sandbox | None = None
     try:

@@ -76,6 +76,7 @@ class SWEDebugEnv(Environment):
         memory_gb: float | None = None,
         disk_size_gb: float | None = None,
         isolation: str | None = None,
+        rollout_isolation: str | None = None,
         labels: list[str] | dict[str, str] | None = None,
         timeout_seconds: float = 1800.0,
         output_tail_chars: int = 2000,
@@ -91,7 +92,7 @@ class SWEDebugEnv(Environment):
             run_setup=run_setup, debug_step=debug_step, run_tests=run_tests, debug_command=debug_command,
             debug_script=debug_script, debug_script_path=debug_script_path, debug_timeout=debug_timeout,
             test_timeout=test_timeout, cpu_cores=cpu_cores, memory_gb=memory_gb, disk_size_gb=disk_size_gb, isolation=isolation,
-            labels=labels, timeout_seconds=timeout_seconds, output_tail_chars=output_tail_chars,
+            rollout_isolation=rollout_isolation, labels=labels, timeout_seconds=timeout_seconds, output_tail_chars=output_tail_chars,
         )
         self.options.check()
         if repeat < 1:
@@ -144,6 +145,11 @@ class SWEDebugEnv(Environment):
     def set_isolation(self, isolation: str) -> None:
         super().set_isolation(isolation)
         self._set_option(isolation=isolation)
+
+    def set_rollout_isolation(self, rollout_isolation: str) -> None:
+        """-x rollout_isolation=namespace: each instance runs in a cell of a pooled container
+        of its image (sandboxes/cells.py) instead of a new container."""
+        self._set_option(rollout_isolation=rollout_isolation)
 
     def isolation_in_use(self) -> str | None:
         return self.options.isolation or "runc"
@@ -264,6 +270,7 @@ def load_environment(
     cpu_cores: float | None = None,
     memory_gb: float | None = None,
     isolation: str | None = None,
+    rollout_isolation: str | None = None,
     backend: str | None = None,
     namespace: str | None = None,
     push_to: str | None = None,
@@ -329,5 +336,5 @@ def load_environment(
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
         timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, run_setup=run_setup,
         run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores, memory_gb=memory_gb,
-        isolation=isolation, backend=backend, input_errors=input_errors,
+        isolation=isolation, rollout_isolation=rollout_isolation, backend=backend, input_errors=input_errors,
     )

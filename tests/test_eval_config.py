@@ -245,3 +245,14 @@ def test_hosted_junit_without_follow_is_refused_before_anything_is_submitted():
     cfg = EvalConfig(env_id="math-single", model="m", client_config=ClientConfig(), junit_xml="report.xml")
     with pytest.raises(ConfigError, match="--junit-xml with --hosted needs --follow"):
         run_hosted([cfg], {}, follow=False, poll_interval=1.0)
+
+
+def test_repeated_x_flags_merge_and_a_conflict_is_an_error():
+    from envs.eval.config import parse_kwargs_list
+    from sandboxes.errors import ConfigError
+
+    assert parse_kwargs_list(["rollout_isolation=namespace", "isolation=gvisor,n=3", '{"flag": true}'], "-x") == {
+        "rollout_isolation": "namespace", "isolation": "gvisor", "n": 3, "flag": True}
+    assert parse_kwargs_list(["a=1", "a=1"], "-x") == {"a": 1}
+    with pytest.raises(ConfigError, match="a is given twice"):
+        parse_kwargs_list(["a=1", "a=2"], "-x")

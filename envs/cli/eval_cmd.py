@@ -56,7 +56,7 @@ def _fail(message: str, code: int = 2) -> None:
 def eval_command(
     env_id_or_path: Optional[list[str]] = typer.Argument(None, help="Environment ID(s) or path to a TOML config"),
     env_args: Optional[str] = typer.Option(None, "--env-args", "-a", help="JSON object passed to load_environment() \\[default: {}]"),
-    extra_env_kwargs: Optional[str] = typer.Option(None, "--extra-env-kwargs", "-x", help="Environment settings: a JSON object or key=value[,key=value] (e.g. isolation=gvisor) \\[default: {}]"),
+    extra_env_kwargs: Optional[list[str]] = typer.Option(None, "--extra-env-kwargs", "-x", help="Environment settings: a JSON object or key=value[,key=value] (e.g. isolation=gvisor); repeatable, merged \\[default: {}]"),
     env_dir_path: Optional[str] = typer.Option(None, "--env-dir-path", "-p", help="Base path of local environments \\[default: ./environments]"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or endpoint alias \\[default: openai/gpt-4.1-mini]"),
     api_base_url: Optional[str] = typer.Option(None, "--api-base-url", "-b", help="API base URL \\[default: https://api.pinference.ai/api/v1]"),
@@ -109,7 +109,7 @@ def eval_command(
     from sandboxes.errors import ConfigError, UsageError
 
     from ..errors import MissingKeyError
-    from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object, parse_kwargs
+    from ..eval.config import config_from_run, configs_from_cli, configs_from_toml, parse_header_lines, parse_json_object, parse_kwargs_list
     from ..logging_utils import setup_logging
 
     setup_logging("DEBUG" if verbose else "INFO", log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -181,7 +181,7 @@ def eval_command(
             cli = {
                 **run_control,
                 "env_args": parse_json_object(env_args, "--env-args/-a") or None,
-                "extra_env_kwargs": parse_kwargs(extra_env_kwargs, "--extra-env-kwargs/-x") or None,
+                "extra_env_kwargs": parse_kwargs_list(extra_env_kwargs, "--extra-env-kwargs/-x") or None,
                 "sampling_args": parse_json_object(sampling_args, "--sampling-args/-S") or None,
                 "env_dir_path": env_dir_path,
                 "model": model,

@@ -188,6 +188,20 @@ def parse_kwargs(text: str | None, flag: str) -> dict[str, Any]:
     return out
 
 
+def parse_kwargs_list(texts: list[str] | str | None, flag: str) -> dict[str, Any]:
+    """A repeatable `-x`: each occurrence parsed by `parse_kwargs`, merged in order; a key
+    given twice with different values is a ConfigError (never silently the last one)."""
+    if texts is None or isinstance(texts, str):
+        return parse_kwargs(texts, flag)
+    out: dict[str, Any] = {}
+    for text in texts:
+        for key, value in parse_kwargs(text, flag).items():
+            if key in out and out[key] != value:
+                raise ConfigError(f"{flag}: {key} is given twice ({out[key]!r} and {value!r})")
+            out[key] = value
+    return out
+
+
 def parse_header_lines(lines: list[str] | None, what: str = "--header") -> dict[str, str]:
     out: dict[str, str] = {}
     for line in lines or []:
