@@ -21,6 +21,12 @@ an instant model the run is bound by how fast the engine creates sandboxes,
 which a pool cannot change, so that pair is printed for reference only.
 `--eval-only` skips the round trips.
 
+Rollout isolation (issue 17): the same 64 x 3 eval with `rollout_isolation=
+"namespace"` (each rollout a cell of a pooled host container; the env's
+default warm pool then keeps cells ready) against create-per-rollout containers, under runc and under gVisor, same run:
+targets >= 5x rollouts/s, create share < 10 %, per-rollout setup p50 <= 20 ms.
+`--cells-only` runs just those four rows.
+
     .venv/bin/python benchmarks/bench_sandbox_env.py [--samples 300] [--raw-samples 60] [--rollouts 64] [--json]
 """
 
@@ -92,7 +98,8 @@ async def round_trips(args) -> dict:
     return {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
 
 
-async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: float = 0.0) -> dict:
+async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: float = 0.0,
+                   rollout_isolation: str = "container", isolation: str = "runc") -> dict:
     from openai import AsyncOpenAI
 
     import envs as vf
@@ -106,7 +113,7 @@ async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: fl
     label = {**LABELS, "vf-bench-run": uuid.uuid4().hex[:8]}
     env = vf.SandboxEnv(dataset=[{"question": f"q{i}", "answer": "done"} for i in range(args.rollouts)],
                         labels=label, max_turns=6, pool_size=pool_size, persistent_shell=persistent,
-                        memory_gb=0.5)
+                        memory_gb=0.5, rollout_isolation=rollout_isolation, isolation=isolation)
     async with ModelServer(policy) as srv:
         client = vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=srv.base_url, api_key="x"))
         t0 = time.perf_counter()
@@ -120,9 +127,33 @@ async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: fl
     create = sum(r["metrics"].get("sandbox_ready_wait_time", 0.0) for r in rows)
     execs = sum(r["metrics"].get("sandbox_command_execution_time", 0.0) for r in rows)
     commands = sum(r["metrics"].get("sandbox_command_count", 0.0) for r in rows)
+    waits = [r["metrics"].get("sandbox_ready_wait_time", 0.0) for r in rows]
     return {"wall_s": wall, "rollouts_per_s": len(rows) / wall, "errors": errors, "create_share": create / total,
-            "exec_share": execs / total, "create_mean_s": create / len(rows),
+            "exec_share": execs / total, "create_mean_s": create / len(rows), "setup_p50_ms": pct(waits, 0.5),
             "exec_mean_ms": execs / max(commands, 1) * 1000}
+
+
+async def cells_rows(args) -> tuple[dict, dict]:
+    """create-per-rollout vs namespace cells, runc and gVisor, each pair back to back."""
+    evals, ratios = {}, {}
+    for iso in ("runc", "gvisor"):
+        base = f"create per rollout, {iso}"
+        cells = f"namespace cells, {iso}"
+        evals[base] = await eval_run(args, pool_size=0, persistent=True, isolation=iso)
+        # the env's default (a warm pool sized from -c): with cells it keeps cells, not containers, ready
+        evals[cells] = await eval_run(args, pool_size=None, persistent=True, isolation=iso,
+                                      rollout_isolation="namespace")
+        ratios[iso] = evals[cells]["rollouts_per_s"] / evals[base]["rollouts_per_s"]
+    return evals, ratios
+
+
+def print_cells(evals: dict, ratios: dict) -> None:
+    print("\nrollout isolation (same run): namespace cells vs a container per rollout")
+    for iso, ratio in ratios.items():
+        r = evals[f"namespace cells, {iso}"]
+        ok = ratio >= 5 and r["create_share"] < 0.10 and r["setup_p50_ms"] <= 20
+        print(f"  {iso:7} {ratio:6.2f}x rollouts/s (target >= 5x), create share {r['create_share']:.1%} (< 10%), "
+              f"setup p50 {r['setup_p50_ms']:.1f} ms (<= 20 ms): {'met' if ok else 'NOT met'}")
 
 
 async def main() -> None:
@@ -133,10 +164,19 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--eval-only", action="store_true", help="skip the tool round trips")
+    ap.add_argument("--cells-only", action="store_true", help="only the rollout-isolation rows (issue 17)")
     ap.add_argument("--model-latency", type=float, default=0.25,
                     help="seconds per model call in the second pool/baseline pair (a stand-in for a real model)")
     args = ap.parse_args()
 
+    if args.cells_only:
+        evals, ratios = await cells_rows(args)
+        if args.json:
+            print(json.dumps({"eval": evals, "cells_vs_create_ratio": ratios}, indent=2))
+            return
+        print_table(args, evals)
+        print_cells(evals, ratios)
+        return
     rt = {} if args.eval_only else await round_trips(args)
     base_name, pool_name = "create per rollout (pool_size=0)", "default warm pool (from -c)"
     lat = f", model {args.model_latency * 1000:.0f} ms/call"
@@ -147,11 +187,14 @@ async def main() -> None:
         base_name + lat: await eval_run(args, pool_size=0, persistent=True, latency=args.model_latency),
         pool_name + lat: await eval_run(args, pool_size=None, persistent=True, latency=args.model_latency),
     }
+    cells, cell_ratios = await cells_rows(args)
+    evals.update(cells)
     ratio = evals[pool_name]["rollouts_per_s"] / evals[base_name]["rollouts_per_s"]
     ratio_lat = evals[pool_name + lat]["rollouts_per_s"] / evals[base_name + lat]["rollouts_per_s"]
     if args.json:
         print(json.dumps({"round_trips": rt, "eval": evals, "pool_vs_create_ratio": ratio,
-                          "pool_vs_create_ratio_with_model_latency": ratio_lat}, indent=2))
+                          "pool_vs_create_ratio_with_model_latency": ratio_lat,
+                          "cells_vs_create_ratio": cell_ratios}, indent=2))
         return
     if rt:
         agent = rt["agent exec `echo hi`"]["p50_ms"]
@@ -161,15 +204,21 @@ async def main() -> None:
             target = "<= 5 ms " + ("yes" if r["p50_ms"] <= 5 else "NO") if "tool" in name else "-"
             print(f"{name:28} {r['p50_ms']:8.2f} {r['p95_ms']:8.2f} {r['p50_ms'] / agent:13.2f} {r['p50_ms'] / raw:11.3f}  {target}")
         print()
-    print(f"{args.rollouts} rollouts x 3 bash calls, concurrency {args.concurrency}")
-    print(f"{'variant':36} {'wall s':>7} {'rollouts/s':>10} {'create share':>12} {'exec share':>10} "
-          f"{'create s/rollout':>16} {'ms/cmd':>7} {'errors':>6}")
-    for name, r in evals.items():
-        print(f"{name:36} {r['wall_s']:7.1f} {r['rollouts_per_s']:10.2f} {r['create_share']:12.1%} "
-              f"{r['exec_share']:10.1%} {r['create_mean_s']:16.3f} {r['exec_mean_ms']:7.2f} {r['errors']:6d}")
+    print_table(args, evals)
     print("\ndefault warm pool vs create per rollout (same run), rollouts/s:")
     print(f"  instant model:           {ratio:.2f}x  (creation-bound: the pool cannot hide creation there)")
     print(f"  model {args.model_latency * 1000:.0f} ms per call:   {ratio_lat:.2f}x  target >= 2x: {'yes' if ratio_lat >= 2 else 'NO'}")
+    print_cells(evals, cell_ratios)
+
+
+def print_table(args, evals: dict) -> None:
+    print(f"{args.rollouts} rollouts x 3 bash calls, concurrency {args.concurrency}")
+    print(f"{'variant':36} {'wall s':>7} {'rollouts/s':>10} {'create share':>12} {'exec share':>10} "
+          f"{'create s/rollout':>16} {'setup p50 ms':>12} {'ms/cmd':>7} {'errors':>6}")
+    for name, r in evals.items():
+        print(f"{name:36} {r['wall_s']:7.1f} {r['rollouts_per_s']:10.2f} {r['create_share']:12.1%} "
+              f"{r['exec_share']:10.1%} {r['create_mean_s']:16.3f} {r['setup_p50_ms']:12.1f} {r['exec_mean_ms']:7.2f} "
+              f"{r['errors']:6d}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 0x4000, 0x400
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_CAP_AMBIENT = 38, 24, 1, 47
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-STAGE = "/run/.vf-cell"  # mount point of a cell's tmpfs (private to the cell's mount namespace)
+STAGE = "/run/.vf-cells"  # holds each cell's mount point <cell id> (its tmpfs lives in the cell's namespace)
 CGROUP_BASE = "/run/.vf-cgroup"  # the zygote's writable cgroup mounts (private to the zygote's namespace)
 CONTROLLERS = ("pids", "memory", "cpu")
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
@@ -178,12 +178,15 @@ def remove_cgroups(paths, within=5.0):
 def build_root(conf):
     """The cell's root: an overlay of the host sandbox's root filesystem whose writes
     go to a tmpfs of the cell; fresh /dev, /dev/shm and /dev/mqueue; /sys read-only."""
-    mount("tmpfs", STAGE, "tmpfs", MS_NOSUID, "mode=755,size=%d" % int(conf["disk_bytes"]))
+    # a mount point of its own: gVisor has no recursive propagation change, so mounts made
+    # while cells are set up side by side must never meet at one path
+    stage = conf["stage"]
+    mount("tmpfs", stage, "tmpfs", MS_NOSUID, "mode=755,size=%d" % int(conf["disk_bytes"]))
     for d in ("upper", "work", "root"):
-        os.mkdir(os.path.join(STAGE, d))
-    root = STAGE + "/root"
+        os.mkdir(os.path.join(stage, d))
+    root = stage + "/root"
     mount("overlay", root, "overlay", 0,
-          "lowerdir=/,upperdir=%s/upper,workdir=%s/work" % (STAGE, STAGE))
+          "lowerdir=/,upperdir=%s/upper,workdir=%s/work" % (stage, stage))
     try:
         os.listdir(root + "/tmp")
     except FileNotFoundError:
@@ -523,7 +526,7 @@ def _reap(cells):
         for cell, (watcher, paths) in list(cells.items()):
             if watcher == pid:
                 del cells[cell]
-                remove_cgroups(paths)
+                _free(cell, paths)
 
 
 def zygote_main(sock):
@@ -537,7 +540,6 @@ def zygote_main(sock):
     try:
         unshare(CLONE_NEWNS)
         make_private()
-        os.makedirs(STAGE, exist_ok=True)
         cgroups = setup_cgroups()
         missing = [c for c in ("pids", "memory") if c not in cgroups]
         if missing:
@@ -556,11 +558,12 @@ def zygote_main(sock):
             req, fd = None, None
         if req is None:
             break
+        out_fd = None
         try:
             if req["op"] == "open":
                 if problem:
                     raise CellsUnsupported(problem)
-                reply = _open_cell(req, fd, cgroups, cells)
+                reply, out_fd = _open_cell(req, fd, cgroups, cells)
             else:
                 reply = _close_cell(req["cell"], cells)
         except Exception as exc:
@@ -568,52 +571,70 @@ def zygote_main(sock):
         finally:
             if fd is not None:
                 os.close(fd)
-        sock.sendall((json.dumps(reply) + "\n").encode())
+        data = (json.dumps(reply) + "\n").encode()
+        if out_fd is None:
+            sock.sendall(data)
+        else:
+            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_fd]))])
+            os.close(out_fd)
     for cell in list(cells):
         _close_cell(cell, cells)
     os._exit(0)
 
 
 def _open_cell(req, fd, cgroups, cells):
+    """Fork the cell's watcher and return at once: ({"watcher": pid}, the read end of its
+    report pipe). The host agent's request thread reads the report (cells are built in
+    parallel; the zygote only forks)."""
     conf = req["conf"]
     cell = int(req["cell"])
     conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
+    conf["stage"] = "%s/%d" % (STAGE, cell)
+    os.makedirs(conf["stage"], exist_ok=True)
     r, w = os.pipe()
     try:
         pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(r)
-                cell_first_child(conf, fd, w)
-            except BaseException as exc:
-                try:
-                    os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
-                except OSError:
-                    pass
-            finally:
-                os._exit(code)
+    except OSError:
+        os.close(r)
         os.close(w)
-        w = None
-        out = b""
+        remove_cgroups(conf["cgroups"])
+        raise
+    if pid == 0:
+        try:
+            os.close(r)
+            cell_first_child(conf, fd, w)
+        except BaseException as exc:
+            try:
+                os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(1)
+    os.close(w)
+    cells[cell] = (pid, conf["cgroups"])
+    return {"watcher": pid}, r
+
+
+def read_report(fd, timeout):
+    """The cell's setup report: its init's pid once every step succeeded (CellSetupError otherwise)."""
+    out = b""
+    end = time.monotonic() + timeout
+    try:
         while True:
-            piece = os.read(r, 4096)
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise CellSetupError("the cell was not ready within %.0fs" % timeout)
+            piece = os.read(fd, 4096)
             if not piece:
                 break
             out += piece
     finally:
-        os.close(r)
-        if w is not None:
-            os.close(w)
+        os.close(fd)
     lines = out.decode("utf-8", "replace").splitlines()
-    init = next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
     errors = [x[6:] for x in lines if x.startswith("error ")]
     if errors or "ok" not in lines:
-        _kill_wait(pid)
-        remove_cgroups(conf["cgroups"])
         raise CellSetupError(errors[0].split(": ", 1)[-1] if errors else "the cell did not start (%r)" % out[-300:])
-    cells[cell] = (pid, conf["cgroups"])
-    return {"pid": init}
+    return next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
 
 
 def _kill_wait(watcher):
@@ -630,10 +651,19 @@ def _close_cell(cell, cells):
     entry = cells.pop(int(cell), None)
     if entry is None:
         return {"closed": False}
-    init, paths = entry
-    _kill_wait(init)
-    remove_cgroups(paths)
+    watcher, paths = entry
+    _kill_wait(watcher)
+    _free(cell, paths)
     return {"closed": True}
+
+
+def _free(cell, paths):
+    """What a gone cell leaves in the host sandbox: its cgroups and its mount point."""
+    remove_cgroups(paths)
+    try:
+        os.rmdir("%s/%d" % (STAGE, int(cell)))
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------ host agent side
@@ -665,6 +695,7 @@ class Cell(object):
 
 
 def zygote_call(req, fd=None):
+    """One request to the zygote (one at a time): (reply, the fd it passed back or None)."""
     z = _zygote
     with z["lock"]:
         data = (json.dumps(req) + "\n").encode()
@@ -672,28 +703,34 @@ def zygote_call(req, fd=None):
             z["sock"].sendall(data)
         else:
             z["sock"].sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-        line = z["reader"].readline()
-    if not line:
+        reply, passed = _recv(z["sock"])
+    if reply is None:
         raise CellSetupError("the cell zygote died")
-    reply = json.loads(line)
     if "error" in reply:
         raise (CellsUnsupported if reply.get("kind") == "usage" else CellSetupError)(reply["error"].split(": ", 1)[-1])
-    return reply
+    return reply, passed
 
 
 def op_cell_open(req, ctx):
     cid = int(req["cell_id"])
     ours, theirs = socket.socketpair()
+    timeout = float(req.get("hello_timeout") or 30)
     try:
-        reply = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
+        _, report = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
     except Exception:
         ours.close()
         raise
     finally:
         theirs.close()
+    try:
+        init = read_report(report, timeout)
+    except Exception:
+        ours.close()
+        zygote_call({"op": "close", "cell": cid})
+        raise
     cell = Cell(cid, ours)
     reader = ours.makefile("rb")
-    ours.settimeout(float(req.get("hello_timeout") or 30))
+    ours.settimeout(timeout)
     try:
         hello = reader.readline()
     except OSError:
@@ -706,7 +743,7 @@ def op_cell_open(req, ctx):
     with _cells_lock:
         _cells[cid] = cell
     threading.Thread(target=cell.pump, args=(reader,), daemon=True).start()
-    return {"pid": reply["pid"], "hello": json.loads(hello)}
+    return {"pid": init, "hello": json.loads(hello)}
 
 
 def op_cell_close(req, ctx):
@@ -715,7 +752,7 @@ def op_cell_close(req, ctx):
         cell = _cells.pop(cid, None)
     if cell is not None:
         cell.closing = True
-    reply = zygote_call({"op": "close", "cell": cid})
+    reply, _ = zygote_call({"op": "close", "cell": cid})
     if cell is not None:
         try:
             cell.sock.shutdown(socket.SHUT_RDWR)
@@ -756,7 +793,7 @@ def cells_main():
         finally:
             os._exit(0)
     child.close()
-    _zygote.update(sock=parent, reader=parent.makefile("rb"), lock=threading.Lock(), pid=pid)
+    _zygote.update(sock=parent, lock=threading.Lock(), pid=pid)
     OPS["cell_open"] = op_cell_open
     OPS["cell_close"] = op_cell_close
     forward_cell = forward_to_cell
