@@ -57,6 +57,7 @@ from sandboxes.spec import SandboxSpec
 from .build import EngineImages
 from .channel import DockerExecChannel
 from .engine import DEFAULT_URL, resolve_url  # noqa: F401  (re-exported)
+from . import orphans
 from .network import check_network_mode, ensure_egress_network
 
 log = logging.getLogger(__name__)
@@ -381,7 +382,7 @@ class DockerBackend:
         return {
             "Image": image,
             "Cmd": ["timeout", "-s", "KILL", f"{lifetime}s", "/bin/sh", "-c", spec.start_command],
-            "Env": [f"{k}={v}" for k, v in spec.environment_vars.items()],
+            "Env": [f"{k}={v}" for k, v in spec.environment_vars.items()] + [orphans.MARK_ENV],
             "WorkingDir": spec.workdir,
             "User": spec.user or "",
             "Labels": labels,
@@ -610,6 +611,17 @@ class DockerBackend:
         if errors:
             raise errors[0]
         return len(targets)
+
+    async def reap_orphans(self, *, dry_run: bool = False) -> list[str]:
+        """Remove our sandboxes this engine lost in a crash (containerd still holds them, the
+        Engine API lists them no more; see orphans.py); their ids."""
+
+        async def engine_ids() -> set[str]:
+            docker = await self._client()
+            async with self._api("list containers"):
+                return {c.id for c in await docker.containers.list(all=True)}
+
+        return await orphans.reap(self.url, engine_ids, dry_run=dry_run)
 
     async def __aenter__(self) -> "DockerBackend":
         return self
