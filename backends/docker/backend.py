@@ -183,7 +183,7 @@ class DockerBackend:
         self.api_timeout = api_timeout
         self.python = python
         self.gvisor_runtime = gvisor_runtime
-        self._runtimes: dict[str, Any] | None = None  # the engine's runtimes (docker info), kept once it has gVisor
+        self._engine_info: dict[str, Any] | None = None  # `docker info`, read once (see _info)
         self._docker: aiodocker.Docker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._images: dict[str, str] = {}  # requested image -> image to run
@@ -226,6 +226,14 @@ class DockerBackend:
             raise
         except (aiohttp.ClientConnectionError, ConnectionError, FileNotFoundError, asyncio.TimeoutError) as exc:
             raise self._unavailable(exc, what) from exc
+
+    async def _info(self, fresh: bool = False) -> dict[str, Any]:
+        """The engine's `docker info` (storage driver, runtimes), read once; again with `fresh`."""
+        if self._engine_info is None or fresh:
+            docker = await self._client()
+            async with self._api("info"):
+                self._engine_info = await docker.system.info()
+        return self._engine_info
 
     async def ping(self) -> None:
         """Raise BackendUnavailable unless the daemon answers."""
@@ -337,21 +345,19 @@ class DockerBackend:
         when gVisor is asked for and the engine has no such runtime."""
         if spec.isolation != "gvisor":
             return None
-        if self._runtimes is None or self.gvisor_runtime not in self._runtimes:  # read again until registered
-            docker = await self._client()
-            async with self._api("info"):
-                info = await docker._query_json("info")
-            self._runtimes = dict(info.get("Runtimes") or {})
         name = self.gvisor_runtime
-        if name not in self._runtimes:
+        runtimes = (await self._info()).get("Runtimes") or {}
+        if name not in runtimes:  # read again: set-up may have registered it since
+            runtimes = (await self._info(fresh=True)).get("Runtimes") or {}
+        if name not in runtimes:
             raise ConfigError(
                 f"isolation='gvisor' needs the Docker runtime {name!r}, which the engine at {self.url} does not "
-                f"have (it has: {', '.join(sorted(self._runtimes)) or 'none'}). Install gVisor (Debian: "
+                f"have (it has: {', '.join(sorted(runtimes)) or 'none'}). Install gVisor (Debian: "
                 f"`apt-get install runsc`), add to /etc/docker/daemon.json "
                 f'{{"runtimes": {{"{name}": {{"path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", '
                 f'"--network=none"]}}}}}} and reload dockerd (`kill -HUP <dockerd pid>`); scripts/setup.sh does this '
                 f"for the engine it starts. Or pass gvisor_runtime=<name> in the backend options.")
-        args = (self._runtimes.get(name) or {}).get("runtimeArgs") or []
+        args = (runtimes.get(name) or {}).get("runtimeArgs") or []
         if spec.network and "--network=none" in args:
             raise ConfigError(
                 f"network=True with isolation='gvisor': the engine's {name!r} runtime runs with --network=none "
@@ -405,9 +411,7 @@ class DockerBackend:
         """Whether the engine's storage driver can cap a container's writable layer
         (`StorageOpt size`): overlay2 on xfs (mounted with pquota), btrfs, zfs, devicemapper."""
         if self._disk_limits is None:
-            docker = await self._client()
-            async with self._api("info"):
-                info = await docker.system.info()
+            info = await self._info()
             driver = info.get("Driver", "")
             backing = dict(tuple(x) for x in info.get("DriverStatus") or [] if len(x) == 2).get("Backing Filesystem", "")
             self._disk_limits = driver in ("btrfs", "zfs", "devicemapper", "windowsfilter") or (
