@@ -945,7 +945,7 @@ async def crash_with_sandboxes(engine: OwnEngine, sandbox_spec: SandboxSpec, for
     from backends.docker import DockerBackend
     from sandboxes.retry import RetryPolicy
 
-    be = DockerBackend(engine.sock, retry=RetryPolicy(max_attempts=1), hello_timeout=15, api_timeout=30)
+    be = DockerBackend(engine.sock, retry=RetryPolicy(attempts=1), hello_timeout=15, api_timeout=30)
     live = [await be.create(sandbox_spec) for _ in range(3)]
     stop = asyncio.Event()
 

@@ -8,7 +8,8 @@ capability dropped, no-new-privileges, pids/memory(+swap)/CPU limits, an init
 process, AutoRemove, and PID 1 wrapped in `timeout -s KILL <lifetime>`: it is
 gone after `timeout_minutes` even if its owner was SIGKILLed. Creation is
 idempotent (the container name derives from the idempotency key; a 409 means
-"fetch the one a previous attempt made"), retried on InfraError only.
+"fetch the one a previous attempt made"), retried on transient InfraErrors
+only (`retry_op`, as every idempotent operation; delete too).
 Images missing locally are built from `images/` when a recipe maps to them.
 
 `spec.isolation == "gvisor"` runs the container under the engine's gVisor
@@ -51,7 +52,7 @@ from sandboxes.errors import (
 from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus, RegistryAuth
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
-from sandboxes.retry import RetryPolicy, idempotent, retry_infra
+from sandboxes.retry import RetryPolicy, idempotent, retry_op
 from sandboxes.spec import SandboxSpec
 
 from .build import EngineImages
@@ -399,8 +400,7 @@ class DockerBackend:
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> AgentSandbox:
         key = _key_digest(idempotency_key) if idempotency_key else uuid.uuid4().hex[:16]
         name = container_name(spec.name, key)
-        sandbox, _ = await retry_infra(lambda: self._create_attempt(spec, name), self.retry)
-        return sandbox
+        return await retry_op(lambda: self._create_attempt(spec, name), self.retry, f"docker: create {name}")
 
     async def _create_attempt(self, spec: SandboxSpec, name: str) -> AgentSandbox:
         """One try; retried as a whole on InfraError (same name: a 409 adopts the earlier container)."""
@@ -584,19 +584,15 @@ class DockerBackend:
             ))
         return out
 
+    @idempotent
     async def delete(self, sandbox_id: str) -> None:
         docker = await self._client()
-
-        async def once() -> None:
-            try:
-                async with self._api("remove container"):
-                    await docker.containers.container(sandbox_id).delete(force=True, v=True)
-            except aiodocker.DockerError as exc:
-                if exc.status in (404, 409):  # gone, or AutoRemove already removing it
-                    return
+        try:
+            async with self._api("remove container"):
+                await docker.containers.container(sandbox_id).delete(force=True, v=True)
+        except aiodocker.DockerError as exc:
+            if exc.status not in (404, 409):  # 404 gone, 409 AutoRemove already removing it
                 raise SandboxCreateError(f"cannot remove {sandbox_id}: {exc.message}") from exc
-
-        await retry_infra(once, self.retry)
         lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
