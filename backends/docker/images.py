@@ -36,7 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from sandboxes.errors import BackendUnavailable, ImageNotFound
-from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, host_arch
+from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, hash_tree, host_arch
 
 from .build import EngineImages, split_name
 
@@ -109,15 +109,12 @@ def missing_image_message(image: str) -> str:
 
 
 def recipe_hash(recipe: Recipe, parent_ids: list[str]) -> str:
-    """Content hash of the build context (paths, exec bits, bytes) and parent image ids."""
+    """Content hash of the recipe's script or build context (`hash_tree`) and parent image ids."""
     h = hashlib.sha256()
     if recipe.script:
         h.update((recipe.root / recipe.script).read_bytes())
     if recipe.dir:
-        for path in sorted(p for p in recipe.context.rglob("*") if p.is_file()):
-            rel = path.relative_to(recipe.context).as_posix()
-            h.update(f"{rel}\0{os.access(path, os.X_OK)}\0".encode())
-            h.update(path.read_bytes())
+        hash_tree(recipe.context, into=h)
     for pid in parent_ids:
         h.update(pid.encode())
     return h.hexdigest()[:24]
