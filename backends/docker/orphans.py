@@ -46,6 +46,7 @@ NAMESPACE = "moby"
 MARK_ENV = "VF_SANDBOX_MANAGED=1"
 """In every Docker sandbox's environment: how a container only containerd knows is recognised as ours."""
 
+_warned: list[str] = []
 _SHIM = re.compile(r"containerd-shim\S*\s.*-namespace\s+(\S+)\s.*-id\s+([0-9a-f]{64})\s.*-address\s+(\S+)")
 
 
@@ -76,7 +77,7 @@ def _socket_peer(path: str) -> int | None:
 
 def containerd_address(url: str) -> str | None:
     """The containerd socket of the Docker engine at `url`, or None (not a local unix
-    socket, its daemon not visible from here, not dockerd, or the socket missing)."""
+    socket, its daemon not visible from here, not dockerd, or a socket this user cannot use)."""
     if not url.startswith("unix://"):
         return None
     pid = _socket_peer(url[len("unix://"):])
@@ -94,7 +95,7 @@ def containerd_address(url: str) -> str | None:
     if not address:
         exec_root = _flag(argv, "--exec-root") or conf.get("exec-root") or "/var/run/docker"
         address = f"{exec_root}/containerd/containerd.sock"
-    return address if os.path.exists(address) else None
+    return address if os.access(address, os.R_OK | os.W_OK) else None  # missing, or not ours to drive (not root)
 
 
 # ---------------------------------------------------------------- what containerd holds
@@ -213,8 +214,10 @@ async def reap(url: str, engine_ids: Callable[[], Awaitable[set[str]]], *, dry_r
         if not before - listed:
             return []
         after = await asyncio.to_thread(held, address)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("cannot look for sandboxes the Docker engine at %s lost (containerd %s): %s", url, address, exc)
+    except (OSError, subprocess.TimeoutExpired) as exc:  # e.g. no `ctr` installed: said once per process
+        (log.debug if _warned else log.warning)(
+            "cannot look for sandboxes the Docker engine at %s lost (containerd %s): %s", url, address, exc)
+        _warned.append(url)
         return []
     lost = [cid for cid in sorted((before & after) - listed) if await asyncio.to_thread(is_ours, address, cid)]
     if not dry_run:
