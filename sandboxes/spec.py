@@ -24,6 +24,7 @@ DEFAULT_READ_LIMIT = 64 * 1024**2  # bytes read_file returns at most (held in me
 DEFAULT_TRANSFER_LIMIT = 1024**3  # bytes of one upload / download (streamed through a temp file)
 Isolation = Literal["runc", "gvisor"]
 ISOLATIONS: tuple[str, ...] = get_args(Isolation)
+RolloutIsolation = Literal["container", "namespace"]
 
 
 class SandboxSpec(BaseModel):
@@ -48,6 +49,10 @@ class SandboxSpec(BaseModel):
     user: str | None = Field(None, description="User (name or uid[:gid]) commands run as; None = image default.")
     network: bool = Field(False, description="Networking on? Off by default.")
     isolation: Isolation = Field("runc", description='Kernel boundary: "runc" (host kernel) or "gvisor" (user-space kernel).')
+    rollout_isolation: RolloutIsolation = Field(
+        "container", description='What each sandbox is: "container" (a new container / pod) or "namespace" (a cell '
+        'of a pooled host container: private overlay, PID/IPC/UTS/network namespaces, cgroup limits; made in '
+        'milliseconds; see sandboxes/cells.py).')
     pids_limit: int = Field(1024, gt=0, description="Max processes inside the sandbox.")
     output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0, description="Bytes kept per output stream of one exec.")
 
@@ -62,6 +67,13 @@ class SandboxSpec(BaseModel):
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gb * 1024**3)
+
+
+def refuse_namespace(spec: SandboxSpec, backend: str) -> None:
+    """Raise ConfigError when `spec` asks for cells from a backend that has none."""
+    if spec.rollout_isolation == "namespace":
+        raise ConfigError(f"rollout_isolation='namespace' is not available on the {backend} backend; "
+                          "use the docker backend, or rollout_isolation='container'")
 
 
 def refuse_gvisor(spec: SandboxSpec, backend: str, instead: str) -> None:

@@ -5,6 +5,8 @@ backend kind that yields `(backend, base_spec)` and cleans up after itself.
                      override); FAILS when the engine is missing and VF_REQUIRE_DOCKER=1
   docker-gvisor      the same with isolation="gvisor" (the engine's runsc runtime; setup.sh
                      registers it): FAILS when the engine lacks it and VF_REQUIRE_DOCKER=1
+  docker-cells       docker with rollout_isolation="namespace": every sandbox a cell of a
+  docker-gvisor-cells  pooled host container (sandboxes/cells.py), under runc / gVisor
   local              bubblewrap when usable, plain processes otherwise
   local-nobwrap      forced plain processes (VF_LOCAL_NO_BWRAP semantics via use_bwrap=False)
   kubernetes         against tests/fakes/k8s_server.py (a CONTRACT FAKE) through a kubeconfig
@@ -31,7 +33,7 @@ from sandboxes import SandboxSpec
 
 
 @contextlib.asynccontextmanager
-async def _docker(isolation: str = "runc") -> AsyncIterator[tuple[object, SandboxSpec]]:
+async def _docker(isolation: str = "runc", rollout_isolation: str = "container") -> AsyncIterator[tuple[object, SandboxSpec]]:
     from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker, require_gvisor
 
     require_docker()  # skips, or FAILS with VF_REQUIRE_DOCKER=1, when no engine answers
@@ -44,7 +46,7 @@ async def _docker(isolation: str = "runc") -> AsyncIterator[tuple[object, Sandbo
     backend = DockerBackend()
     try:
         yield backend, SandboxSpec(image=image, memory_gb=1, timeout_minutes=10, labels=dict(TEST_LABELS),
-                                   isolation=isolation)
+                                   isolation=isolation, rollout_isolation=rollout_isolation)
     finally:
         await backend.close()
 
@@ -121,6 +123,8 @@ async def _kubernetes_real() -> AsyncIterator[tuple[object, SandboxSpec]]:
 KINDS = {
     "docker": _docker,
     "docker-gvisor": lambda: _docker("gvisor"),
+    "docker-cells": lambda: _docker(rollout_isolation="namespace"),
+    "docker-gvisor-cells": lambda: _docker("gvisor", "namespace"),
     "local": _local,
     "local-nobwrap": lambda: _local(use_bwrap=False),
     "kubernetes": _kubernetes_fake,

@@ -23,6 +23,8 @@ from sandboxes import ExecResult, InfraError, OutputChunk, PathError, SandboxNot
 BACKENDS = [
     pytest.param("docker", marks=pytest.mark.docker),
     pytest.param("docker-gvisor", marks=pytest.mark.docker),
+    pytest.param("docker-cells", marks=pytest.mark.docker),
+    pytest.param("docker-gvisor-cells", marks=pytest.mark.docker),
     "local",
     "local-nobwrap",
     "kubernetes",

@@ -18,6 +18,12 @@ otherwise); an engine that does not list that runtime is refused with a
 ConfigError naming it and saying how to register it (scripts/setup.sh does
 it for the engine it manages). The agent is the same: one attached exec per
 sandbox, one round trip per command, also under gVisor.
+
+`spec.rollout_isolation == "namespace"` hands out cells of pooled cell-host
+containers (`sandboxes.cells`): a host is an ordinary container of the image
+whose agent (alone, as root) holds the capabilities that build a cell's
+namespaces, overlay and cgroup (CELL_HOST_CAPS; seccomp and no-new-privileges
+stay on) and drops all of them in the cell before anything runs there.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentConnection
 from sandboxes.agent.protocol import agent_argv
+from sandboxes.cells import CellHosts, is_cell_id
 from sandboxes.errors import (
     AgentError,
     BackendUnavailable,
@@ -152,6 +159,13 @@ class DockerSandbox(AgentSandbox):
         return not container["State"].get("Running")
 
 
+# what a cell host's agent needs to build cells: namespaces, mounts and cgroups (SYS_ADMIN),
+# the overlay's copy-up and whiteouts (DAC_OVERRIDE, MKNOD), chroot into the cell's root,
+# loopback up in its network namespace (NET_ADMIN), switching to the sandbox user (SETUID/GID),
+# emptying the cell's capability bounding set (SETPCAP)
+CELL_HOST_CAPS = ["SYS_ADMIN", "DAC_OVERRIDE", "MKNOD", "SYS_CHROOT", "NET_ADMIN", "SETUID", "SETGID", "SETPCAP"]
+
+
 class DockerBackend:
     """Docker Engine backend (registered as "docker")."""
 
@@ -169,6 +183,7 @@ class DockerBackend:
         api_timeout: float = 120.0,
         python: str = "python3",
         gvisor_runtime: str = "runsc",
+        cells_per_host: int = 16,
     ):
         self.url = resolve_url(url)
         self.retry = retry or RetryPolicy()
@@ -191,6 +206,7 @@ class DockerBackend:
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._no_agent: set[str] = set()  # images without a usable python3
         self._engine_images = EngineImages(self.url)
+        self.cells = CellHosts(self._create_cell_host, cells_per_host=cells_per_host)
 
     # ---------------------------------------------------------- plumbing
     async def _client(self) -> aiodocker.Docker:
@@ -243,6 +259,8 @@ class DockerBackend:
             await docker._query_json("version")
 
     async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.cells.close()
         if self._docker is not None:
             docker, self._docker = self._docker, None
             with contextlib.suppress(Exception):
@@ -365,8 +383,9 @@ class DockerBackend:
                 f"(no network at all); drop network=True or register a runsc runtime with gVisor networking")
         return name
 
-    async def container_config(self, spec: SandboxSpec, image: str) -> dict[str, Any]:
-        """The Engine API create body for `spec` (secure defaults)."""
+    async def container_config(self, spec: SandboxSpec, image: str, cell_host: bool = False) -> dict[str, Any]:
+        """The Engine API create body for `spec` (secure defaults; a cell host's agent
+        also gets CELL_HOST_CAPS, dropped in every cell)."""
         lifetime = max(1, int(spec.timeout_minutes * 60))
         memory = spec.memory_bytes
         host: dict[str, Any] = {
@@ -380,6 +399,9 @@ class DockerBackend:
             "Init": True,
             "AutoRemove": True,
         }
+        if cell_host:
+            host["CapAdd"] = list(CELL_HOST_CAPS)
+            host["NanoCpus"] = int(min(spec.cpu_cores, await self._engine_cpus()) * 1e9)
         runtime = await self._runtime(spec)
         if runtime:
             host["Runtime"] = runtime
@@ -398,14 +420,26 @@ class DockerBackend:
         }
 
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> AgentSandbox:
+        if spec.rollout_isolation == "namespace":
+            return await self.cells.create(spec)
+        return await self._create(spec, idempotency_key)
+
+    async def _create(self, spec: SandboxSpec, idempotency_key: str | None, cell_host: bool = False) -> AgentSandbox:
         key = _key_digest(idempotency_key) if idempotency_key else uuid.uuid4().hex[:16]
         name = container_name(spec.name, key)
-        return await retry_op(lambda: self._create_attempt(spec, name), self.retry, f"docker: create {name}")
+        return await retry_op(lambda: self._create_attempt(spec, name, cell_host), self.retry, f"docker: create {name}")
 
-    async def _create_attempt(self, spec: SandboxSpec, name: str) -> AgentSandbox:
+    async def _create_cell_host(self, spec: SandboxSpec) -> AgentSandbox:
+        return await self._create(spec, None, cell_host=True)
+
+    async def _engine_cpus(self) -> int:
+        """The engine's CPU count (a container's CPU limit cannot exceed it)."""
+        return int((await self._info()).get("NCPU") or 1)
+
+    async def _create_attempt(self, spec: SandboxSpec, name: str, cell_host: bool = False) -> AgentSandbox:
         """One try; retried as a whole on InfraError (same name: a 409 adopts the earlier container)."""
         image = await self.resolve_image(spec.image)
-        return await self._create_once(spec, image, name)
+        return await self._create_once(spec, image, name, cell_host)
 
     async def _disk_supported(self) -> bool:
         """Whether the engine's storage driver can cap a container's writable layer
@@ -434,9 +468,9 @@ class DockerBackend:
             log.warning(msg)
         return None
 
-    async def _create_once(self, spec: SandboxSpec, image: str, name: str) -> AgentSandbox:
+    async def _create_once(self, spec: SandboxSpec, image: str, name: str, cell_host: bool = False) -> AgentSandbox:
         docker = await self._client()
-        config = await self.container_config(spec, image)
+        config = await self.container_config(spec, image, cell_host)
         storage = await self._storage_opt(spec)
         if storage:
             config["HostConfig"]["StorageOpt"] = storage
@@ -452,7 +486,7 @@ class DockerBackend:
             if exc.status != 409 and storage and "storage-opt" in str(exc.message).lower():
                 # e.g. xfs without pquota: the engine cannot after all; warn (or refuse) and go on without
                 self._disk_limits, self._disk_why = False, f"the engine said: {exc.message}"
-                return await self._create_once(spec, image, name)
+                return await self._create_once(spec, image, name, cell_host)
             if exc.status != 409:
                 raise SandboxCreateError(f"cannot create container {name}: {exc.message}") from exc
             # a previous attempt of this very call created it: use that one
@@ -475,7 +509,7 @@ class DockerBackend:
                         await container.start()
                 except aiodocker.DockerError as exc:
                     raise SandboxCreateError(f"cannot start container {name}: {exc.message}") from exc
-            return await self._attach(container, spec, name)
+            return await self._attach(container, spec, name, cell_host)
         except BaseException:
             # never leave a half-made container behind; a retry makes a fresh one
             with contextlib.suppress(Exception):
@@ -499,14 +533,15 @@ class DockerBackend:
         lifecycle.track(cid, partial(remove_container_sync, self.url, cid), backend=self.name)
         asyncio.ensure_future(self.delete(cid))
 
-    async def _attach(self, container, spec: SandboxSpec, name: str) -> AgentSandbox:
-        """Start the agent in a running container and return the sandbox handle."""
-        if spec.image in self._no_agent:
+    async def _attach(self, container, spec: SandboxSpec, name: str, cell_host: bool = False) -> AgentSandbox:
+        """Start the agent in a running container and return the sandbox handle (a cell
+        host's agent runs as root with --cells)."""
+        if spec.image in self._no_agent and not cell_host:
             return await self._fallback(container, spec, name)
         try:
             async with self._api("start agent"):
-                channel = await DockerExecChannel.open(container, agent_argv(self.python), user=spec.user,
-                                                       workdir=spec.workdir)
+                channel = await DockerExecChannel.open(container, agent_argv(self.python, cells=cell_host),
+                                                       user="0" if cell_host else spec.user, workdir=spec.workdir)
         except aiodocker.DockerError as exc:
             if exc.status in (404, 409):
                 raise SandboxNotRunning(
@@ -518,6 +553,9 @@ class DockerBackend:
         try:
             await conn.start(self.hello_timeout)
         except AgentError as exc:
+            if cell_host:
+                raise SandboxCreateError(f"the cell host agent did not start in {name} (rollout_isolation="
+                                         f"'namespace' needs python3 >= 3.7 in the image): {exc}") from exc
             if not await self._has_python(container):
                 log.info("image %s has no python3 >= 3.7: one exec per command", spec.image)
                 self._no_agent.add(spec.image)
@@ -542,6 +580,11 @@ class DockerBackend:
 
     # ---------------------------------------------------------- other operations
     async def get(self, sandbox_id: str) -> AgentSandbox:
+        if is_cell_id(sandbox_id):
+            cell = self.cells.cell(sandbox_id)
+            if cell is None or cell.connection.dead is not None:
+                raise SandboxNotRunning(f"cell {sandbox_id} is not open in this process")
+            return cell.another_handle()
         docker = await self._client()
         try:
             async with self._api("inspect container"):
@@ -574,9 +617,12 @@ class DockerBackend:
         filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
         async with self._api("list containers"):
             containers = await docker.containers.list(all=True, filters=filters)
-        out = []
+        out = self.cells.infos(wanted)  # this process's cells stand for its own cell hosts
+        hosts = set(self.cells.host_ids())
         for c in containers:
             raw = c._container
+            if raw["Id"] in hosts:
+                continue
             out.append(SandboxInfo(
                 id=raw["Id"], name=(raw.get("Names") or ["/"])[0].lstrip("/"), backend=self.name,
                 status=raw.get("State", ""), image=raw.get("Image", ""), labels=raw.get("Labels") or {},
@@ -586,6 +632,9 @@ class DockerBackend:
 
     @idempotent
     async def delete(self, sandbox_id: str) -> None:
+        if is_cell_id(sandbox_id):
+            await self.cells.delete(sandbox_id)
+            return
         docker = await self._client()
         try:
             async with self._api("remove container"):
@@ -601,16 +650,22 @@ class DockerBackend:
         already deleted ids are skipped (ids may be full or short container ids)."""
         if ids is not None and not ids:
             return 0
+        cells = 0
+        if ids is not None:
+            cells = await self.cells.delete_many([i for i in ids if is_cell_id(i)], labels)
+            ids = [i for i in ids if not is_cell_id(i)]
+            if not ids:
+                return cells
         ours = {info.id for info in await self.list(labels)}
         if ids is None:
             targets = ours
         else:
-            targets = {full for full in ours for i in set(ids) if i and full.startswith(i)}
+            targets = {full for full in ours for i in set(ids) if i and full.startswith(i) and not is_cell_id(full)}
         results = await asyncio.gather(*(self.delete(t) for t in targets), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
-        return len(targets)
+        return len(targets) + cells
 
     async def reap_orphans(self, *, dry_run: bool = False) -> list[str]:
         """Remove our sandboxes this engine lost in a crash (containerd still holds them, the

@@ -94,6 +94,7 @@ class AgentConnection:
         self._dead: BaseException | None = None
         self._closing = False
         self.hello: dict[str, Any] = {}
+        self.cells: dict[int, AgentConnection] = {}  # connections to this agent's cells (cells.py)
 
     # -- lifecycle
     async def start(self, timeout: float = 30.0) -> dict[str, Any]:
@@ -139,6 +140,8 @@ class AgentConnection:
             else:
                 waiter.queue.put_nowait(self._dead)
         self._waiters.clear()
+        for cell in list(self.cells.values()):  # a cell is reached only through this agent
+            cell._fail(self._dead)
 
     async def _read_loop(self) -> None:
         buf = bytearray()
@@ -174,6 +177,16 @@ class AgentConnection:
         self._fail(AgentError(what + self._log()))
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
+        cell = msg.pop("cell", None)
+        if cell is not None:  # a reply of one of this agent's cells
+            conn = self.cells.get(cell)
+            if conn is not None:
+                if msg.get("ev") == "gone":
+                    conn._fail(SandboxNotRunning(f"cell {cell} ended (its processes were killed or it outlived "
+                                                 "its lifetime)"))
+                else:
+                    conn._dispatch(msg)
+            return
         rid = msg.get("id")
         if rid == 0 and msg.get("ev") == "hello":
             if not self._hello.done():

@@ -807,6 +807,16 @@ def dispatch(req, ctx):
             pass
 
 
+def no_cells(req):
+    """Messages for a cell reach an agent started without --cells: refuse them."""
+    if req.get("op") not in ("data", "ack", "cancel"):
+        send({"cell": req.get("cell"), "id": req.get("id"), "ev": "error", "kind": "usage",
+              "message": "this sandbox hosts no cells (its agent was started without --cells)"})
+
+
+forward_cell = no_cells  # replaced by the cells extension (cells_program.py)
+
+
 def shutdown():
     for pgid in list(_groups):
         kill_group(pgid)
@@ -837,6 +847,9 @@ def main():
         except ValueError:
             log("bad request line: %r" % line[:200])
             continue
+        if "cell" in req:
+            forward_cell(req)
+            continue
         op = req.get("op")
         rid = req.get("id")
         if op in ("data", "ack", "cancel"):
@@ -858,7 +871,7 @@ def main():
     shutdown()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--cells" not in sys.argv:
     try:
         main()
     except KeyboardInterrupt:

@@ -138,15 +138,20 @@ def unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
-@lru_cache(maxsize=1)
-def agent_source() -> str:
-    """The agent program's source, to run as `python3 -u -c <source>`."""
-    return (Path(__file__).with_name("program.py")).read_text()
+@lru_cache(maxsize=2)
+def agent_source(cells: bool = False) -> str:
+    """The agent program's source, to run as `python3 -u -c <source>`; with `cells`,
+    followed by the cells extension (`cells_program.py`, started with `--cells`)."""
+    here = Path(__file__)
+    source = here.with_name("program.py").read_text()
+    if cells:
+        source += "\n\n" + here.with_name("cells_program.py").read_text()
+    return source
 
 
-def agent_argv(python: str = "python3") -> list[str]:
-    """The command that starts the agent inside a sandbox."""
-    return [python, "-u", "-c", agent_source()]
+def agent_argv(python: str = "python3", cells: bool = False) -> list[str]:
+    """The command that starts the agent inside a sandbox (a cell host's with `cells`)."""
+    return [python, "-u", "-c", agent_source(cells)] + (["--cells"] if cells else [])
 
 
 # Backends whose exec URL or command line must stay short (pods/exec, remote APIs)

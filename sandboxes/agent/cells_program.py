@@ -1,0 +1,770 @@
+"""Agent extension, appended to `program.py`'s source when the agent starts with
+`--cells`: per-rollout *cells* inside one pooled "cell host" sandbox.
+
+A cell is as fresh and isolated from other cells as a new container, made in
+milliseconds: its own mount namespace whose root is a private overlay of the
+host sandbox's image (writes go to a tmpfs of the cell and vanish with it,
+fresh /dev, /dev/shm and /proc), its own PID, IPC, UTS and network namespaces
+(loopback only), its own cgroup (pids, memory, cpu limits), its own
+environment. Its processes hold no capability, run with no-new-privileges and
+a seccomp filter that refuses namespace and mount syscalls, and run as the
+sandbox's user. Inside, a copy of the agent serves the cell over a socket; the
+host agent forwards every message tagged `"cell": N` to it.
+
+Processes (all stdlib, Python 3.7+):
+
+    host agent (root, the host container's capabilities)
+      zygote       forked before any thread: single-threaded, so it can fork and
+                   unshare safely; owns the cgroup mounts
+        watcher    the cell init's parent (outside the cell): kills it on request
+          cell init    PID 1 of the cell's PID namespace; kills the cell at its lifetime;
+                       when it dies the kernel kills every process of the cell
+            cell agent   `main()` of program.py over the cell's socket
+
+Only the host agent and the zygote hold privilege; it is dropped in the cell
+before the cell agent runs.
+"""
+
+import array
+import ctypes
+import fcntl
+import pwd
+import grp
+import platform
+import socket
+import struct
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NS_FLAGS = 0x7E020000  # every CLONE_NEW* flag (as Docker's seccomp profile masks them)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 0x4000, 0x40000
+MNT_DETACH = 2
+PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_CAP_AMBIENT = 38, 24, 1, 47
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+STAGE = "/run/.vf-cell"  # mount point of a cell's tmpfs (private to the cell's mount namespace)
+CGROUP_BASE = "/run/.vf-cgroup"  # the zygote's writable cgroup mounts (private to the zygote's namespace)
+CONTROLLERS = ("pids", "memory", "cpu")
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats", "acpi", "scsi")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+class CellSetupError(Exception):
+    kind = "internal"
+
+
+class CellsUnsupported(Exception):
+    """This sandbox cannot host cells (no capability, no cgroup): a usage error."""
+    kind = "usage"
+
+
+def _enc(text):
+    return None if text is None else text.encode()
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+def mount(src, target, fstype, flags=0, data=None):
+    _check(_libc.mount(_enc(src), _enc(target), _enc(fstype), flags, _enc(data)),
+           "mount %s on %s" % (fstype or src, target))
+
+
+def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
+    _check(_libc.prctl(option, arg2, arg3, arg4, arg5), "prctl(%d)" % option)
+
+
+def unshare(flags):
+    _check(_libc.unshare(flags), "unshare(%#x)" % flags)
+
+
+def make_private():
+    """Stop mount events propagating between this namespace and the host sandbox's
+    (gVisor has no recursive propagation change; its mounts are private already)."""
+    try:
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+    except OSError:
+        mount(None, "/", None, MS_PRIVATE)
+
+
+def write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# ------------------------------------------------------------------ cgroups
+def setup_cgroups():
+    """Writable mounts of the host sandbox's own cgroup per controller, in the
+    zygote's private mount namespace: {controller: dir}. runc bind-mounts each
+    controller read-only (our own cgroup as root); gVisor mounts none, so a fresh
+    cgroupfs is mounted there."""
+    paths = {}
+    for ctl in CONTROLLERS:
+        target = os.path.join(CGROUP_BASE, ctl)
+        os.makedirs(target, exist_ok=True)
+        source = "/sys/fs/cgroup/" + ctl
+        try:
+            if os.path.isfile(os.path.join(source, "cgroup.procs")):
+                mount(source, target, None, MS_BIND)
+                mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            else:
+                mount("cgroup", target, "cgroup", MS_NOSUID | MS_NODEV | MS_NOEXEC, ctl)
+            paths[ctl] = target
+        except OSError as exc:
+            log("cells: no %s cgroup (%s)" % (ctl, exc))
+    return paths
+
+
+def make_cgroup(cgroups, name, conf):
+    """The cell's cgroup in each controller, with its limits; returns the dirs made."""
+    made = []
+    for ctl, base in cgroups.items():
+        path = os.path.join(base, name)
+        os.mkdir(path)
+        made.append(path)
+        if ctl == "pids":
+            write_text(path + "/pids.max", str(int(conf["pids_limit"])))
+        elif ctl == "memory":
+            limit = str(int(conf["memory_bytes"]))
+            write_text(path + "/memory.limit_in_bytes", limit)
+            if os.path.exists(path + "/memory.memsw.limit_in_bytes"):
+                try:
+                    write_text(path + "/memory.memsw.limit_in_bytes", limit)
+                except OSError:
+                    pass
+        elif ctl == "cpu" and conf.get("cpu_cores"):
+            try:
+                write_text(path + "/cpu.cfs_period_us", "100000")
+                write_text(path + "/cpu.cfs_quota_us", str(max(1000, int(conf["cpu_cores"] * 100000))))
+            except OSError:
+                pass  # gVisor's cpu controller has no CFS files
+    return made
+
+
+def join_cgroups(paths):
+    for path in paths:
+        write_text(path + "/cgroup.procs", str(os.getpid()))
+
+
+def remove_cgroups(paths, within=5.0):
+    end = time.monotonic() + within
+    for path in paths:
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    log("cells: cannot remove cgroup %s" % path)
+                    break
+                time.sleep(0.005)
+
+
+# ------------------------------------------------------------------ filesystem
+def build_root(conf):
+    """The cell's root: an overlay of the host sandbox's root filesystem whose writes
+    go to a tmpfs of the cell; fresh /dev, /dev/shm and /dev/mqueue; /sys read-only."""
+    mount("tmpfs", STAGE, "tmpfs", MS_NOSUID, "mode=755,size=%d" % int(conf["disk_bytes"]))
+    for d in ("upper", "work", "root"):
+        os.mkdir(os.path.join(STAGE, d))
+    root = STAGE + "/root"
+    mount("overlay", root, "overlay", 0,
+          "lowerdir=/,upperdir=%s/upper,workdir=%s/work" % (STAGE, STAGE))
+    try:
+        os.listdir(root + "/tmp")
+    except FileNotFoundError:
+        pass
+    except OSError:  # gVisor's overlay cannot list the image's /tmp (an opaque directory): a fresh one
+        mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+              "mode=1777,size=%d" % int(conf["disk_bytes"]))
+    dev = root + "/dev"
+    os.makedirs(dev, exist_ok=True)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            open(dev + "/" + name, "w").close()
+            mount("/dev/" + name, dev + "/" + name, None, MS_BIND)
+    os.mkdir(dev + "/shm", 0o1777)
+    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+          "mode=1777,size=%d" % int(conf["shm_bytes"]))
+    os.mkdir(dev + "/pts")
+    try:
+        mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+        os.symlink("pts/ptmx", dev + "/ptmx")
+    except OSError:
+        pass
+    os.symlink("/proc/self/fd", dev + "/fd")
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink("/proc/self/fd/%d" % i, dev + "/" + name)
+    sys_dir = root + "/sys"
+    os.makedirs(sys_dir, exist_ok=True)
+    try:
+        mount("/sys", sys_dir, None, MS_BIND | MS_REC)  # runc: keeps its read-only mounts and masks
+    except OSError:
+        mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in conf["cgroups"]:  # the cell sees its own cgroup (limits, OOM counter), read-only
+        ctl = os.path.basename(os.path.dirname(path))
+        target = sys_dir + "/fs/cgroup/" + ctl
+        if os.path.isdir(target):
+            readonly_bind(path, target)
+    return root
+
+
+def readonly_bind(path, target=None):
+    target = target or path
+    try:
+        mount(path, target, None, MS_BIND | MS_REC)
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:
+        pass  # gVisor: its /proc/sys is the sandbox kernel's, not the host's, and mostly read-only
+
+
+def mount_proc(root):
+    """A /proc showing only the cell's processes, with the host sandbox's protections
+    (read-only /proc/sys and friends, masked kernel files)."""
+    proc = root + "/proc"
+    os.makedirs(proc, exist_ok=True)
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_READONLY:
+        if os.path.exists(proc + "/" + name):
+            readonly_bind(proc + "/" + name)
+    for name in PROC_MASKED:
+        path = proc + "/" + name
+        if os.path.isdir(path):
+            try:
+                mount("tmpfs", path, "tmpfs", MS_RDONLY, "size=0")
+            except OSError:
+                pass
+        elif os.path.exists(path):
+            try:
+                mount("/dev/null", path, None, MS_BIND)
+            except OSError:
+                pass
+
+
+def enter_root(root):
+    """Make `root` the cell's `/`: move it over the old root and chroot (runc: Docker's
+    seccomp profile refuses pivot_root), or just chroot where the move is refused
+    (gVisor). Either way no process of the cell holds a descriptor or has a working
+    directory outside it, and none has the capability (or the syscall, see
+    seccomp_program) to chroot or mount again, so the old root is unreachable."""
+    os.chdir(root)
+    try:
+        mount(root, "/", None, MS_MOVE)
+    except OSError:
+        pass
+    os.chroot(".")
+    os.chdir("/")
+
+
+def loopback_up():
+    """Bring `lo` up in the cell's network namespace (a container with no network has it)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0))[:18])[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))
+    except OSError as exc:
+        log("cells: loopback stays down (%s)" % exc)
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------------ privileges
+# syscalls a cell may not make (the host sandbox's seccomp profile allows them
+# because the host holds CAP_SYS_ADMIN; a container without it is refused them)
+_DENY = {
+    "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+               "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
+               "userfaultfd": 323},
+    "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+                "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280, "perf_event_open": 241,
+                "userfaultfd": 282},
+}
+_NEW_MOUNT_API = (428, 429, 430, 431, 432, 433, 442)  # open_tree .. fspick, mount_setattr (every arch)
+_CLONE = {"x86_64": 56, "aarch64": 220}
+_CLONE3 = 435
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
+_RET_ALLOW, _RET_KILL, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_EPERM, _ENOSYS = 1, 38
+
+
+def seccomp_program():
+    """A classic-BPF seccomp filter: namespace, mount, keyring and bpf syscalls → EPERM,
+    clone with a CLONE_NEW* flag → EPERM, clone3 → ENOSYS (libc falls back to clone)."""
+    arch = platform.machine()
+    if arch not in _DENY:
+        raise CellSetupError("cells need an x86_64 or aarch64 sandbox (this one is %s)" % arch)
+    deny = sorted(set(_DENY[arch].values()) | set(_NEW_MOUNT_API))
+    ins = []
+
+    def op(code, k, jt=0, jf=0):
+        ins.append((code, jt, jf, k))
+
+    op(_BPF_LD_W_ABS, 4)  # seccomp_data.arch
+    op(_BPF_JEQ_K, _AUDIT_ARCH[arch], 1, 0)
+    op(_BPF_RET_K, _RET_KILL)
+    op(_BPF_LD_W_ABS, 0)  # seccomp_data.nr
+    if arch == "x86_64":  # the x32 ABI's numbers
+        op(_BPF_JGE_K, 0x40000000, 0, 1)
+        op(_BPF_RET_K, _RET_ERRNO | _EPERM)
+    for nr in deny:
+        op(_BPF_JEQ_K, nr, 0, 1)
+        op(_BPF_RET_K, _RET_ERRNO | _EPERM)
+    op(_BPF_JEQ_K, _CLONE3, 0, 1)
+    op(_BPF_RET_K, _RET_ERRNO | _ENOSYS)
+    op(_BPF_JEQ_K, _CLONE[arch], 0, 3)
+    op(_BPF_LD_W_ABS, 16)  # args[0], low 32 bits (little endian): the clone flags
+    op(_BPF_JSET_K, CLONE_NS_FLAGS, 0, 1)
+    op(_BPF_RET_K, _RET_ERRNO | _EPERM)
+    op(_BPF_RET_K, _RET_ALLOW)
+    return ins
+
+
+def install_seccomp():
+    ins = seccomp_program()
+    buf = (ctypes.c_ubyte * (8 * len(ins)))()
+    for i, (code, jt, jf, k) in enumerate(ins):
+        struct.pack_into("HBBI", buf, 8 * i, code, jt, jf, k)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(len(ins), ctypes.addressof(buf))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp filter")
+
+
+def resolve_user(user):
+    """(uid, gid, groups) for "name", "uid" or "uid:gid", read in the cell's own /etc."""
+    name, _, group = str(user).partition(":")
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        uid, gid, home, uname = entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_name
+    except KeyError:
+        if not name.isdigit():
+            raise CellSetupError("user %r does not exist in the image" % name)
+        uid, gid, home, uname = int(name), int(name), "/", None
+    if group:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    groups = [gid]
+    if uname:
+        groups += [g.gr_gid for g in grp.getgrall() if uname in g.gr_mem and g.gr_gid != gid]
+    return uid, gid, groups, home
+
+
+def drop_privileges(user):
+    """Become `user` (if given), then hold no capability at all (bounding, ambient,
+    effective, permitted, inheritable), set no-new-privileges and the seccomp filter."""
+    if user:
+        uid, gid, groups, home = resolve_user(user)
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
+        os.environ.setdefault("HOME", home)
+    else:
+        try:
+            os.environ.setdefault("HOME", pwd.getpwuid(os.getuid()).pw_dir)
+        except KeyError:
+            os.environ.setdefault("HOME", "/")
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22:
+                break  # EINVAL: past the last capability the kernel knows
+            raise CellSetupError("cannot empty the capability bounding set (the host needs CAP_SETPCAP)")
+    _libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL; old kernels lack it
+    header = struct.pack("Ii", 0x20080522, 0)
+    data = ctypes.create_string_buffer(24)  # two zeroed __user_cap_data_struct
+    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    install_seccomp()
+
+
+# ------------------------------------------------------------------ one cell
+def keep_only_fds(keep):
+    """Close every descriptor but `keep`; 0-2 point at /dev/null (the zygote's are the
+    host agent's channel: a cell must never hold them)."""
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = sorted(set(keep) | {0, 1, 2})
+    for lo, hi in zip(keep, keep[1:] + [65536]):
+        os.closerange(lo + 1, hi)
+
+
+def cell_first_child(conf, sock_fd, report):
+    """Runs in a fresh child of the zygote: cgroup, namespaces, filesystem; then forks
+    the cell's PID 1 and reports its pid (as seen by the host agent)."""
+    keep_only_fds([sock_fd, report])
+    join_cgroups(conf["cgroups"])
+    unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
+    make_private()
+    root = build_root(conf)
+    pid = os.fork()
+    if pid:
+        watch_cell(pid, sock_fd, report)
+    cell_init(conf, sock_fd, report, root)
+
+
+def watch_cell(init, sock_fd, report):
+    """The zygote's child stays as the cell init's parent: SIGTERM (from the zygote, or
+    when the zygote dies) kills the init, which takes the cell down; then it exits.
+    Only a parent can kill by pid without racing pid reuse."""
+    os.write(report, ("pid %d\n" % init).encode())
+    os.close(report)
+    os.close(sock_fd)
+
+    def kill_init(*_):
+        try:
+            os.kill(init, signal.SIGKILL)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, kill_init)
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    if os.getppid() == 1:  # the zygote died before the line above
+        kill_init()
+    while True:
+        try:
+            os.waitpid(init, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        break
+    os._exit(0)
+
+
+def cell_init(conf, sock_fd, report, root):
+    """PID 1 of the cell: finish the filesystem, drop privilege, start the cell's agent,
+    reap orphans; exit (taking the whole cell down) when the agent ends or at the lifetime."""
+    mount_proc(root)
+    enter_root(root)
+    socket.sethostname(conf["hostname"])
+    loopback_up()
+    workdir = conf.get("workdir") or "/"
+    os.makedirs(workdir, exist_ok=True)  # as Docker does for a container's working directory
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "HOSTNAME")}
+    env["HOSTNAME"] = conf["hostname"]
+    env.update(conf["env"])
+    os.environ.clear()
+    os.environ.update(env)
+    drop_privileges(conf.get("user"))
+    os.chdir(workdir)
+    os.write(report, b"ok\n")
+    os.close(report)
+    agent = os.fork()
+    if agent == 0:
+        os.dup2(sock_fd, 0)
+        os.dup2(sock_fd, 1)
+        os.closerange(3, 65536)
+        for sig in (signal.SIGALRM, signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            main()
+        finally:
+            os._exit(0)
+    os.close(sock_fd)
+    # a PID 1 ignores signals it has no handler for: exit at the lifetime (the kernel then kills the cell)
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+    signal.alarm(max(1, int(conf["lifetime"])))
+    while True:
+        try:
+            pid, _ = os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+        if pid == agent:
+            os._exit(0)
+
+
+# ------------------------------------------------------------------ zygote
+def _recv(sock):
+    """One request line and at most one passed fd (None, None at EOF)."""
+    fds = array.array("i")
+    data = b""
+    while not data.endswith(b"\n"):
+        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(fds.itemsize))
+        if not msg:
+            return None, None
+        data += msg
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return json.loads(data), (fds[0] if fds else None)
+
+
+def _reap(cells):
+    """Reap watchers whose cell ended by itself (lifetime, agent exit) and free their cgroups."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for cell, (watcher, paths) in list(cells.items()):
+            if watcher == pid:
+                del cells[cell]
+                remove_cgroups(paths)
+
+
+def zygote_main(sock):
+    """Serve open/close requests from the host agent, one at a time."""
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)  # the host agent's channel: never inherited by a cell
+    os.dup2(null, 1)
+    os.close(null)
+    cgroups = {}
+    problem = None
+    try:
+        unshare(CLONE_NEWNS)
+        make_private()
+        os.makedirs(STAGE, exist_ok=True)
+        cgroups = setup_cgroups()
+        missing = [c for c in ("pids", "memory") if c not in cgroups]
+        if missing:
+            problem = "no writable %s cgroup for cell limits" % " / ".join(missing)
+    except OSError as exc:
+        problem = "cannot prepare cells: %s (the host sandbox needs CAP_SYS_ADMIN)" % exc
+    cells = {}  # cell id -> (watcher pid, cgroup dirs)
+    while True:
+        ready, _, _ = select.select([sock], [], [], 1.0)
+        _reap(cells)
+        if not ready:
+            continue
+        try:
+            req, fd = _recv(sock)
+        except (OSError, ValueError):
+            req, fd = None, None
+        if req is None:
+            break
+        try:
+            if req["op"] == "open":
+                if problem:
+                    raise CellsUnsupported(problem)
+                reply = _open_cell(req, fd, cgroups, cells)
+            else:
+                reply = _close_cell(req["cell"], cells)
+        except Exception as exc:
+            reply = {"error": "%s: %s" % (type(exc).__name__, exc), "kind": getattr(exc, "kind", "internal")}
+        finally:
+            if fd is not None:
+                os.close(fd)
+        sock.sendall((json.dumps(reply) + "\n").encode())
+    for cell in list(cells):
+        _close_cell(cell, cells)
+    os._exit(0)
+
+
+def _open_cell(req, fd, cgroups, cells):
+    conf = req["conf"]
+    cell = int(req["cell"])
+    conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                cell_first_child(conf, fd, w)
+            except BaseException as exc:
+                try:
+                    os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        os.close(w)
+        w = None
+        out = b""
+        while True:
+            piece = os.read(r, 4096)
+            if not piece:
+                break
+            out += piece
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)
+    lines = out.decode("utf-8", "replace").splitlines()
+    init = next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
+    errors = [x[6:] for x in lines if x.startswith("error ")]
+    if errors or "ok" not in lines:
+        _kill_wait(pid)
+        remove_cgroups(conf["cgroups"])
+        raise CellSetupError(errors[0] if errors else "the cell did not start (%r)" % out[-300:])
+    cells[cell] = (pid, conf["cgroups"])
+    return {"pid": init}
+
+
+def _kill_wait(watcher):
+    """Take a cell down through its watcher (the zygote's own child: no pid reuse race);
+    the watcher returns once the cell's init, and with it every process of the cell, is gone."""
+    try:
+        os.kill(watcher, signal.SIGTERM)
+        os.waitpid(watcher, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _close_cell(cell, cells):
+    entry = cells.pop(int(cell), None)
+    if entry is None:
+        return {"closed": False}
+    init, paths = entry
+    _kill_wait(init)
+    remove_cgroups(paths)
+    return {"closed": True}
+
+
+# ------------------------------------------------------------------ host agent side
+_zygote = {}  # "sock", "lock"
+_cells = {}  # cell id -> Cell
+_cells_lock = threading.Lock()
+
+
+class Cell(object):
+    def __init__(self, cid, sock):
+        self.cid = cid
+        self.sock = sock
+        self.closing = False
+        self.prefix = ('{"cell":%d,' % cid).encode()
+
+    def pump(self, reader):
+        """Forward the cell agent's replies, tagged with the cell, to the host."""
+        try:
+            while True:
+                line = reader.readline()
+                if not line:
+                    break
+                with _out_lock:
+                    write_all(_out, self.prefix + line[1:])
+        except (OSError, ValueError):
+            pass
+        if not self.closing:
+            send({"cell": self.cid, "id": 0, "ev": "gone"})
+
+
+def zygote_call(req, fd=None):
+    z = _zygote
+    with z["lock"]:
+        data = (json.dumps(req) + "\n").encode()
+        if fd is None:
+            z["sock"].sendall(data)
+        else:
+            z["sock"].sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        line = z["reader"].readline()
+    if not line:
+        raise CellSetupError("the cell zygote died")
+    reply = json.loads(line)
+    if "error" in reply:
+        raise (CellsUnsupported if reply.get("kind") == "usage" else CellSetupError)(reply["error"].split(": ", 1)[-1])
+    return reply
+
+
+def op_cell_open(req, ctx):
+    cid = int(req["cell_id"])
+    ours, theirs = socket.socketpair()
+    try:
+        reply = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
+    except Exception:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    cell = Cell(cid, ours)
+    reader = ours.makefile("rb")
+    ours.settimeout(float(req.get("hello_timeout") or 30))
+    try:
+        hello = reader.readline()
+    except OSError:
+        hello = b""
+    ours.settimeout(None)
+    if not hello:
+        ours.close()
+        zygote_call({"op": "close", "cell": cid})
+        raise CellSetupError("the cell's agent did not start")
+    with _cells_lock:
+        _cells[cid] = cell
+    threading.Thread(target=cell.pump, args=(reader,), daemon=True).start()
+    return {"pid": reply["pid"], "hello": json.loads(hello)}
+
+
+def op_cell_close(req, ctx):
+    cid = int(req["cell_id"])
+    with _cells_lock:
+        cell = _cells.pop(cid, None)
+    if cell is not None:
+        cell.closing = True
+    reply = zygote_call({"op": "close", "cell": cid})
+    if cell is not None:
+        try:
+            cell.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        cell.sock.close()
+    return reply
+
+
+def forward_to_cell(req):
+    """Hand a message tagged `cell` to that cell's agent (an unknown cell's requests
+    get an error reply, its control messages are dropped)."""
+    cid = req.pop("cell")
+    with _cells_lock:
+        cell = _cells.get(cid)
+    if cell is not None:
+        try:
+            cell.sock.sendall((json.dumps(req, separators=(",", ":")) + "\n").encode())
+            return
+        except OSError:
+            pass
+    if req.get("op") not in ("data", "ack", "cancel"):
+        send({"cell": cid, "id": req.get("id"), "ev": "error", "kind": "internal",
+              "message": "cell %s is gone" % cid})
+
+
+def cells_main():
+    """Start the zygote while still single-threaded, then serve as the host agent."""
+    global forward_cell
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        parent.close()
+        try:
+            zygote_main(child)
+        except BaseException as exc:
+            log("cell zygote failed: %r" % exc)
+        finally:
+            os._exit(0)
+    child.close()
+    _zygote.update(sock=parent, reader=parent.makefile("rb"), lock=threading.Lock(), pid=pid)
+    OPS["cell_open"] = op_cell_open
+    OPS["cell_close"] = op_cell_close
+    forward_cell = forward_to_cell
+    main()
+
+
+if __name__ == "__main__" and "--cells" in sys.argv:
+    try:
+        cells_main()
+    except KeyboardInterrupt:
+        shutdown()

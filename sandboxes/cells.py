@@ -1,0 +1,309 @@
+"""Rollout isolation "namespace": sandboxes that are *cells* of a pooled cell host.
+
+`SandboxSpec.rollout_isolation = "namespace"` asks a backend for a sandbox as
+fresh and isolated from other rollouts as a new container, made in
+milliseconds: the backend keeps a few *cell hosts* (ordinary sandboxes of the
+same image whose agent runs with `--cells` and holds the privilege to build
+namespaces) and `CellHosts.create` opens a cell in one of them. The cell is a
+private overlay of the image, its own PID / IPC / UTS / network namespaces,
+cgroup limits (the spec's pids, memory, cpu), environment and user; nothing
+in it holds a capability (see `agent/cells_program.py`). A `CellSandbox` is a
+full `Sandbox` (its agent is a copy of the usual one, reached through the
+host's channel); deleting it kills every process of the cell and frees its
+files.
+
+Hosts are created on demand (one per distinct host-shaping spec, up to
+`cells_per_host` cells each), stop admitting cells after the spec's lifetime
+(so every cell gets its full lifetime before the host's own, twice as long,
+ends), are deleted once drained, and are ordinary labelled sandboxes: the
+reaper and `vf-sandbox` cleanup see them like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from .agent.client import AgentConnection, AgentSandbox
+from .errors import AgentError, InfraError, SandboxNotRunning
+from .labels import lifecycle_labels
+from .results import SandboxInfo
+from .spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+CELL_MARK = ".cell"  # a cell's id is "<host sandbox id>.cell<N>"
+SHM_BYTES = 64 * 1024**2  # /dev/shm of a cell (Docker's default for a container)
+# spec fields that shape the host sandbox; cells of specs equal on these share hosts
+HOST_FIELDS = frozenset({"image", "start_command", "cpu_cores", "memory_gb", "disk_size_gb", "gpu_count",
+                         "timeout_minutes", "labels", "network", "isolation", "pids_limit"})
+
+
+def is_cell_id(sandbox_id: str) -> bool:
+    return CELL_MARK in sandbox_id
+
+
+class CellConnection(AgentConnection):
+    """The connection to one cell's agent: requests go through the host agent's
+    channel tagged with the cell; replies are routed here by the host connection."""
+
+    def __init__(self, host: AgentConnection, cell_id: int, hello: dict[str, Any]):
+        super().__init__(host.channel)
+        self.host = host
+        self.cell_id = cell_id
+        self.hello = hello
+        self._hello.set_result(hello)
+
+    async def start(self, timeout: float = 30.0) -> dict[str, Any]:
+        return self.hello
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        if self._dead is not None:
+            raise self._dead
+        await self.host._send({**msg, "cell": self.cell_id})
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self.host.cells.pop(self.cell_id, None)
+        self._fail(SandboxNotRunning("the cell was closed (sandbox deleted)"))
+
+
+class _SharedConnection:
+    """Another handle's view of a cell's connection: `close()` drops only this view."""
+
+    def __init__(self, conn: AgentConnection):
+        self._conn = conn
+        self._closed: BaseException | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    @property
+    def dead(self) -> BaseException | None:
+        return self._closed or self._conn.dead
+
+    async def call(self, *args: Any, **kwargs: Any) -> dict:
+        if self._closed is not None:
+            raise self._closed
+        return await self._conn.call(*args, **kwargs)
+
+    async def close(self) -> None:
+        self._closed = SandboxNotRunning("this handle on the cell was closed")
+
+
+class CellSandbox(AgentSandbox):
+    """One rollout's cell: every operation reaches the cell's own agent."""
+
+    def __init__(self, connection: CellConnection, *, host: "CellHost", **kwargs: Any):
+        super().__init__(connection, **kwargs)
+        self.host = host
+        self.cell_id = connection.cell_id
+        self.created_at = time.time()
+        self.labels = {**{k: str(v) for k, v in self.spec.labels.items()}, **lifecycle_labels(self.spec)}
+
+    def another_handle(self) -> "CellSandbox":
+        """A second handle on this cell (`backend.get`): closing its connection drops only it."""
+        return CellSandbox(_SharedConnection(self._conn), host=self.host, id=self.id, name=self.name,
+                           spec=self.spec, backend_name=self.backend_name)
+
+    async def gone(self) -> bool:
+        return self._conn.dead is not None or await self.host.sandbox.gone()
+
+    async def _destroy(self) -> None:
+        await self.host.close_cell(self.cell_id)
+        if self.host.owner is not None:
+            self.host.owner.released(self)
+
+
+def cell_conf(spec: SandboxSpec, name: str) -> dict[str, Any]:
+    """What the host agent needs to build one cell of `spec`."""
+    return {
+        "hostname": name[:63],
+        "env": {str(k): str(v) for k, v in spec.environment_vars.items()},
+        "user": spec.user,
+        "workdir": spec.workdir,
+        "pids_limit": spec.pids_limit,
+        "memory_bytes": spec.memory_bytes,
+        "cpu_cores": spec.cpu_cores,
+        "disk_bytes": int(spec.disk_size_gb * 1024**3),
+        "shm_bytes": SHM_BYTES,
+        "lifetime": max(1, int(spec.timeout_minutes * 60)),
+    }
+
+
+def host_spec(spec: SandboxSpec, cells_per_host: int) -> SandboxSpec:
+    """The cell host for cells of `spec`: room for `cells_per_host` of them (each cell
+    is held to the spec's own limits by its cgroup), twice their lifetime, root."""
+    return spec.model_copy(update={
+        "name": f"{spec.name}-cells",
+        "memory_gb": spec.memory_gb * cells_per_host,
+        "pids_limit": spec.pids_limit * cells_per_host + 64,
+        "cpu_cores": spec.cpu_cores * cells_per_host,
+        "disk_size_gb": spec.disk_size_gb * cells_per_host,
+        "timeout_minutes": spec.timeout_minutes * 2,
+        "environment_vars": {},
+        "user": None,
+        "workdir": "/",
+        "rollout_isolation": "container",
+    })
+
+
+class CellHost:
+    """One cell host sandbox and the cells open in it."""
+
+    def __init__(self, sandbox: AgentSandbox, capacity: int, admit_seconds: float, owner: "CellHosts | None" = None):
+        self.sandbox = sandbox
+        self.owner = owner
+        self.capacity = capacity
+        self.admit_until = time.monotonic() + admit_seconds
+        self.open = 0
+        self._ids = itertools.count(1)
+
+    @property
+    def usable(self) -> bool:
+        return self.sandbox.connection.dead is None and time.monotonic() < self.admit_until
+
+    @property
+    def admits(self) -> bool:
+        return self.open < self.capacity and self.usable
+
+    async def open_cell(self, spec: SandboxSpec, hello_timeout: float = 30.0) -> CellSandbox:
+        n = next(self._ids)
+        self.open += 1  # before the first await: capacity checks see it at once
+        name = f"{spec.name}-c{n}"
+        try:
+            reply = await self.sandbox._call({"op": "cell_open", "cell_id": n, "conf": cell_conf(spec, name),
+                                              "hello_timeout": hello_timeout}, timeout=hello_timeout + 30)
+        except BaseException:
+            self.open -= 1
+            raise
+        host_conn = self.sandbox.connection
+        conn = CellConnection(host_conn, n, reply.get("hello") or {})
+        host_conn.cells[n] = conn
+        return CellSandbox(conn, host=self, id=f"{self.sandbox.id}{CELL_MARK}{n}", name=name, spec=spec,
+                           backend_name=self.sandbox.backend_name)
+
+    async def close_cell(self, cell_id: int) -> None:
+        conn = self.sandbox.connection.cells.get(cell_id)
+        try:
+            if self.sandbox.connection.dead is None:
+                await self.sandbox._call({"op": "cell_close", "cell_id": cell_id}, timeout=60)
+        except InfraError as exc:  # the host is gone: so is the cell
+            log.debug("closing cell %s: %s", cell_id, exc)
+        finally:
+            self.open -= 1
+            if conn is not None:
+                await conn.close()
+
+
+class CellHosts:
+    """Hands out cells from cell hosts made by `create_host` (a backend's own create
+    of a host sandbox: an agent started with `--cells`, the capabilities to build
+    namespaces)."""
+
+    def __init__(self, create_host: Callable[[SandboxSpec], Awaitable[AgentSandbox]], cells_per_host: int = 16):
+        if cells_per_host < 1:
+            raise ValueError("cells_per_host must be >= 1")
+        self.create_host = create_host
+        self.cells_per_host = cells_per_host
+        self._hosts: dict[str, list[CellHost]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._cells: dict[str, CellSandbox] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.stats = {"hosts": 0, "cells": 0}
+
+    @staticmethod
+    def key(spec: SandboxSpec) -> str:
+        return spec.model_dump_json(include=set(HOST_FIELDS))
+
+    def _admitting(self, key: str) -> CellHost | None:
+        return next((h for h in self._hosts.get(key, []) if h.admits), None)
+
+    async def create(self, spec: SandboxSpec) -> CellSandbox:
+        """A new cell of `spec` (a new host first when none has room)."""
+        key = self.key(spec)
+        host = self._admitting(key)
+        if host is None:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                host = self._admitting(key)
+                if host is None:
+                    sandbox = await self.create_host(host_spec(spec, self.cells_per_host))
+                    host = CellHost(sandbox, self.cells_per_host, spec.timeout_minutes * 60, self)
+                    self._hosts.setdefault(key, []).append(host)
+                    self.stats["hosts"] += 1
+        try:
+            cell = await host.open_cell(spec)
+        except AgentError:
+            if host.sandbox.connection.dead is not None:
+                self._forget(key, host)
+            raise
+        self.stats["cells"] += 1
+        self._cells[cell.id] = cell
+        return cell
+
+    def _forget(self, key: str, host: CellHost) -> None:
+        hosts = self._hosts.get(key, [])
+        if host in hosts:
+            hosts.remove(host)
+        self._spawn(host.sandbox.delete())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cell(self, sandbox_id: str) -> CellSandbox | None:
+        return self._cells.get(sandbox_id)
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Delete a cell by id (idempotent; unknown ids are ignored)."""
+        cell = self._cells.pop(sandbox_id, None)
+        if cell is not None:
+            await cell.delete()
+            self._retire_drained()
+
+    def released(self, cell: CellSandbox) -> None:
+        """A cell was deleted through its own handle."""
+        self._cells.pop(cell.id, None)
+        self._retire_drained()
+
+    def _retire_drained(self) -> None:
+        """Delete hosts that no longer admit cells and hold none."""
+        for key, hosts in self._hosts.items():
+            for host in [h for h in hosts if h.open == 0 and not h.usable]:
+                self._forget(key, host)
+
+    async def delete_many(self, ids: Sequence[str], labels: dict[str, str] | None = None) -> int:
+        """Delete the open cells among `ids` that carry all `labels`; returns how many."""
+        known = [i for i in ids if i in self._cells
+                 and all(self._cells[i].labels.get(k) == v for k, v in (labels or {}).items())]
+        await asyncio.gather(*(self.delete(i) for i in known), return_exceptions=True)
+        return len(known)
+
+    def infos(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        """The open cells carrying all `labels` (with the lifecycle labels of their spec)."""
+        out = []
+        for cell in list(self._cells.values()):
+            if all(cell.labels.get(k) == v for k, v in labels.items()):
+                out.append(SandboxInfo(id=cell.id, name=cell.name, backend=cell.backend_name, status="running",
+                                       image=cell.spec.image, labels=dict(cell.labels), created_at=cell.created_at))
+        return out
+
+    def host_ids(self) -> list[str]:
+        return [h.sandbox.id for hosts in self._hosts.values() for h in hosts]
+
+    async def close(self) -> None:
+        """Delete every host (and so every cell)."""
+        hosts = [h for hs in self._hosts.values() for h in hs]
+        self._hosts.clear()
+        self._cells.clear()
+        await asyncio.gather(*(h.sandbox.delete() for h in hosts), return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
