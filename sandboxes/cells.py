@@ -140,14 +140,15 @@ def cell_conf(spec: SandboxSpec, name: str) -> dict[str, Any]:
 
 def host_spec(spec: SandboxSpec, cells_per_host: int) -> SandboxSpec:
     """The cell host for cells of `spec`: room for `cells_per_host` of them (each cell
-    is held to the spec's own limits by its cgroup), twice their lifetime, root."""
+    is held to the spec's own limits by its cgroup), twice their lifetime (plus a
+    margin: it admits cells only during the first), root."""
     return spec.model_copy(update={
         "name": f"{spec.name}-cells",
         "memory_gb": spec.memory_gb * cells_per_host,
         "pids_limit": spec.pids_limit * cells_per_host + 64,
         "cpu_cores": spec.cpu_cores * cells_per_host,
         "disk_size_gb": spec.disk_size_gb * cells_per_host,
-        "timeout_minutes": spec.timeout_minutes * 2,
+        "timeout_minutes": spec.timeout_minutes * 2 + 5,  # cells admitted until T each live at most T
         "environment_vars": {},
         "user": None,
         "workdir": "/",

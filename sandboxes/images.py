@@ -37,7 +37,7 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, Field, SecretStr, computed_field
 
@@ -51,6 +51,18 @@ _T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------- registries
+
+
+class PullProgress(TypedDict):
+    """How far a pull of `image` is: bytes of its layers downloaded so far out of the
+    bytes the registry announced (both grow as layers are announced); `finished` once,
+    at the end, with `failed` when the pull did not bring the image."""
+
+    image: str
+    done: int
+    total: int
+    finished: bool
+    failed: bool
 
 
 class RegistryAuth(BaseModel):

@@ -275,7 +275,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .images import BuiltImage, ImageBuildRequest, RecipeStatus, RegistryAuth
+    from .images import BuiltImage, ImageBuildRequest, PullProgress, RecipeStatus, RegistryAuth
 
 
 @runtime_checkable
@@ -310,9 +310,12 @@ class SupportsImageBuild(Protocol):
         """
         ...
 
-    async def pull_image(self, image: str, auth: RegistryAuth | None = None) -> str:
+    async def pull_image(self, image: str, auth: RegistryAuth | None = None,
+                         on_progress: Callable[[PullProgress], None] | None = None) -> str:
         """Fetch `image` from a registry; returns its id. ImageNotFound when it cannot be
-        pulled (no such image or tag, bad credentials: the message says which)."""
+        pulled (no such image or tag, bad credentials: the message says which).
+        `on_progress` receives the pull's byte counts as they change (maybe from
+        another thread), the last one with `finished`."""
         ...
 
     async def remove_image(self, image: str) -> bool:

@@ -49,6 +49,7 @@ def _split_ids(values: list[str] | None) -> list[str]:
 def run(
     dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name.")],
     split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
+    dataset_format: Annotated[Optional[str], typer.Option("--dataset-format", help="Published shape of the rows: swe-bench, swe-bench-v5, swe-gym, swe-smith, r2e-gym, swe-rebench or native (default: recognised per row by its columns; see swe_debug/README.md).")] = None,
     instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", "-i", help="Only these ids (repeat or comma-separate).")] = None,
     debug_step: Annotated[Step, typer.Option("--debug-step", help="What to do before the tests.")] = Step.gold_patch,
     debug_command: Annotated[Optional[str], typer.Option("--debug-command", help="Shell command for --debug-step command.")] = None,
@@ -95,7 +96,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
         "memory_gb": a["memory_gb"], "namespace": a["namespace"], "push_to": a["push_to"],
-        "keep_images": a["keep_images"],
+        "keep_images": a["keep_images"], "dataset_format": a.get("dataset_format"),
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -205,7 +206,8 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
 
 class SWEDisplay:
     """The eval runner's display for vf-swe-debug: a line per finished instance, a
-    progress bar counting valid / invalid / errored ones (none with quiet)."""
+    progress bar counting valid / invalid / errored ones, and one per image being
+    pulled (none with quiet; display only: results, metadata and JUnit are unchanged)."""
 
     def __init__(self, console: Any, quiet: bool = False):
         import time
@@ -215,6 +217,7 @@ class SWEDisplay:
         self.counts = {"valid": 0, "invalid": 0, "errors": 0}
         self._bar: Any = None
         self._task: Any = None
+        self._pulls: dict[str, Any] = {}  # image -> its progress task
         self._t0 = time.perf_counter()
 
     def elapsed(self) -> float:
@@ -224,17 +227,44 @@ class SWEDisplay:
 
     def __enter__(self) -> "SWEDisplay":
         if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=self.console, transient=False)
+            from .images import add_pull_listener
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[amount]}"),
+                                 TimeElapsedColumn(), console=self.console, transient=False)
             self._bar.__enter__()
-            self._task = self._bar.add_task("starting", total=None)
+            self._task = self._bar.add_task("starting", total=None, amount="")
+            add_pull_listener(self.on_pull)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        from .images import remove_pull_listener
+
+        remove_pull_listener(self.on_pull)
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+    def on_pull(self, p: Any) -> None:
+        """A bar per image being pulled (MB downloaded of the layers announced so far);
+        a line when it is done. Called from the pull's worker thread (rich locks)."""
+        if self._bar is None:
+            return
+        mb = f"{p['done'] / 1e6:.1f}/{p['total'] / 1e6:.1f} MB"
+        task = self._pulls.get(p["image"])
+        if task is None and not p["finished"]:
+            task = self._pulls[p["image"]] = self._bar.add_task(f"[cyan]pull[/] {p['image']}", total=p["total"] or None,
+                                                                amount=mb)
+        if task is not None:
+            self._bar.update(task, total=p["total"] or None, completed=p["done"], amount=mb)
+        if p["finished"]:
+            if task is not None:
+                self._bar.remove_task(task)
+                self._pulls.pop(p["image"], None)
+            if p.get("failed"):
+                self._bar.console.print(f"[yellow]![/] pull of {p['image']} failed", highlight=False)
+            else:
+                self._bar.console.print(f"[cyan]↓[/] pulled {p['image']} ({p['total'] / 1e6:.1f} MB)", highlight=False)
 
     def add(self, progress: Any) -> int:
         self.evals.append(progress)
@@ -257,7 +287,7 @@ class SWEDisplay:
         if self._bar is None:
             return
         p, c = self.evals[idx], self.counts
-        self._bar.update(self._task, total=p.total or None, completed=p.done,
+        self._bar.update(self._task, total=p.total or None, completed=p.done, amount=f"{p.done}/{p.total or '?'}",
                          description=f"[green]{c['valid']} valid[/] [red]{c['invalid']} invalid[/] [yellow]{c['errors']} errors[/]")
 
 

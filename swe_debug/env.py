@@ -268,6 +268,7 @@ def load_environment(
     namespace: str | None = None,
     push_to: str | None = None,
     keep_images: int | None = None,
+    dataset_format: str | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
     Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use).
@@ -280,7 +281,9 @@ def load_environment(
     registry. Registry credentials come from VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD
     or the Docker config, never from arguments (so never from results or metadata).
     `keep_images`: of the images this run pulled or built, keep only that many (least
-    recently used go first, never one in use, never one the run did not make)."""
+    recently used go first, never one in use, never one the run did not make).
+    `dataset_format`: the published shape of the rows (swe-bench, swe-bench-v5, swe-gym, swe-smith,
+    r2e-gym, swe-rebench, native; swe_debug.published); default: recognised per row."""
     from .instances import dataset_name, load_instances
     from .taskset import SWETaskSet
 
@@ -289,7 +292,10 @@ def load_environment(
 
         path = DEFAULT_OUT / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
-    report = load_instances(dataset, split=split, named_images=bool(namespace))
+    try:
+        report = load_instances(dataset, split=split, named_images=bool(namespace), dataset_format=dataset_format)
+    except ValueError as exc:  # an unknown --dataset-format
+        raise UsageError(str(exc)) from None
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
     try:
         selected = report.select(ids)

@@ -22,6 +22,7 @@ imports no backend and runs no engine CLI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -40,7 +41,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, ImageNotFound, InfraError
-from sandboxes.images import BuiltImage, ImageBuildRequest, RegistryAuth, hash_tree, host_arch, image_builder
+from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -72,11 +73,17 @@ class ImagePullFailed(InfraError):
     verdict on the instance."""
 
 
-def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest") -> str:
+IMAGE_SCHEMES = {"swe-bench": "_1776_", "swe-gym": "_s_"}
+"""How each published image set spells an instance id's `__` in image names (SWE-bench on
+Docker Hub: `_1776_`; SWE-Gym's `xingyaoww/sweb.eval.x86_64.*`: `_s_`)."""
+
+
+def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest", scheme: str = "swe-bench") -> str:
     """The SWE-bench harness's published name of an instance image:
     `{namespace}/sweb.eval.{arch}.{instance id}` lower-cased, with `__` spelled `_1776_`
-    (as on Docker Hub); `namespace` may start with a registry (`host:port/ns`)."""
-    key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", "_1776_")
+    (as on Docker Hub; `_s_` in SWE-Gym's scheme); `namespace` may start with a registry
+    (`host:port/ns`)."""
+    key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", IMAGE_SCHEMES[scheme])
     return f"{namespace.rstrip('/')}/{key}:{tag}"
 
 
@@ -133,6 +140,29 @@ def find_pip() -> list[str]:
         if subprocess.run([*argv, "--version"], capture_output=True).returncode == 0:
             return argv
     raise ImageBuildError("no pip on the host to download wheels with (set VF_SWE_PIP)")
+
+
+PullListener = Callable[[PullProgress], None]
+_PULL_LISTENERS: list[PullListener] = []
+
+
+def add_pull_listener(fn: PullListener) -> None:
+    """Have `fn` told how every image pull of this process goes (e.g. a progress bar);
+    it may be called from a worker thread."""
+    _PULL_LISTENERS.append(fn)
+
+
+def remove_pull_listener(fn: PullListener) -> None:
+    with contextlib.suppress(ValueError):
+        _PULL_LISTENERS.remove(fn)
+
+
+def _notify_pull(p: PullProgress) -> None:
+    for fn in list(_PULL_LISTENERS):
+        try:
+            fn(p)
+        except Exception:  # noqa: BLE001 - a display must never fail a pull
+            log.debug("pull listener failed", exc_info=True)
 
 
 class ImageBuilder:
@@ -336,7 +366,7 @@ class ImageBuilder:
         """The image a row names (`image_name`), else its SWE-bench name under `namespace`."""
         if inst.image_name:
             return inst.image_name
-        return swebench_image_name(self.namespace, inst.instance_id) if self.namespace else None
+        return swebench_image_name(self.namespace, inst.instance_id, scheme=inst.image_scheme) if self.namespace else None
 
     async def ensure(self, inst: SWEInstance) -> ImageRef:
         """The image to run `inst` in: a local or pulled prebuilt image, or the cached/built
@@ -349,7 +379,7 @@ class ImageBuilder:
         if name and (inst.source is None or not inst.image_name):
             try:
                 async with self._pull_slots():
-                    await self.builder.pull_image(name, self.auth)
+                    await self.builder.pull_image(name, self.auth, on_progress=_notify_pull)
                 self._image_ids.pop(name, None)
                 return ImageRef(tag=name, layer="prebuilt", built=["pull"], seconds=time.perf_counter() - t0)
             except ImageNotFound as exc:

@@ -85,11 +85,22 @@ class SWEInstance(BaseModel):
 
     # what an offline run needs
     image_name: str | None = Field(None, description="A prebuilt instance image; used when it exists locally.")
+    image_scheme: Literal["swe-bench", "swe-gym"] = Field(
+        "swe-bench", description="How --namespace names the row's image when it names none (images.IMAGE_SCHEMES).")
+    keep_untracked: bool = Field(
+        False, description="The image ships untracked files in its work tree (a published image): setup keeps them "
+                           "(git-excluded) instead of refusing an unclean tree.")
     environment: EnvironmentSpec | None = None
     source: SourceSpec | None = None
     install: list[str] = Field(default_factory=list, description="Commands run in /testbed when the instance layer is built.")
     setup_commands: list[str] = Field(default_factory=list, description="Commands run in the sandbox by the setup step.")
+    setup_patch: str = Field("", description="A diff the setup step applies before the debug step (SWE-smith: the bug).")
+    dataset_format: str = Field("native", description="The published shape the row was read as (swe_debug.published).")
     test_cmd: str = DEFAULT_TEST_CMD
+    eval_script: str = Field("", description="The row's own test script (swebench 5.x datasets): it resets and applies "
+                             "the test patch and runs the tests between the harness's markers; replaces test_cmd.")
+    test_path: list[str] = Field(default_factory=list, description="Directories put first on PATH for the test command "
+                                 "(the published images' conda env).")
     test_directives: list[str] | None = Field(None, description="Test paths/modules; default: the files of test_patch.")
     log_parser: Literal["pytest", "unittest"] | str = "pytest"
     eval_env: dict[str, str] = Field(default_factory=dict, description="Extra environment of setup/debug/test commands.")
@@ -100,11 +111,18 @@ class SWEInstance(BaseModel):
     def _known_parser(cls, v: str) -> str:
         """An unknown parser is the row's error at load time (not an infrastructure error
         every resume would retry after running the tests)."""
+        from .harness_lib import SwebenchMissing
+        from .parser_names import has_parser
         from .parsers import known_parsers
 
-        if v not in known_parsers():
-            raise ValueError(f"unknown log parser {v!r}; known: {', '.join(sorted(known_parsers()))} "
-                             "(register one with swe_debug.parsers.register_parser)")
+        try:
+            found = has_parser(v)
+        except SwebenchMissing as exc:
+            raise ValueError(str(exc)) from None
+        if not found:
+            raise ValueError(f"unknown log parser {v!r}; known: {', '.join(sorted(known_parsers()))}, the swebench "
+                             "package's (swebench:<owner/repo>, parse_log_<name>), or register one with "
+                             "swe_debug.parsers.register_parser")
         return v
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
@@ -246,18 +264,27 @@ def dataset_name(dataset: Any) -> str:
     return type(dataset).__name__
 
 
+def _row_id(row: Mapping[str, Any]) -> str | None:
+    for key in ("instance_id", "commit_hash"):
+        if isinstance(row.get(key), str) and row[key]:
+            return row[key]
+    return None
+
+
 def _row_error(index: int, row: Mapping[str, Any], exc: ValidationError) -> RowError:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first.get("loc", ())) or "<row>"
-    iid = row.get("instance_id") if isinstance(row, Mapping) else None
-    return RowError(index=index, instance_id=iid if isinstance(iid, str) else None, field=field, message=first["msg"])
+    return RowError(index=index, instance_id=_row_id(row), field=field, message=first["msg"])
 
 
 def validate_rows(rows: Iterable[Any], base_dir: Path | None = None, source: str = "",
-                  named_images: bool = False) -> LoadReport:
+                  named_images: bool = False, dataset_format: str | None = None) -> LoadReport:
     """Validate raw rows; relative source paths are resolved against `base_dir`.
     `named_images`: rows may have neither image nor source (a registry namespace names
-    their images)."""
+    their images). `dataset_format`: the published shape of every row (a name of
+    `published.SHAPES`); None recognises each row's shape by its columns."""
+    from .published import ShapeError, normalize_row
+
     report = LoadReport(source=source)
     seen: set[str] = set()
     for index, row in enumerate(rows):
@@ -265,12 +292,17 @@ def validate_rows(rows: Iterable[Any], base_dir: Path | None = None, source: str
             report.errors.append(RowError(index=index, field="<row>", message=f"not an object: {type(row).__name__}"))
             continue
         try:
-            inst = SWEInstance.model_validate(dict(row), context={"named_images": named_images})
+            fields = normalize_row(row, dataset_format)
+        except ShapeError as exc:
+            report.errors.append(RowError(index=index, instance_id=_row_id(row), field=exc.field, message=exc.message))
+            continue
+        try:
+            inst = SWEInstance.model_validate(fields, context={"named_images": named_images})
         except ValidationError as exc:
             report.errors.append(_row_error(index, row, exc))
             continue
         except (ValueError, TypeError) as exc:  # JSON inside a string column
-            report.errors.append(RowError(index=index, instance_id=row.get("instance_id"), field="<row>", message=str(exc)))
+            report.errors.append(RowError(index=index, instance_id=_row_id(row), field="<row>", message=str(exc)))
             continue
         if inst.instance_id in seen:
             report.errors.append(
@@ -301,24 +333,30 @@ def _read_jsonl(path: Path, report_errors: list[RowError]) -> list[Any]:
     return rows
 
 
-def load_instances(dataset: Any, split: str = "test", named_images: bool = False) -> LoadReport:
+def load_instances(dataset: Any, split: str = "test", named_images: bool = False,
+                   dataset_format: str | None = None) -> LoadReport:
     """Load instances from a path (.json, .jsonl, .parquet, a `datasets` save_to_disk
-    directory), a hub name ("org/name", split `split`) or a `datasets.Dataset` /
-    DatasetDict / iterable of dicts."""
+    directory or a local copy of a hub dataset repo), a hub name ("org/name", split `split`) or a `datasets.Dataset` /
+    DatasetDict / iterable of dicts. `dataset_format`: see `validate_rows`."""
+    from .published import SHAPES
+
+    if dataset_format is not None and dataset_format not in SHAPES:
+        raise ValueError(f"unknown dataset format {dataset_format!r}; known: {', '.join(SHAPES)}")
+    kw = {"named_images": named_images, "dataset_format": dataset_format}
     if isinstance(dataset, (str, Path)):
         path = Path(dataset)
         if not path.exists():
             if isinstance(dataset, str) and dataset.count("/") == 1 and not path.suffix:
                 import datasets  # a hub name such as "org/name" (needs the hub or its local cache)
 
-                return load_instances(datasets.load_dataset(dataset, split=split), split, named_images)
+                return load_instances(datasets.load_dataset(dataset, split=split), split, **kw)
             raise FileNotFoundError(f"dataset not found: {path}")
         base = path.parent.resolve()
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
             pre: list[RowError] = []
             rows = _read_jsonl(path, pre)
-            report = validate_rows(rows, base, str(path), named_images=named_images)
+            report = validate_rows(rows, base, str(path), **kw)
             # rows that were not JSON were validated as None: replace that message by the parse error
             bad = {e.index for e in pre}
             report.errors = pre + [e for e in report.errors if e.index not in bad]
@@ -328,16 +366,19 @@ def load_instances(dataset: Any, split: str = "test", named_images: bool = False
             data = json.loads(path.read_text(encoding="utf-8"))
             if isinstance(data, Mapping):
                 data = data.get("instances", data.get("data", [data]))
-            return validate_rows(data, base, str(path), named_images=named_images)
+            return validate_rows(data, base, str(path), **kw)
         if suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return validate_rows(pq.read_table(path).to_pylist(), base, str(path), named_images=named_images)
+            return validate_rows(pq.read_table(path).to_pylist(), base, str(path), **kw)
         if path.is_dir():
             import datasets
 
-            ds = datasets.load_from_disk(str(path))
-            return load_instances(ds, split, named_images)
+            if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+                ds = datasets.load_from_disk(str(path))  # a save_to_disk directory
+            else:  # a local copy of a hub dataset repo (data/<split>-*.parquet ...): the hub's code path
+                ds = datasets.load_dataset(str(path), split=split)
+            return load_instances(ds, split, **kw)
         raise ValueError(f"unsupported dataset file type: {path.name} (want .json, .jsonl, .parquet or a datasets dir)")
     try:
         import datasets
@@ -345,4 +386,4 @@ def load_instances(dataset: Any, split: str = "test", named_images: bool = False
         datasets = None
     if datasets is not None and isinstance(dataset, datasets.DatasetDict):
         dataset = dataset[split] if split in dataset else next(iter(dataset.values()))
-    return validate_rows(iter(dataset), None, type(dataset).__name__, named_images=named_images)
+    return validate_rows(iter(dataset), None, type(dataset).__name__, **kw)

@@ -241,8 +241,17 @@ def _record_ut(res: ParseResult, tid: str, word: str) -> None:
 
 # ---------------------------------------------------------------------------- registry
 
+def parse_r2e_pytest(log: str) -> ParseResult:
+    """pytest output with ids in R2E-Gym's form: the node id without its file, `::` → `.`
+    (`tests/test_x.py::TestA::test_b` → `TestA.test_b`), as in R2E's expected_output_json."""
+    res = parse_pytest(log)
+    res.parser = "r2e-pytest"
+    res.statuses = {(".".join(tid.split("::")[1:]) or tid): st for tid, st in res.statuses.items()}
+    return res
+
+
 Parser = Callable[[str], ParseResult]
-_PARSERS: dict[str, Parser] = {"pytest": parse_pytest, "unittest": parse_unittest}
+_PARSERS: dict[str, Parser] = {"pytest": parse_pytest, "unittest": parse_unittest, "r2e-pytest": parse_r2e_pytest}
 
 
 def register_parser(name: str, parser: Parser) -> None:
@@ -251,7 +260,7 @@ def register_parser(name: str, parser: Parser) -> None:
 
 
 def known_parsers() -> frozenset[str]:
-    """The names `log_parser` may take."""
+    """The names registered here (the `swebench` package's come on top: swe_debug.parser_names)."""
     return frozenset(_PARSERS)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
+import re
 import shlex
 import time
 from collections.abc import Sequence
@@ -22,12 +23,38 @@ from sandboxes import ExecResult, Sandbox, SandboxSpec
 from .grading import Grade, grade
 from .images import ImageBuilder, ImageRef
 from .instances import SWEInstance, patch_file_changes
-from .parsers import ParseResult, get_parser
+from .parser_names import get_parser
+from .parsers import ParseResult
 
 T = TypeVar("T")
 
 PATCH_PATH = "/tmp/vf_gold.diff"
 TEST_PATCH_PATH = "/tmp/vf_test.diff"
+SETUP_PATCH_PATH = "/tmp/vf_setup.diff"
+EVAL_SCRIPT_PATH = "/tmp/vf_eval.sh"
+START_TEST_OUTPUT, END_TEST_OUTPUT = ">>>>> Start Test Output", ">>>>> End Test Output"
+TEST_EXIT_CODE = ">>>>> Test Exit Code"
+"""The SWE-bench harness's eval-script markers (its 5.x records the test command's exit code
+after the end marker: the script's own status is its last `git checkout`'s)."""
+
+
+def record_test_exit_code(script: str) -> str:
+    """`script` with the test command's exit status captured before the end marker and
+    printed after it (as swebench 5.x does); unchanged when it has no end marker."""
+    lines = script.split("\n")
+    for i, line in enumerate(lines):
+        if END_TEST_OUTPUT in line:
+            return "\n".join([*lines[:i], "VF_TEST_EXIT_CODE=$?", line,
+                              f'echo "{TEST_EXIT_CODE}: $VF_TEST_EXIT_CODE"', *lines[i + 1:]])
+    return script
+
+
+def between_markers(log: str) -> str:
+    """The test output of an eval-script log: between the start and end markers when both
+    are there (else the whole log)."""
+    if START_TEST_OUTPUT in log and END_TEST_OUTPUT in log:
+        return log.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
+    return log
 APPLY_TIMEOUT = 60.0
 
 
@@ -227,12 +254,23 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
                 f"git rev-parse --is-inside-work-tree >/dev/null || {{ echo 'no git work tree in {inst.workdir}' >&2; exit 3; }}",
                 f"test -z {base} || git rev-parse -q --verify {base}^{{commit}} >/dev/null"
                 f" || {{ echo 'base_commit {inst.base_commit} is not in this repository' >&2; exit 3; }}",
+                # a published image's own untracked files (run_tests.sh, a venv, build output) are
+                # its state: excluded, so the clean check passes and resets between rungs keep them
+                *(["mkdir -p .git/info && git status --porcelain --untracked-files=normal | sed -n 's|^?? |/|p' >> .git/info/exclude"]
+                  if inst.keep_untracked else []),
                 'status=$(git status --porcelain)',
                 'test -z "$status" || { echo "working tree is not clean:" >&2; echo "$status" >&2; exit 3; }',
+                # committed, so that resetting the tree between apply rungs keeps it
+                *([f"git apply --verbose {SETUP_PATCH_PATH} || {{ echo 'setup_patch does not apply' >&2; exit 3; }}",
+                   "git add -A && git -c user.name=vf-swe-debug -c user.email=vf-swe-debug@invalid "
+                   "commit -q --no-verify -m 'vf-swe-debug: setup_patch'"]
+                  if inst.setup_patch.strip() else []),
                 *inst.setup_commands,
             ]
         )
         t0 = time.perf_counter()
+        if inst.setup_patch.strip():
+            await sandbox.write_file(SETUP_PATCH_PATH, inst.setup_patch if inst.setup_patch.endswith("\n") else inst.setup_patch + "\n")
         r = await sandbox.exec(["bash", "-c", script], cwd=inst.workdir, timeout=timeout)
         return StepResult.of(r, time.perf_counter() - t0)
 
@@ -257,20 +295,40 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         return res
 
     def test_command(self, inst: SWEInstance) -> str:
-        return " ".join([inst.test_cmd, *map(shlex.quote, inst.directives())])
+        cmd = " ".join([inst.test_cmd, *map(shlex.quote, inst.directives())])
+        if inst.test_path:
+            cmd = f"export PATH={shlex.quote(':'.join(inst.test_path))}:\"$PATH\"; {cmd}"
+        return cmd
 
     async def run_tests(self, sandbox: Sandbox, inst: SWEInstance, timeout: float, output_limit: int) -> tuple[StepResult, ApplyResult]:
+        if inst.eval_script.strip():
+            return await self._run_eval_script(sandbox, inst, timeout, output_limit)
         tp = await self.apply_test_patch(sandbox, inst)
         if not tp.applied:
             return StepResult(ok=False), tp
         t0 = time.perf_counter()
         r = await sandbox.exec(
-            ["bash", "-c", f"{self.test_command(inst)} 2>&1"], cwd=inst.workdir, timeout=timeout, output_limit=output_limit
+            ["bash", "-c", f"{{ {self.test_command(inst)}\n}} 2>&1"], cwd=inst.workdir, timeout=timeout, output_limit=output_limit
         )
         return StepResult.of(r, time.perf_counter() - t0), tp
 
+    async def _run_eval_script(self, sandbox: Sandbox, inst: SWEInstance, timeout: float,
+                               output_limit: int) -> tuple[StepResult, ApplyResult]:
+        """The row's own eval script (it applies the test patch itself); the exit code is
+        the test command's, recorded after the end marker (None when the script never got
+        there: the tests did not run to the end)."""
+        await sandbox.write_file(EVAL_SCRIPT_PATH, record_test_exit_code(inst.eval_script))
+        t0 = time.perf_counter()
+        r = await sandbox.exec(["bash", "-c", f"{{ bash {EVAL_SCRIPT_PATH}\n}} 2>&1"], cwd=inst.workdir, timeout=timeout,
+                               output_limit=output_limit)
+        step = StepResult.of(r, time.perf_counter() - t0)
+        m = re.search(rf"^{re.escape(TEST_EXIT_CODE)}: (-?\d+)\s*$", r.stdout, re.M)
+        step.exit_code = int(m.group(1)) if m else (None if not r.timed_out else r.exit_code)
+        step.ok = step.exit_code == 0
+        return step, ApplyResult(applied=True, method="eval_script")
+
     def parse_log(self, inst: SWEInstance, log: str) -> ParseResult:
-        return get_parser(inst.log_parser)(log)
+        return get_parser(inst.log_parser)(between_markers(log) if inst.eval_script.strip() else log)
 
     def grade(self, inst: SWEInstance, parse: ParseResult, exit_code: int | None) -> Grade:
         return grade(parse, exit_code, inst.FAIL_TO_PASS, inst.PASS_TO_PASS)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -118,30 +117,10 @@ async def test_gold_run_with_fails_before_check(instances):
     assert all(r["error"] is None and r["attempts"] == 1 for r in rows.values())
 
 
-def reverse_patch(diff: str) -> str:
-    """The unified diff that undoes `diff` (sides, hunk ranges and +/- lines swapped)."""
-    out, in_hunk = [], False
-    for line in diff.splitlines():
-        if line.startswith("--- "):
-            minus, in_hunk = line, False
-            continue
-        if line.startswith("+++ "):
-            out += ["--- " + line[4:], "+++ " + minus[4:]]
-            continue
-        if line.startswith("@@"):
-            m = re.match(r"@@ -(\S+) \+(\S+) @@(.*)", line)
-            out.append(f"@@ -{m.group(2)} +{m.group(1)} @@{m.group(3)}")
-            in_hunk = True
-        elif in_hunk and line[:1] in "+-":
-            out.append({"+": "-", "-": "+"}[line[0]] + line[1:])
-        else:
-            out.append(line)
-    return "\n".join(out) + "\n"
-
-
 async def test_a_reversed_or_already_applied_gold_patch_fails_to_apply(instances):
     """The reversed gold patch applies only in reverse (which would leave exactly the fixed
     tree): every rung must refuse it, not grade the instance valid."""
+    from swe_debug.published import reverse_patch
     from swe_debug.taskset import SWETaskSet
 
     rev = instances[IDNA].model_copy(update={"instance_id": "reversed-gold", "patch": reverse_patch(instances[IDNA].patch)})

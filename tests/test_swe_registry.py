@@ -153,3 +153,67 @@ async def test_keep_images_removes_only_what_the_run_pulled_least_recent_first(i
     assert await builder.image_id(names[1]) is not None  # within keep_images
     assert await builder.image_id(local) is not None  # not the run's: never removed
     _untag(names[1])
+
+
+async def test_pull_progress_reaches_the_display(instances, registry):
+    """Pulling an image whose layer is not local reports its bytes as they come (the
+    engine's per-layer messages summed), ends with one `finished` report, and
+    vf-swe-debug's display shows a bar per pull and a line when it is done."""
+    import io
+    import uuid
+
+    import docker
+    from rich.console import Console
+
+    from sandboxes.images import image_builder
+    from swe_debug.cli import SWEDisplay
+    from swe_debug.images import ImageBuilder, add_pull_listener, remove_pull_listener
+    from swe_debug.instances import SWEInstance
+
+    local = (await ImageBuilder().ensure(instances[IDNA])).tag
+    client = docker.from_env()
+    tag = uuid.uuid4().hex[:12]
+    c = client.containers.run(local, ["bash", "-c", "head -c 16000000 /dev/urandom > /blob"], detach=True,
+                              network_disabled=True)
+    try:
+        assert c.wait()["StatusCode"] == 0
+        c.commit(repository="vf-swe-test/pull-progress", tag=tag)
+    finally:
+        c.remove(force=True)
+    name = f"{registry.url}/progress/blob:{tag}"
+    await image_builder("docker").push_image(f"vf-swe-test/pull-progress:{tag}", name, _auth(registry))
+    for n in (name, f"vf-swe-test/pull-progress:{tag}"):  # the image and its own layer leave this host
+        client.images.remove(n)
+    events: list = []
+    listen = events.append
+    add_pull_listener(listen)
+    out = io.StringIO()
+    inst = SWEInstance.model_validate(_bare_row(instances[IDNA], instance_id="org__progress-1", image_name=name))
+    try:
+        with SWEDisplay(Console(file=out, width=200)):
+            ref = await ImageBuilder(auth=_auth(registry)).ensure(inst)
+    finally:
+        remove_pull_listener(listen)
+        client.images.remove(name)
+        client.close()
+    assert ref.built == ["pull"] and ref.tag == name
+    final = events[-1]
+    assert final["finished"] and final["image"] == name and final["done"] == final["total"] >= 16_000_000, final
+    assert [e for e in events if e["finished"]] == [final]
+    assert any(0 < e["done"] < e["total"] for e in events[:-1]), events  # seen while downloading
+    assert all(a["done"] <= b["done"] for a, b in zip(events, events[1:]))
+    assert f"pulled {name} ({final['total'] / 1e6:.1f} MB)" in out.getvalue()
+    assert not final["failed"]
+    # a pull that fails (no such tag) ends with one failed report; the display says so
+    from swe_debug.images import ImagePullFailed
+
+    events.clear()
+    add_pull_listener(listen)
+    missing = f"{registry.url}/progress/blob:no-such-tag"
+    try:
+        with SWEDisplay(Console(file=out, width=200)), pytest.raises(ImagePullFailed):
+            await ImageBuilder(auth=_auth(registry)).ensure(inst.model_copy(update={"image_name": missing}))
+    finally:
+        remove_pull_listener(listen)
+    assert [e for e in events if e["finished"]] == [events[-1]] and events[-1]["failed"], events
+    assert f"pull of {missing} failed" in out.getvalue()

@@ -56,7 +56,7 @@ from sandboxes.errors import (
     SandboxCreateError,
     SandboxNotRunning,
 )
-from sandboxes.images import BuiltImage, ImageBuildRequest, RecipeStatus, RegistryAuth
+from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RecipeStatus, RegistryAuth
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent, retry_op
@@ -323,9 +323,10 @@ class DockerBackend:
         """Build `request` through the Engine API (see backends/docker/build.py) unless cached."""
         return await asyncio.to_thread(self._engine_images.build, request, force=force, on_log=on_log)
 
-    async def pull_image(self, image: str, auth: RegistryAuth | None = None) -> str:
+    async def pull_image(self, image: str, auth: RegistryAuth | None = None,
+                         on_progress: Callable[[PullProgress], None] | None = None) -> str:
         """Pull `image` from its registry (ImageNotFound where it cannot be)."""
-        return await asyncio.to_thread(self._engine_images.pull, image, auth)
+        return await asyncio.to_thread(self._engine_images.pull, image, auth, on_progress)
 
     async def remove_image(self, image: str) -> bool:
         """Remove the local image name (never forced; see backends/docker/build.py)."""
@@ -401,6 +402,10 @@ class DockerBackend:
         }
         if cell_host:
             host["CapAdd"] = list(CELL_HOST_CAPS)
+            if spec.isolation == "gvisor":
+                # the engine's pids limit counts the gVisor kernel's host threads (several per
+                # sandboxed thread); each cell's own pids cgroup, enforced inside gVisor, is the limit
+                host["PidsLimit"] = max(spec.pids_limit * 8, 32768)
             host["NanoCpus"] = int(min(spec.cpu_cores, await self._engine_cpus()) * 1e9)
         runtime = await self._runtime(spec)
         if runtime:

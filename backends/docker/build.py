@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sandboxes.errors import BackendUnavailable, ImageNotFound, ImagePushFailed
-from sandboxes.images import KEY_LABEL, BuiltImage, ImageBuildFailed, ImageBuildRequest, RegistryAuth, log_tail
+from sandboxes.images import KEY_LABEL, BuiltImage, ImageBuildFailed, ImageBuildRequest, PullProgress, RegistryAuth, log_tail
 
 from .engine import resolve_url
 
@@ -96,12 +96,23 @@ class EngineImages:
         info = self.inspect(image)
         return info["Id"] if info else None
 
-    def pull(self, image: str, auth: RegistryAuth | None = None) -> str:
+    def pull(self, image: str, auth: RegistryAuth | None = None,
+             on_progress: Callable[[PullProgress], None] | None = None) -> str:
         """Pull `image` from its registry; its id. ImageNotFound when that fails (no registry
-        here, no such image or tag, bad credentials: the registry's own words say which)."""
+        here, no such image or tag, bad credentials: the registry's own words say which).
+        `on_progress` gets the layers' downloaded / announced bytes as the engine reports them,
+        and a last report when it ends (`failed` when it raised)."""
+        repo, tag = split_name(image)
+        layers = _LayerBytes(image, on_progress)
+        try:
+            return self._pull(image, repo, tag, auth, layers)
+        except BaseException:
+            layers.finish(failed=True)
+            raise
+
+    def _pull(self, image: str, repo: str, tag: str | None, auth: RegistryAuth | None, layers: "_LayerBytes") -> str:
         import docker
 
-        repo, tag = split_name(image)
         with self.api(f"pull {image}", timeout=900) as api:
             try:
                 for chunk in api.pull(repo, tag=tag, stream=True, decode=True,
@@ -109,12 +120,14 @@ class EngineImages:
                     if "error" in chunk:
                         raise ImageNotFound(f"image {image} is not present locally and cannot be pulled: "
                                             f"{chunk['error']}")
+                    layers.update(chunk)
             except docker.errors.APIError as exc:
                 raise ImageNotFound(f"image {image} is not present locally and cannot be pulled: "
                                     f"{exc.explanation or exc}") from exc
         image_id = self.image_id(image)
         if image_id is None:
             raise ImageNotFound(f"image {image}: pull finished but the image is not present")
+        layers.finish()
         return image_id
 
     def remove(self, image: str) -> bool:
@@ -252,3 +265,40 @@ def _add_bytes(tf: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), mode, 0
     tf.addfile(info, io.BytesIO(data))
+
+
+class _LayerBytes:
+    """The engine's per-layer pull messages summed into one PullProgress for the image."""
+
+    DONE = ("Download complete", "Pull complete", "Already exists")
+
+    def __init__(self, image: str, on_progress: Callable[[PullProgress], None] | None):
+        self.image, self.on_progress = image, on_progress
+        self.total: dict[str, int] = {}
+        self.current: dict[str, int] = {}
+
+    def _emit(self, finished: bool = False, failed: bool = False) -> None:
+        if self.on_progress is not None:
+            total = sum(self.total.values())
+            done = total if finished and not failed else min(sum(self.current.values()), total)
+            try:
+                self.on_progress(PullProgress(image=self.image, done=done, total=total, finished=finished, failed=failed))
+            except Exception:  # noqa: BLE001 - a progress display never fails a pull
+                log.debug("pull progress callback failed", exc_info=True)
+
+    def update(self, chunk: dict) -> None:
+        layer, status = chunk.get("id"), str(chunk.get("status") or "")
+        if not layer or self.on_progress is None:
+            return
+        detail = chunk.get("progressDetail") or {}
+        if status == "Downloading" and detail.get("total"):
+            self.total[layer] = int(detail["total"])
+            self.current[layer] = int(detail.get("current") or 0)
+        elif status in self.DONE and layer in self.total:
+            self.current[layer] = self.total[layer]
+        else:
+            return
+        self._emit()
+
+    def finish(self, failed: bool = False) -> None:
+        self._emit(finished=True, failed=failed)

@@ -42,7 +42,7 @@ from sandboxes.agent.protocol import bootstrap_argv
 from sandboxes.ratelimit import RateLimiter
 from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError
 from sandboxes.results import SandboxInfo
-from sandboxes.spec import SandboxSpec
+from sandboxes.spec import SandboxSpec, refuse_namespace
 
 from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
 from . import manifest as mf
@@ -162,6 +162,7 @@ class KubernetesBackend:
 
     # -- create
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> KubeSandbox:
+        refuse_namespace(spec, "kubernetes")
         api = await self.connect()
         labels = {**spec.labels, **lc.lifecycle_labels(spec)}
         name = mf.pod_name(spec)

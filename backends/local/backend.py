@@ -42,7 +42,7 @@ from sandboxes.agent.channels import ProcessChannel
 from sandboxes.errors import SandboxCreateError, SandboxNotRunning
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent
-from sandboxes.spec import SandboxSpec, refuse_gvisor
+from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace
 
 from .isolation import Isolation, find_bwrap, prepare_root, warn_unconfined_once
 
@@ -160,6 +160,7 @@ class LocalBackend:
     # -- SandboxBackend
     @idempotent
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> LocalSandbox:
+        refuse_namespace(spec, "local")
         refuse_gvisor(spec, "local", "its commands are host processes (not a security boundary): use the "
                       "docker backend (runsc runtime) or kubernetes (a gVisor RuntimeClass)")
         if idempotency_key and idempotency_key in self._keys:

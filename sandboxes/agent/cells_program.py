@@ -369,6 +369,11 @@ def resolve_user(user):
 def drop_privileges(user):
     """Become `user` (if given), then hold no capability at all (bounding, ambient,
     effective, permitted, inheritable), set no-new-privileges and the seccomp filter."""
+    for cap in range(64):  # first, while still root with CAP_SETPCAP
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22:
+                break  # EINVAL: past the last capability the kernel knows
+            raise CellSetupError("cannot empty the capability bounding set (the host needs CAP_SETPCAP)")
     if user:
         uid, gid, groups, home = resolve_user(user)
         os.setgroups(groups)
@@ -380,11 +385,6 @@ def drop_privileges(user):
             os.environ.setdefault("HOME", pwd.getpwuid(os.getuid()).pw_dir)
         except KeyError:
             os.environ.setdefault("HOME", "/")
-    for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            if ctypes.get_errno() == 22:
-                break  # EINVAL: past the last capability the kernel knows
-            raise CellSetupError("cannot empty the capability bounding set (the host needs CAP_SETPCAP)")
     _libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL; old kernels lack it
     header = struct.pack("Ii", 0x20080522, 0)
     data = ctypes.create_string_buffer(24)  # two zeroed __user_cap_data_struct
@@ -611,7 +611,7 @@ def _open_cell(req, fd, cgroups, cells):
     if errors or "ok" not in lines:
         _kill_wait(pid)
         remove_cgroups(conf["cgroups"])
-        raise CellSetupError(errors[0] if errors else "the cell did not start (%r)" % out[-300:])
+        raise CellSetupError(errors[0].split(": ", 1)[-1] if errors else "the cell did not start (%r)" % out[-300:])
     cells[cell] = (pid, conf["cgroups"])
     return {"pid": init}
 
