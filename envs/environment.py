@@ -526,7 +526,7 @@ class Environment(ABC):
     ) -> State:
         """One rollout under `sem`, re-run on a retryable error up to `max_retries` extra
         times (None: the env's own policy, `set_max_retries`)."""
-        attempts_allowed = (max_retries + 1) if max_retries is not None else self.retry_policy.attempts
+        attempts_allowed = (self.retry_policy if max_retries is None else RetryPolicy.from_max_retries(max_retries)).attempts
         if sem is None:
             return await self._run_with_retry(input, client, model, sampling_args, attempts_allowed)
         async with sem:

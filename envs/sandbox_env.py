@@ -86,18 +86,16 @@ _RETRY_KNOBS = {"base_delay": "initial_delay", "backoff_factor": "exp_base",
 
 def _operation_retry(kwargs: dict[str, Any]) -> RetryPolicy | None:
     """The sandbox-operation retry policy from the reference's knobs (popped from kwargs), if any was given."""
-    fields: dict[str, Any] = {}
     max_retries = kwargs.pop("max_retries", None)
-    if max_retries is not None:
-        fields["attempts"] = max(0, int(max_retries)) + 1
+    fields: dict[str, Any] = {}
     for knob, field in _RETRY_KNOBS.items():
         value = kwargs.pop(knob, None)
         if value is not None:
             fields[field] = value
-    if not fields:
+    if max_retries is None and not fields:
         return None
     try:
-        return RetryPolicy(**fields)
+        return RetryPolicy(**fields) if max_retries is None else RetryPolicy.from_max_retries(max_retries, **fields)
     except ValidationError as exc:
         raise ConfigError(f"invalid sandbox retry settings: {exc}") from exc
 

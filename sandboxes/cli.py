@@ -1,5 +1,6 @@
 """`vf-sandbox sandboxes ls|reap`: list vf-sandbox's sandboxes on a backend and
-remove those whose owner process died or whose lifetime expired."""
+remove those whose owner process died, whose lifetime expired, or that the
+backend lost (a crashed engine's containers only containerd still holds)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def ls(backend: str = BackendOpt, run: str = typer.Option(None, "--run", help="O
 def reap(backend: str = BackendOpt,
          dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be removed."),
          expired: bool = typer.Option(True, "--expired/--no-expired", help="Also remove sandboxes past their lifetime.")) -> None:
-    """Remove sandboxes whose owner process is dead (e.g. SIGKILLed) or that expired."""
+    """Remove sandboxes whose owner process is dead (e.g. SIGKILLed) or that expired, and
+    those a crashed engine lost (still running, no longer listed by it)."""
     import asyncio
 
     from .errors import Error

@@ -35,9 +35,9 @@ import os
 import platform as _platform
 import re
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, Field, SecretStr, computed_field
 
@@ -173,7 +173,7 @@ class ImageBuildRequest(BaseModel):
         """`context_digest`, else a hash of the context tree (paths, exec bits, link targets, bytes) and `files`."""
         if self.context_digest is not None:
             return self.context_digest
-        return hash_context(self.context, self.files)
+        return hash_tree(self.context, self.files)
 
     def key(self, parent_ids: Sequence[str]) -> str:
         """The content key of this request given the ids of its parent images (hex sha256)."""
@@ -213,25 +213,41 @@ class RecipeStatus(BaseModel):
     description: str = ""
 
 
-def hash_context(context: Path | None, files: Mapping[str, bytes] | None = None) -> str:
-    """Content hash of a context directory plus extra files (symlinks by target, exec bit kept)."""
-    h = hashlib.sha256()
-    if context is not None:
-        root = Path(context)
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                h.update(f"L {rel}\0{os.readlink(path)}\0".encode())
-            elif path.is_file():
-                h.update(f"F {rel}\0{os.access(path, os.X_OK)}\0".encode())
-                with path.open("rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
-                h.update(b"\0")
+def hash_tree(root: Path | None, files: Mapping[str, bytes] | None = None, *, exclude: Collection[str] = (),
+              into: Any = None) -> str:
+    """The content hash of a directory tree or of one file: the one tree hasher of vf-sandbox
+    (build contexts, image recipes, SWE sources).
+
+    In sorted path order, a regular file adds its relative path, exec bit and bytes, a symlink
+    its path and target (never followed); directories count through what they hold. Paths with
+    a part in `exclude` (e.g. ".git") are skipped; a `root` that is a file adds its bytes alone.
+    `files` adds (path, bytes) entries after the tree. `into` continues a hashlib object the
+    caller started (the object stays usable); the hex digest is returned."""
+    h = into if into is not None else hashlib.sha256()
+    if root is not None:
+        root = Path(root)
+        if root.is_file():
+            _update_with_file(h, root)
+        else:
+            for path in sorted(root.rglob("*")):
+                rel = path.relative_to(root)
+                if exclude and any(part in exclude for part in rel.parts):
+                    continue
+                if path.is_symlink():
+                    h.update(f"L {rel.as_posix()}\0{os.readlink(path)}\0".encode())
+                elif path.is_file():
+                    h.update(f"{rel.as_posix()}\0{os.access(path, os.X_OK)}\0".encode())
+                    _update_with_file(h, path)
     for rel, data in sorted((files or {}).items()):
         h.update(f"B {rel}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()
+
+
+def _update_with_file(h: Any, path: Path) -> None:
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
 
 
 def log_tail(lines: Sequence[str], n: int = LOG_TAIL_LINES) -> str:

@@ -251,6 +251,22 @@ class SupportsDerivedImages(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsOrphanReap(Protocol):
+    """Optional backend capability: find sandboxes the substrate itself lost track of.
+
+    A crashed engine can come back without listing sandboxes that still run
+    (Docker: containers only containerd still holds after dockerd was
+    SIGKILLed); `list` / `delete` cannot reach them. `sandboxes.lifecycle.reap`
+    (so `vf-sandbox sandboxes reap` and every CLI's start-up) calls this too.
+    """
+
+    async def reap_orphans(self, *, dry_run: bool = False) -> list[str]:
+        """Remove (unless `dry_run`) vf-sandbox's sandboxes the substrate lost; their ids.
+        Never raises for what it cannot inspect (it logs and returns what it found)."""
+        ...
+
+
 # ---------------------------------------------------------------- image builds
 # (Capabilities callers test for with `isinstance(backend, SupportsImageBuild)`;
 # request/result models live in sandboxes/images.py.)

@@ -1,6 +1,7 @@
 """Lifecycle of sandboxes: this process's live sandboxes, their removal on
 exception / SIGINT / SIGTERM / exit, and the reaper for sandboxes whose owner
-died (SIGKILL) or whose lifetime expired.
+died (SIGKILL) or whose lifetime expired, and for those the backend itself lost
+(`SupportsOrphanReap`: e.g. containers a SIGKILLed dockerd no longer lists).
 
 Backends call `track(id, remove)` when a sandbox exists and `untrack(id)`
 once it is deleted; `remove` is a synchronous, idempotent, best-effort
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from .interface import SupportsOrphanReap
 from .labels import MANAGED, expired, owner_alive
 from .results import SandboxInfo
 
@@ -162,7 +164,8 @@ def reap_due(info: SandboxInfo, now: float, max_age_seconds: float | None = None
 
 
 async def reap(backend=None, *, dry_run: bool = False, include_expired: bool = True) -> list[tuple[SandboxInfo, str]]:
-    """Remove managed sandboxes whose owner process is dead or that expired.
+    """Remove managed sandboxes whose owner process is dead or that expired, and those
+    the backend lost ("engine-lost", backends with `reap_orphans`).
     Returns (sandbox, reason) for each one removed (or that would be, with dry_run)."""
     from .registry import get_backend
 
@@ -174,6 +177,9 @@ async def reap(backend=None, *, dry_run: bool = False, include_expired: bool = T
         doomed = [(i, r) for i in infos if (r := reapable(i, now, include_expired))]
         if doomed and not dry_run:
             await be.delete_many(ids=[i.id for i, _ in doomed])
+        if isinstance(be, SupportsOrphanReap):
+            lost = await be.reap_orphans(dry_run=dry_run)
+            doomed += [(SandboxInfo(id=i, name="", backend=be.name, status="lost"), "engine-lost") for i in lost]
         return doomed
     finally:
         if own:

@@ -41,7 +41,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, ImageNotFound, InfraError
-from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, host_arch, image_builder
+from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -260,28 +260,12 @@ class ImageBuilder:
         return _sha(RECIPE_VERSION, self.salt, base_id, self._recipe("env.Dockerfile"), env.model_dump_json())[:16]
 
     def tree_hash(self, path: Path) -> str:
-        """Content hash of an archive file or a directory tree (cached per path, mtime, size)."""
+        """`hash_tree` of an archive file or a directory tree (.git skipped), cached per path, mtime, size."""
         st = path.stat()
         cache_key = (str(path), st.st_mtime, st.st_size)
         if cache_key in self._tree_hashes:
             return self._tree_hashes[cache_key]
-        h = hashlib.sha256()
-        if path.is_file():
-            with path.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-        else:
-            for p in sorted(path.rglob("*")):
-                rel = p.relative_to(path)
-                if ".git" in rel.parts:
-                    continue
-                h.update(str(rel).encode() + b"\0")
-                if p.is_symlink():
-                    h.update(b"L" + os.readlink(p).encode())
-                elif p.is_file():
-                    h.update(b"X" if os.access(p, os.X_OK) else b"F")
-                    h.update(p.read_bytes())
-        digest = h.hexdigest()
+        digest = hash_tree(path, exclude=(".git",))
         self._tree_hashes[cache_key] = digest
         return digest
 

@@ -370,3 +370,22 @@ async def test_cancelled_create_leaves_nothing(docker_backend, docker_spec):
             break
         await asyncio.sleep(0.25)
     assert await docker_backend.list({"case": tag}) == []
+
+
+def test_lost_sandbox_reaper_finds_the_containerd_of_a_local_dockerd_only(tmp_path):
+    """The reaper of sandboxes a crashed engine lost drives the engine's own containerd: found
+    for the machine's dockerd (through its socket's peer), never for a TCP engine or a socket
+    some other program serves. (Removal itself: tests/test_faults.py, on the suite's own engine.)"""
+    import socket
+
+    from backends.docker import orphans
+    from backends.docker.engine import resolve_url
+
+    address = orphans.containerd_address(resolve_url())
+    assert address is not None and address.endswith(".sock") and os.path.exists(address)
+    assert orphans.containerd_address("tcp://127.0.0.1:9") is None
+    with socket.socket(socket.AF_UNIX) as s:  # this pytest process listens here: not a dockerd
+        s.bind(str(tmp_path / "fake.sock"))
+        s.listen(1)
+        assert orphans.containerd_address(f"unix://{tmp_path}/fake.sock") is None
+    assert orphans.containerd_address(f"unix://{tmp_path}/none.sock") is None

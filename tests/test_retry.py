@@ -87,9 +87,9 @@ async def test_daemon_down_is_backend_unavailable_and_retried(where, tmp_path):
     attempts = []
     real = be._create_attempt
 
-    async def counted(spec, name):
+    async def counted(spec, name, *more):
         attempts.append(time.monotonic())
-        return await real(spec, name)
+        return await real(spec, name, *more)
 
     be._create_attempt = counted
     try:

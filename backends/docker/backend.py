@@ -8,7 +8,8 @@ capability dropped, no-new-privileges, pids/memory(+swap)/CPU limits, an init
 process, AutoRemove, and PID 1 wrapped in `timeout -s KILL <lifetime>`: it is
 gone after `timeout_minutes` even if its owner was SIGKILLed. Creation is
 idempotent (the container name derives from the idempotency key; a 409 means
-"fetch the one a previous attempt made"), retried on InfraError only.
+"fetch the one a previous attempt made"), retried on transient InfraErrors
+only (`retry_op`, as every idempotent operation; delete too).
 Images missing locally are built from `images/` when a recipe maps to them.
 
 `spec.isolation == "gvisor"` runs the container under the engine's gVisor
@@ -58,12 +59,13 @@ from sandboxes.errors import (
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RecipeStatus, RegistryAuth
 from sandboxes.labels import MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
-from sandboxes.retry import RetryPolicy, idempotent, retry_infra
+from sandboxes.retry import RetryPolicy, idempotent, retry_op
 from sandboxes.spec import SandboxSpec
 
 from .build import EngineImages
 from .channel import DockerExecChannel
 from .engine import DEFAULT_URL, resolve_url  # noqa: F401  (re-exported)
+from . import orphans
 from .network import check_network_mode, ensure_egress_network
 
 log = logging.getLogger(__name__)
@@ -197,14 +199,13 @@ class DockerBackend:
         self.api_timeout = api_timeout
         self.python = python
         self.gvisor_runtime = gvisor_runtime
-        self._runtimes: dict[str, Any] | None = None  # the engine's runtimes (docker info), kept once it has gVisor
+        self._engine_info: dict[str, Any] | None = None  # `docker info`, read once (see _info)
         self._docker: aiodocker.Docker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._images: dict[str, str] = {}  # requested image -> image to run
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._no_agent: set[str] = set()  # images without a usable python3
         self._engine_images = EngineImages(self.url)
-        self._ncpu: int | None = None
         self.cells = CellHosts(self._create_cell_host, cells_per_host=cells_per_host)
 
     # ---------------------------------------------------------- plumbing
@@ -242,6 +243,14 @@ class DockerBackend:
             raise
         except (aiohttp.ClientConnectionError, ConnectionError, FileNotFoundError, asyncio.TimeoutError) as exc:
             raise self._unavailable(exc, what) from exc
+
+    async def _info(self, fresh: bool = False) -> dict[str, Any]:
+        """The engine's `docker info` (storage driver, runtimes), read once; again with `fresh`."""
+        if self._engine_info is None or fresh:
+            docker = await self._client()
+            async with self._api("info"):
+                self._engine_info = await docker.system.info()
+        return self._engine_info
 
     async def ping(self) -> None:
         """Raise BackendUnavailable unless the daemon answers."""
@@ -356,21 +365,19 @@ class DockerBackend:
         when gVisor is asked for and the engine has no such runtime."""
         if spec.isolation != "gvisor":
             return None
-        if self._runtimes is None or self.gvisor_runtime not in self._runtimes:  # read again until registered
-            docker = await self._client()
-            async with self._api("info"):
-                info = await docker._query_json("info")
-            self._runtimes = dict(info.get("Runtimes") or {})
         name = self.gvisor_runtime
-        if name not in self._runtimes:
+        runtimes = (await self._info()).get("Runtimes") or {}
+        if name not in runtimes:  # read again: set-up may have registered it since
+            runtimes = (await self._info(fresh=True)).get("Runtimes") or {}
+        if name not in runtimes:
             raise ConfigError(
                 f"isolation='gvisor' needs the Docker runtime {name!r}, which the engine at {self.url} does not "
-                f"have (it has: {', '.join(sorted(self._runtimes)) or 'none'}). Install gVisor (Debian: "
+                f"have (it has: {', '.join(sorted(runtimes)) or 'none'}). Install gVisor (Debian: "
                 f"`apt-get install runsc`), add to /etc/docker/daemon.json "
                 f'{{"runtimes": {{"{name}": {{"path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", '
                 f'"--network=none"]}}}}}} and reload dockerd (`kill -HUP <dockerd pid>`); scripts/setup.sh does this '
                 f"for the engine it starts. Or pass gvisor_runtime=<name> in the backend options.")
-        args = (self._runtimes.get(name) or {}).get("runtimeArgs") or []
+        args = (runtimes.get(name) or {}).get("runtimeArgs") or []
         if spec.network and "--network=none" in args:
             raise ConfigError(
                 f"network=True with isolation='gvisor': the engine's {name!r} runtime runs with --network=none "
@@ -409,7 +416,7 @@ class DockerBackend:
         return {
             "Image": image,
             "Cmd": ["timeout", "-s", "KILL", f"{lifetime}s", "/bin/sh", "-c", spec.start_command],
-            "Env": [f"{k}={v}" for k, v in spec.environment_vars.items()],
+            "Env": [f"{k}={v}" for k, v in spec.environment_vars.items()] + [orphans.MARK_ENV],
             "WorkingDir": spec.workdir,
             "User": spec.user or "",
             "Labels": labels,
@@ -425,20 +432,14 @@ class DockerBackend:
     async def _create(self, spec: SandboxSpec, idempotency_key: str | None, cell_host: bool = False) -> AgentSandbox:
         key = _key_digest(idempotency_key) if idempotency_key else uuid.uuid4().hex[:16]
         name = container_name(spec.name, key)
-        sandbox, _ = await retry_infra(lambda: self._create_attempt(spec, name, cell_host), self.retry)
-        return sandbox
+        return await retry_op(lambda: self._create_attempt(spec, name, cell_host), self.retry, f"docker: create {name}")
 
     async def _create_cell_host(self, spec: SandboxSpec) -> AgentSandbox:
         return await self._create(spec, None, cell_host=True)
 
     async def _engine_cpus(self) -> int:
         """The engine's CPU count (a container's CPU limit cannot exceed it)."""
-        if self._ncpu is None:
-            docker = await self._client()
-            async with self._api("info"):
-                info = await docker.system.info()
-            self._ncpu = int(info.get("NCPU") or 1)
-        return self._ncpu
+        return int((await self._info()).get("NCPU") or 1)
 
     async def _create_attempt(self, spec: SandboxSpec, name: str, cell_host: bool = False) -> AgentSandbox:
         """One try; retried as a whole on InfraError (same name: a 409 adopts the earlier container)."""
@@ -449,9 +450,7 @@ class DockerBackend:
         """Whether the engine's storage driver can cap a container's writable layer
         (`StorageOpt size`): overlay2 on xfs (mounted with pquota), btrfs, zfs, devicemapper."""
         if self._disk_limits is None:
-            docker = await self._client()
-            async with self._api("info"):
-                info = await docker.system.info()
+            info = await self._info()
             driver = info.get("Driver", "")
             backing = dict(tuple(x) for x in info.get("DriverStatus") or [] if len(x) == 2).get("Backing Filesystem", "")
             self._disk_limits = driver in ("btrfs", "zfs", "devicemapper", "windowsfilter") or (
@@ -636,22 +635,18 @@ class DockerBackend:
             ))
         return out
 
+    @idempotent
     async def delete(self, sandbox_id: str) -> None:
         if is_cell_id(sandbox_id):
             await self.cells.delete(sandbox_id)
             return
         docker = await self._client()
-
-        async def once() -> None:
-            try:
-                async with self._api("remove container"):
-                    await docker.containers.container(sandbox_id).delete(force=True, v=True)
-            except aiodocker.DockerError as exc:
-                if exc.status in (404, 409):  # gone, or AutoRemove already removing it
-                    return
+        try:
+            async with self._api("remove container"):
+                await docker.containers.container(sandbox_id).delete(force=True, v=True)
+        except aiodocker.DockerError as exc:
+            if exc.status not in (404, 409):  # 404 gone, 409 AutoRemove already removing it
                 raise SandboxCreateError(f"cannot remove {sandbox_id}: {exc.message}") from exc
-
-        await retry_infra(once, self.retry)
         lifecycle.untrack(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
@@ -676,6 +671,17 @@ class DockerBackend:
         if errors:
             raise errors[0]
         return len(targets) + cells
+
+    async def reap_orphans(self, *, dry_run: bool = False) -> list[str]:
+        """Remove our sandboxes this engine lost in a crash (containerd still holds them, the
+        Engine API lists them no more; see orphans.py); their ids."""
+
+        async def engine_ids() -> set[str]:
+            docker = await self._client()
+            async with self._api("list containers"):
+                return {c.id for c in await docker.containers.list(all=True)}
+
+        return await orphans.reap(self.url, engine_ids, dry_run=dry_run)
 
     async def __aenter__(self) -> "DockerBackend":
         return self

@@ -219,7 +219,6 @@ class EngineImages:
             raise ImageNotFound(f"build context {request.context} of {name} is not a directory")
         log.warning("building image %s", name)
         lines: list[str] = []
-        image_id = ""
         deadline = time.monotonic() + request.timeout
         with tempfile.TemporaryFile(prefix="vf-build-ctx-") as ctx, self.api(f"build {name}", request.timeout) as api:
             write_context(ctx, request)
@@ -237,18 +236,16 @@ class EngineImages:
                         lines.append(text)
                         if on_log is not None:
                             on_log(text)
-                    if "aux" in chunk and "ID" in (chunk["aux"] or {}):
-                        image_id = chunk["aux"]["ID"]
                     if "error" in chunk:
                         raise ImageBuildFailed(name, chunk["error"], log_tail(lines))
                     if time.monotonic() > deadline:
                         raise BackendUnavailable(f"building {name} did not finish in {request.timeout:.0f}s")
             except docker.errors.APIError as exc:
                 raise ImageBuildFailed(name, str(exc.explanation or exc), log_tail(lines)) from exc
-        got = self.image_id(name)
-        if got is None:
+        image_id = self.image_id(name)
+        if image_id is None:
             raise ImageBuildFailed(name, "the engine reported no error but produced no image", log_tail(lines))
-        return got or image_id
+        return image_id
 
 
 def write_context(fileobj, request: ImageBuildRequest) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from sandboxes.errors import BackendUnavailable, ImageNotFound
-from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, host_arch
+from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, hash_tree, host_arch
 
 from .build import EngineImages, split_name
 
@@ -109,15 +109,12 @@ def missing_image_message(image: str) -> str:
 
 
 def recipe_hash(recipe: Recipe, parent_ids: list[str]) -> str:
-    """Content hash of the build context (paths, exec bits, bytes) and parent image ids."""
+    """Content hash of the recipe's script or build context (`hash_tree`) and parent image ids."""
     h = hashlib.sha256()
     if recipe.script:
         h.update((recipe.root / recipe.script).read_bytes())
     if recipe.dir:
-        for path in sorted(p for p in recipe.context.rglob("*") if p.is_file()):
-            rel = path.relative_to(recipe.context).as_posix()
-            h.update(f"{rel}\0{os.access(path, os.X_OK)}\0".encode())
-            h.update(path.read_bytes())
+        hash_tree(recipe.context, into=h)
     for pid in parent_ids:
         h.update(pid.encode())
     return h.hexdigest()[:24]
@@ -136,15 +133,20 @@ class ImageBuilder:
 
     def status(self, recipe: Recipe) -> str:
         """'missing', 'stale' or 'ok'."""
-        info = self.image(recipe.name)
-        if info is None:
+        if self.image(recipe.name) is None:
             return "missing"
         if recipe.script:
             return "ok"
-        parents = [p for p in (self.image(x) for x in recipe.parents()) if p]
-        want = recipe_hash(recipe, [p["Id"] for p in parents])
-        have = (info.get("Config") or {}).get("Labels") or {}
-        return "ok" if have.get(HASH_LABEL) == want else "stale"
+        parent_ids = [p["Id"] for p in (self.image(x) for x in recipe.parents()) if p]
+        return "ok" if self._current(recipe, recipe_hash(recipe, parent_ids)) is not None else "stale"
+
+    def _current(self, recipe: Recipe, digest: str) -> dict | None:
+        """The recipe's image if it was built from these inputs (its recipe-hash label is
+        `digest`): the one cache check of a `dir` recipe."""
+        info = self.image(recipe.name)
+        if info is not None and ((info.get("Config") or {}).get("Labels") or {}).get(HASH_LABEL) == digest:
+            return info
+        return None
 
     def statuses(self) -> list[RecipeStatus]:
         return [RecipeStatus(name=r.name, status=self.status(r), source=r.dir or r.script or "",
@@ -179,11 +181,10 @@ class ImageBuilder:
                 info = self.image(parent)
                 parent_ids.append(info["Id"] if info else parent)  # pulled by the build where possible
         want = recipe_hash(recipe, parent_ids)
-        info = self.image(recipe.name)
-        if info is not None and not force and ((info.get("Config") or {}).get("Labels") or {}).get(HASH_LABEL) == want:
+        if not force and (info := self._current(recipe, want)) is not None:
             return BuiltImage(name=recipe.name, image_id=info["Id"], key=want, cached=True,
                               seconds=time.monotonic() - t0)
-        built = self._build_dir(recipe, want, force)
+        built = self._build_dir(recipe, want)
         return built.model_copy(update={"cached": False, "seconds": time.monotonic() - t0})
 
     def _run_script(self, recipe: Recipe) -> None:
@@ -194,8 +195,9 @@ class ImageBuilder:
             tail = (proc.stdout + proc.stderr)[-3000:]
             raise ImageNotFound(f"building {recipe.name} with {script} failed (exit {proc.returncode}):\n{tail}")
 
-    def _build_dir(self, recipe: Recipe, digest: str, force: bool) -> BuiltImage:
-        """Build a `dir` recipe through the build capability; its key stands on the recipe hash."""
+    def _build_dir(self, recipe: Recipe, digest: str) -> BuiltImage:
+        """Build a `dir` recipe through the build capability, always (`_current` was the cache
+        check; the capability's own key check is skipped); its key stands on the recipe hash."""
         repository, tag = split_name(recipe.name)
         with tempfile.TemporaryDirectory(prefix="vf-image-") as tmp:
             ctx = Path(tmp) / "ctx"

@@ -125,8 +125,8 @@ class EvalConfig(BaseModel):
 
     def retry_policy(self) -> RetryPolicy:
         """The run's one retry policy: `max_retries` extra tries after the first."""
-        return RetryPolicy(attempts=self.max_retries + 1, initial_delay=self.retry_initial_delay,
-                           max_delay=self.retry_max_delay)
+        return RetryPolicy.from_max_retries(self.max_retries, initial_delay=self.retry_initial_delay,
+                                            max_delay=self.retry_max_delay)
 
     def definition_diff(self, other: "EvalConfig") -> list[str]:
         """What differs between two definitions in ways that change a rollout's result
