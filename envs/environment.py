@@ -556,10 +556,17 @@ class Environment(ABC):
                 state = await self._rollout_once(input, client, model, sampling_args)
                 err = state.get("error")
                 if err is not None and attempt < attempts_allowed and is_retryable(err):
+                    await self.discard_attempt(state)
                     raise _RetryRollout(str(err)) from err  # the cause carries any Retry-After
         assert state is not None
         state["attempts"] = attempt
         return state
+
+    async def discard_attempt(self, state: State) -> None:
+        """Hook: `state` is an attempt about to be re-run (a retryable error) and will
+        never be scored or cleaned up with its group: release what it still holds.
+        Classic envs clean up inside `rollout` (@cleanup handlers), so nothing is left;
+        envs that defer cleanup to the group (v1 `Env`) override it."""
 
     async def _score_group(self, states: list[State]) -> None:
         self.rubric.set_sync_pool(self.sync_pool)

@@ -26,6 +26,7 @@ from envs.v1 import (
     TasksetConfig,
     Toolset,
 )
+from envs.errors import error_kind
 from sandboxes.errors import ConfigError, UsageError
 
 
@@ -367,3 +368,178 @@ def test_the_runs_isolation_reaches_the_harness_sandboxes():
     assert env.harness.sandbox_spec(task).isolation == "runc"
     env.set_kwargs(isolation="gvisor")
     assert env.harness.sandbox_spec(task).isolation == "gvisor" and env.isolation_in_use() == "gvisor"
+
+
+# --------------------------------------------------------------------------- defects of session 3 (review.md)
+
+
+def _swallowing_program(task, state):
+    """A sync program that catches the model's failure and carries on as if it had answered."""
+    import openai as _openai
+
+    try:
+        state.get_client(sync=True).chat.completions.create(model="m", messages=task["prompt"])
+    except _openai.APIStatusError:
+        state["gave_up"] = True
+
+
+async def test_model_errors_surface_the_same_way_in_every_program_form(tmp_path, monkeypatch):
+    """A failed model call the program never recovered from is the rollout's model error,
+    whatever the program form did with the SDK's exception (it was only re-raised by the
+    base loop: a callable / fn / command program turned it into a task error or nothing)."""
+    from envs.clients.base import TransientModelError
+    from envs.testing.model_server import fail, fail_first
+
+    pkg = tmp_path / "v1swallow"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "agent.py").write_text(textwrap.dedent("""
+        import openai
+
+        def run(task, state):
+            try:
+                state.get_client(sync=True).chat.completions.create(model="m", messages=task["prompt"])
+            except openai.APIStatusError:
+                state["gave_up"] = True
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ask = textwrap.dedent("""
+        import json, os, urllib.request, urllib.error
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+        try:
+            urllib.request.urlopen(req)
+        except urllib.error.HTTPError as exc:
+            print("model failed", exc.code)
+    """)
+
+    async def raising(task, state):
+        await state.get_client().chat.completions.create(model="m", messages=task["prompt"])
+
+    forms = {"base": None, "callable-raises": raising, "callable-swallows": _swallowing_program,
+             "fn": {"fn": "v1swallow.agent:run"}, "command": {"command": [sys.executable, "-c", ask]}}
+    for status, expected in ((400, vf.ModelError), (503, TransientModelError)):
+        async with ModelServer(fail(status)) as srv:
+            for name, program in forms.items():
+                harness = Harness(program=program, client=AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0),
+                                  model="m")
+                state = await harness.run({"prompt": "x"})
+                assert isinstance(state["error"], expected), (name, status, repr(state["error"]))
+                assert error_kind(state["error"]) == "model" and state["stop_condition"] == "has_error"
+                await harness.teardown()
+    # a program that recovers (a later call succeeds) has no error
+    async def retrying(task, state):
+        import openai as _openai
+
+        try:
+            await state.get_client().chat.completions.create(model="m", messages=task["prompt"])
+        except _openai.APIStatusError:
+            resp = await state.get_client().chat.completions.create(model="m", messages=task["prompt"])
+            state["answer_seen"] = resp.choices[0].message.content
+
+    async with ModelServer(fail_first(1, 503, then=compute())) as srv:
+        harness = Harness(program=retrying, client=AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0),
+                          model="m")
+        state = await harness.run({"prompt": "What is 1 + 1?"})
+        assert state["error"] is None and state["answer_seen"] == "The answer is \\boxed{2}."
+        await harness.teardown()
+    # under Env: the row says "model", and a transient failure is retried
+    env = Env(Taskset(source=[{"prompt": "What is 2 + 2?", "answer": "4"}], rewards=[exact]),
+              Harness(program=_swallowing_program))
+    async with ModelServer(fail(400)) as srv:
+        out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), "m", num_examples=1)
+    row = out["outputs"][0]
+    assert row["error_kind"] == "model" and row["reward"] == 0.0, row["error"]
+    await env.teardown()
+
+    def answering(task, state):
+        resp = state.get_client(sync=True).chat.completions.create(model="m", messages=task["prompt"])
+        state["completion"] = [{"role": "assistant", "content": resp.choices[0].message.content}]
+
+    env = Env(Taskset(source=[{"prompt": "What is 2 + 2?", "answer": "4"}], rewards=[exact]), Harness(program=answering))
+    async with ModelServer(fail_first(1, 503, then=compute())) as srv:
+        out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), "m", num_examples=1,
+                                 max_retries=1)
+    row = out["outputs"][0]
+    assert row["error"] is None and row["attempts"] == 2 and row["reward"] == 1.0
+    await env.teardown()
+
+
+async def test_model_auth_error_stops_the_run_as_in_the_classic_stack():
+    from envs.clients.base import ModelAuthError
+    from envs.testing.model_server import fail
+
+    env = Env(Taskset(source=[{"prompt": "x"}]), Harness(program=_swallowing_program))
+    async with ModelServer(fail(401)) as srv:
+        with pytest.raises(ModelAuthError):
+            await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), "m", num_examples=1)
+    await env.teardown()
+
+
+async def test_sync_user_code_runs_off_the_loop_and_a_raising_reward_scores_only_its_rollout_zero():
+    import threading
+
+    seen: dict[str, list[bool]] = {"reward": [], "metric": [], "setup": [], "tool": [], "program": [], "cleanup": []}
+
+    def on_loop(kind):
+        seen[kind].append(threading.current_thread() is threading.main_thread())
+
+    calls = []
+
+    def flaky(task, state) -> float:
+        on_loop("reward")
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("reward bug")
+        return 1.0
+
+    def turns(task, state) -> float:
+        on_loop("metric")
+        return 1.0
+
+    def tool(x: int) -> int:
+        """Echo."""
+        on_loop("tool")
+        return x
+
+    def program(task, state):
+        on_loop("program")
+
+    env = Env(Taskset(source=[{"prompt": "a"}], rewards=[flaky], setups=[lambda t, s: on_loop("setup")],
+                      cleanups=[lambda t, s: on_loop("cleanup")]),
+              Harness(program=program, metrics=[turns]))
+    async with ModelServer(fixed("unused")) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
+    rows = sorted(out["outputs"], key=lambda r: r["reward"])
+    assert [r["reward"] for r in rows] == [0.0, 1.0]  # one raising call scores its rollout 0, not the group
+    assert rows[0]["error"] == "ScoringError: scoring function flaky raised ZeroDivisionError: reward bug"
+    assert rows[0]["error_kind"] == "task" and rows[1]["error"] is None
+    assert rows[0]["metrics"]["turns"] == 1.0 and rows[1]["metrics"] == {"flaky": 1.0, "turns": 1.0}
+    await env.teardown()
+    ts = Toolset(tools=[tool])
+    harness = Harness(program=program, toolsets=[ts], client=client_for(srv), model="m")
+    task = Task(prompt="x")
+    state = State.for_task(task)
+    tools, _ = await ts.resolve(task, state)
+    assert await tools["tool"](x=3) == 3
+    for kind in ("reward", "metric", "setup", "program", "cleanup", "tool"):
+        assert seen[kind] and not any(seen[kind]), (kind, seen[kind])  # never on the event loop's thread
+    await harness.teardown()
+
+
+async def test_sdk_clients_of_a_rollout_are_closed_when_it_ends():
+    kept = []
+
+    async def program(task, state):
+        client = state.get_client()
+        assert state.get_client() is client  # one per rollout, not one per call
+        kept.extend([client, state.get_client(sync=True)])
+        await client.chat.completions.create(model="m", messages=task["prompt"])
+
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program=program, client=client_for(srv), model="m")
+        state = await harness.run({"prompt": "What is 1 + 2?"})
+        assert state["error"] is None and len(kept) == 2
+        assert all(c.is_closed() for c in kept)
+        await harness.teardown()

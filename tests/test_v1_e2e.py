@@ -188,8 +188,61 @@ async def test_base_loop_with_a_sandbox_gets_a_bash_tool_there(docker_backend, p
         task = Task(prompt="go").freeze()
         state = await harness.run(task)
         assert state["error"] is None and [t["name"] for t in srv.requests[0].tools] == ["bash"]
-        assert state["completion"][1]["content"] == "hi\n\n[exit code 3]"
+        assert state["completion"][1]["content"] == "hi\n[exit code 3]"  # rendered as SandboxEnv's bash
         sandbox = state.runtime["sandbox"]
         await harness.cleanup_group([task], [state])
         assert not await sandbox.alive()
         await harness.teardown()
+
+
+async def test_bash_tool_output_is_capped_by_the_sandbox_config_as_in_sandbox_env(docker_backend, python_image):
+    """The bash tool kept a hard-coded 8000-char tail: it now keeps head and tail up to
+    `output_limit_bytes` (SandboxEnv's default 16 KiB, settable), like SandboxEnv's tool."""
+    from envs.testing.model_server import tool_then_answer
+
+    command = "python3 -c \"print('S' + 'a' * 12000 + 'E')\""
+    for limit, whole in ((None, True), (1000, False)):
+        async with ModelServer(tool_then_answer("bash", {"command": command})) as srv:
+            sandbox = {"image": python_image, **({"output_limit_bytes": limit} if limit else {})}
+            harness = Harness(program={"base": True}, sandbox=sandbox,
+                              client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), model="m")
+            harness.set_backend(docker_backend)
+            task = Task(prompt="go").freeze()
+            state = await harness.run(task)
+            out = state["completion"][1]["content"]
+            assert out.startswith("S") and out.endswith("E"), out[:50]
+            if whole:
+                assert len(out) == 12002
+            else:
+                assert "bytes cut ...]" in out and len(out.encode()) < 1100
+            await harness.cleanup_group([task], [state])
+            await harness.teardown()
+
+
+async def test_a_retried_rollout_does_not_keep_its_first_sandbox(docker_backend, python_image):
+    """A rollout retried after an infrastructure error released its first attempt's
+    sandbox only at teardown (sandboxes were keyed by id(state)): now at once."""
+    import uuid
+
+    from envs.v1 import Env, Taskset
+    from sandboxes.errors import InfraError
+
+    tries = []
+
+    async def flaky_setup(task, state):
+        tries.append(state.runtime["sandbox"].id)
+        if len(tries) == 1:
+            raise InfraError("the sandbox's agent went away")
+
+    label = {"vf-test-v1-retry": uuid.uuid4().hex}
+    env = Env(Taskset(source=[{"prompt": "hi"}], setups=[flaky_setup]),
+              Harness(program={"base": True}, sandbox={"image": python_image, "labels": label}))
+    env.set_backend(docker_backend)
+    try:
+        async with ModelServer(compute()) as srv:
+            out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=1, max_retries=1)
+        row = out["outputs"][0]
+        assert row["error"] is None and row["attempts"] == 2 and len(set(tries)) == 2
+        assert await docker_backend.list(labels=label) == []  # both attempts' sandboxes are gone before teardown
+    finally:
+        await env.teardown()

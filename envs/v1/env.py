@@ -6,9 +6,10 @@ clean up (sandboxes of the harness are deleted there)."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from typing import Any
 
+from ..clients.base import ModelAuthError
 from ..environment import Environment
 from ..rubrics.rubric import Rubric
 from ..types import RolloutInput, SamplingArgs
@@ -17,6 +18,8 @@ from .harness import Harness
 from .state import State
 from .task import Task
 from .taskset import Taskset
+
+log = logging.getLogger(__name__)
 
 _COPIED = ("prompt", "completion", "answer", "info", "example_id", "trajectory", "trajectory_id", "timing", "usage",
            "metrics", "reward", "tool_defs", "is_completed", "is_truncated", "stop_condition", "error")
@@ -35,6 +38,9 @@ class Env(Environment):
             rubric=Rubric(),
             **kwargs,
         )
+        # sync user code of both halves runs in this env's thread pool (sized by the run's concurrency)
+        self.taskset.sync_pool = self.sync_pool
+        self.harness.set_sync_pool(self.sync_pool)
 
     @staticmethod
     def _row(task: Task) -> dict[str, Any]:
@@ -66,6 +72,9 @@ class Env(Environment):
         state.runtime.update(client=make_client(client), model=model,
                              sampling_args={**self.sampling_args, **(sampling_args or {})})
         await self.harness.run(task, state)
+        if isinstance(state.get("error"), ModelAuthError):  # fatal for the run, as in the classic stack
+            await self._cleanup_pairs([(task, state)])
+            raise state["error"]
         classic = ClassicState({k: state.get(k) for k in _COPIED})
         classic.update({k: v for k, v in state.items() if k not in classic})
         classic["input"] = input
@@ -82,6 +91,8 @@ class Env(Environment):
         await self.taskset.score_group(tasks, v1_states)
         await self.harness.score_group(tasks, v1_states)
         for i, (_, st) in live:
+            if st.get("error") is not None and states[i].get("error") is None:  # a scoring function raised
+                states[i]["error"] = st["error"]
             states[i]["reward"] = st["reward"]
             states[i]["metrics"] = {**(states[i].get("metrics") or {}), **(st.get("metrics") or {})}
         if states:
@@ -93,12 +104,25 @@ class Env(Environment):
         try:
             await super()._finish_states(states, scoring_sem)
         finally:
-            pairs = [s.pop("v1", None) for s in states]
-            live = [p for p in pairs if p is not None]
-            if live:
-                with contextlib.suppress(Exception):
-                    await self.taskset.cleanup_group([p[0] for p in live], [p[1] for p in live])
-                await self.harness.cleanup_group([p[0] for p in live], [p[1] for p in live])
+            await self._cleanup_pairs([p for p in (s.pop("v1", None) for s in states) if p is not None])
+
+    async def _cleanup_pairs(self, pairs: list[tuple[Task, State]]) -> None:
+        """The taskset's then the harness's cleanups (the harness deletes its sandboxes)."""
+        if not pairs:
+            return
+        tasks, states = [p[0] for p in pairs], [p[1] for p in pairs]
+        try:
+            await self.taskset.cleanup_group(tasks, states)
+        except Exception as exc:
+            log.warning("v1 taskset cleanup failed: %s: %s", type(exc).__name__, exc)
+        await self.harness.cleanup_group(tasks, states)
+
+    async def discard_attempt(self, state: ClassicState) -> None:
+        """An attempt about to be retried: clean it up now (its sandbox is deleted), as it
+        never reaches its group's scoring and cleanup."""
+        pair = state.pop("v1", None)
+        if pair is not None:
+            await self._cleanup_pairs([pair])
 
     async def teardown(self) -> None:
         try:

@@ -21,7 +21,9 @@ from sandboxes.errors import ConfigError, UsageError
 from sandboxes.registry import get_backend
 from sandboxes.spec import SandboxSpec
 
-from ..errors import Error
+from ..errors import Error, ModelError, ScoringError
+from ..sandbox_tools.common import render_exec
+from ..sync_pool import SyncPool
 from ..tool_schema import convert_func_to_tool_def
 from .config import HarnessConfig, SandboxConfig, resolve_ref
 from .interception import InterceptionServer, Registration
@@ -29,6 +31,7 @@ from .programs import base_loop, call_program, program_kind, run_local_command, 
 from .state import State
 from .task import Task
 from .toolset import Toolset
+from .usercode import call_user
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +44,43 @@ def fn_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+async def _score_one(pool: SyncPool | None, fn: Callable[..., Any], task: Mapping[str, Any], state: State) -> float:
+    """`fn(task, state)` as a float; an exception scores 0 and becomes the rollout's
+    error (a ScoringError caused by it) unless the rollout already has one."""
+    try:
+        return float(await call_user(pool, fn, task, state))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("v1 scoring function %s raised %s: %s (rollout scored 0)", fn_name(fn), type(exc).__name__, exc)
+        if state.get("error") is None:
+            err = ScoringError(f"scoring function {fn_name(fn)} raised {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            state._set("error", err)
+        return 0.0
+
+
 async def score_states(rewards: Sequence[Callable[..., Any]], metrics: Sequence[Callable[..., Any]],
-                       tasks: Sequence[Mapping[str, Any]], states: Sequence[State]) -> None:
-    """metrics[name] for every function; reward = sum of the rewards (0 for errored rollouts)."""
-    for task, state in zip(tasks, states):
+                       tasks: Sequence[Mapping[str, Any]], states: Sequence[State],
+                       pool: SyncPool | None = None) -> None:
+    """metrics[name] for every function; reward = sum of the rewards (0 for errored
+    rollouts). Sync functions run in `pool` (off the event loop), the rollouts of a
+    group concurrently; a function that raises scores that rollout 0 and records the
+    error on it (see `_score_one`), the others are scored as usual."""
+
+    async def one(task: Mapping[str, Any], state: State) -> None:
         values = state.get("metrics") or {}
         total = 0.0
         for fn in rewards:
-            v = 0.0 if state.get("error") is not None else float(await _maybe(fn(task, state)))
+            v = 0.0 if state.get("error") is not None else await _score_one(pool, fn, task, state)
             values[fn_name(fn)] = v
             total += v
         for fn in metrics:
-            values[fn_name(fn)] = float(await _maybe(fn(task, state)))
+            values[fn_name(fn)] = await _score_one(pool, fn, task, state)
         state["metrics"] = values
-        state["reward"] = (state.get("reward") or 0.0) + total
+        state["reward"] = 0.0 if state.get("error") is not None else (state.get("reward") or 0.0) + total
+
+    await asyncio.gather(*(one(t, s) for t, s in zip(tasks, states)))
 
 
 def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
@@ -67,18 +93,34 @@ def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
     return [dict(m) for m in system_prompt]
 
 
-def sandbox_bash(sandbox: Any, timeout: float) -> Callable[..., Any]:
+def sandbox_bash(sandbox: Any, config: SandboxConfig) -> Callable[..., Any]:
+    """The base loop's `bash` tool in the harness's sandbox: one exec per call, output
+    capped at `config.output_limit_bytes` (head and tail) and rendered as SandboxEnv does."""
+    timeout = config.timeout_per_command_seconds
+
     async def bash(command: str) -> str:
         """Run a shell command in the sandbox; returns its output and exit code.
 
         Args:
             command: The shell command.
         """
-        res = await sandbox.exec(["/bin/sh", "-c", command], timeout=timeout)
-        out = (res.stdout + res.stderr)[-8000:]
-        return out if res.exit_code == 0 else f"{out}\n[exit code {res.exit_code}{', timed out' if res.timed_out else ''}]"
+        return render_exec(await sandbox.exec(["/bin/sh", "-c", command], timeout=timeout),
+                           config.output_limit_bytes, timeout)
 
     return bash
+
+
+def rollout_error(state: State, exc: BaseException) -> BaseException:
+    """The error a rollout records when its program raised `exc`. A model call that
+    failed and was never followed by a successful one (`runtime["model_error"]`,
+    set by the interception endpoint) is the real cause whatever the program made of
+    it (an SDK status error, a non-vf exception): the model error is recorded, so
+    the row says "model" (transient ones are retried), in every program form. The
+    program's own vf errors (an InfraError, a ModelError) are kept as raised."""
+    pending = state.runtime.get("model_error")
+    if pending is None or (isinstance(exc, Error) and not isinstance(exc, ModelError)):
+        return exc
+    return pending
 
 
 class Harness:
@@ -129,7 +171,14 @@ class Harness:
         self.isolation: str | None = None  # the run's isolation (set_isolation); None: the sandbox config's own
         self.backend_options: dict[str, Any] = {}
         self._backend: Any = None
-        self._owned_sandboxes: dict[int, Any] = {}
+        self._owned_sandboxes: dict[str, Any] = {}  # trajectory_id -> a sandbox this harness created
+        self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
+
+    def set_sync_pool(self, pool: SyncPool | None) -> None:
+        """Where sync user code (rewards, metrics, tools, handlers) runs; Env passes its own pool."""
+        self.sync_pool = pool
+        for ts in self.toolsets:
+            ts.sync_pool = pool
 
     # ---- configuration from the run
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
@@ -144,7 +193,7 @@ class Harness:
 
     def sandbox_spec(self, task: Mapping[str, Any]) -> SandboxSpec:
         assert self.sandbox is not None
-        data = self.sandbox.model_dump(exclude={"backend"})
+        data = self.sandbox.model_dump(exclude={"backend", "output_limit_bytes"})
         data.update(dict(task.get("sandbox") or {}))
         if self.isolation is not None:
             data["isolation"] = self.isolation
@@ -181,25 +230,29 @@ class Harness:
                 tools.update(callables)
                 defs.extend(tdefs)
             if self.kind == "base" and self.sandbox is not None:  # the base loop with a sandbox: a bash tool in it
-                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds)
+                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox)
                 tools["bash"] = bash
                 defs.append(convert_func_to_tool_def(bash))
             rt["tools"], rt["tool_defs"] = tools, defs
             state["tool_defs"] = [d.model_dump() for d in defs] or None
             for fn in self.setups:
-                await _maybe(fn(task, state))
+                await call_user(self.sync_pool, fn, task, state)
             for ts in self.toolsets:
                 await ts.setup(task, state)
             await self._run_program(task, state)
         except asyncio.CancelledError:
             raise
-        except Error as exc:
-            state._set("error", exc)
         except Exception as exc:  # the program crashed: the rollout's error, the run goes on
-            log.debug("v1 program failed", exc_info=True)
-            state._set("error", exc)
+            if not isinstance(exc, Error):
+                log.debug("v1 program failed", exc_info=True)
+            state._set("error", rollout_error(state, exc))
+        else:
+            pending = rt.get("model_error")
+            if pending is not None:  # the program survived a failed model call it never recovered from
+                state._set("error", pending)
         finally:
             self.endpoint.unregister(key)
+            await state.close_clients()
         if not state.get("is_completed"):
             state.stop("has_error" if state.get("error") is not None else "program_done")
         return state.finalize()
@@ -209,38 +262,40 @@ class Harness:
             program = self.program or {}
             await base_loop(task, state, system_messages(task.get("system_prompt") or self.system_prompt),
                             state.get_max_turns(program.get("max_turns", self.max_turns)
-                                                if isinstance(program, Mapping) else self.max_turns), self.stops)
+                                                if isinstance(program, Mapping) else self.max_turns), self.stops,
+                            self.sync_pool)
         elif self.kind == "callable":
-            await call_program(self.program, task, state)
+            await call_program(self.program, task, state, self.sync_pool)
         elif self.kind == "fn":
-            await call_program(self.program["fn"], task, state)
+            await call_program(self.program["fn"], task, state, self.sync_pool)
         elif self.sandbox is None:
             await run_local_command(task, state, self.program)
         else:
-            await run_sandboxed_command(task, state, self.program, await self._sandbox_for(state, task))
+            await run_sandboxed_command(task, state, self.program, await self._sandbox_for(state, task),
+                                        self.sandbox.timeout_per_command_seconds, self.sandbox.output_limit_bytes)
 
     async def _sandbox_for(self, state: State, task: Task) -> Any:
         sandbox = state.runtime.get("sandbox")
         if sandbox is not None:
             return sandbox
-        sandbox = await self.backend.create(self.sandbox_spec(task))
+        sandbox = await self.backend.create(self.sandbox_spec(task), idempotency_key=state["trajectory_id"])
         state.runtime["sandbox"] = sandbox
-        self._owned_sandboxes[id(state)] = sandbox
+        self._owned_sandboxes[state["trajectory_id"]] = sandbox
         return sandbox
 
     async def score_group(self, tasks: list[Task], states: list[State]) -> list[State]:
-        await score_states(self.rewards, self.metrics, tasks, states)
+        await score_states(self.rewards, self.metrics, tasks, states, self.sync_pool)
         return states
 
     async def cleanup_group(self, tasks: list[Task], states: list[State]) -> None:
         for task, state in zip(tasks, states):
             try:
                 for fn in self.cleanups:
-                    await _maybe(fn(task, state))
+                    await call_user(self.sync_pool, fn, task, state)
                 for ts in self.toolsets:
                     await ts.cleanup(task, state)
             finally:
-                sandbox = self._owned_sandboxes.pop(id(state), None)
+                sandbox = self._owned_sandboxes.pop(state["trajectory_id"], None)
                 if sandbox is not None:
                     try:
                         await sandbox.delete()

@@ -130,9 +130,10 @@ class InterceptionServer:
         t0 = time.time()
         try:
             response = await reg.client.get_response(messages, reg.model, args, tools)
-        except Error as exc:
-            state.runtime.setdefault("model_errors", []).append(exc)
+        except Error as exc:  # the rollout's error unless a later call succeeds (harness.rollout_error)
+            state.runtime["model_error"] = exc
             return _error(502, error_text(exc) or "model error")
+        state.runtime.pop("model_error", None)
         t1 = time.time()
         reg.calls += 1
         self._record(state, messages, response, t0, t1)

@@ -12,14 +12,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import openai
-
 from sandboxes.errors import ConfigError
 
+from ..sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, cap_text
 from ..tool_schema import tool_message_content
 from .config import resolve_ref
+from .usercode import call_user
 
-OUTPUT_TAIL = 8000
+OUTPUT_LIMIT = DEFAULT_OUTPUT_LIMIT  # bytes of a command's stdout / stderr kept in program_result (head and tail)
 
 
 def program_kind(program: Any) -> str:
@@ -42,13 +42,12 @@ def program_kind(program: Any) -> str:
     raise ConfigError(f"a program is None, a callable or a mapping, not {type(program).__name__}")
 
 
-async def call_program(fn: Any, task: Any, state: Any) -> None:
+async def call_program(fn: Any, task: Any, state: Any, pool: Any = None) -> None:
+    """An in-process program: async on the loop, sync in the harness's thread pool."""
     fn = resolve_ref(fn)
     if not callable(fn):
         raise ConfigError(f"program {fn!r} is not callable")
-    result = fn(task, state)
-    if inspect.isawaitable(result):
-        await result
+    await call_user(pool, fn, task, state)
 
 
 def _openai_tool(tool: Any) -> dict[str, Any]:
@@ -59,7 +58,7 @@ def _openai_tool(tool: Any) -> dict[str, Any]:
 
 
 async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_turns: int,
-                    stops: list[Any]) -> None:
+                    stops: list[Any], pool: Any = None) -> None:
     """The default endpoint-backed tool loop: ask, run the tools called, repeat."""
     client = state.get_client()
     tools = state.get_tools()
@@ -91,17 +90,11 @@ async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_tur
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": await _run_tool(tools, call.function.name, call.function.arguments)})
             for stop in stops:
-                result = stop(task, state)
-                if (await result if inspect.isawaitable(result) else result):
+                if await call_user(pool, stop, task, state):
                     state.stop(getattr(stop, "__name__", "stop"))
             if state.get("is_completed"):
                 break
-    except openai.APIStatusError as exc:
-        errors = state.runtime.get("model_errors") or []
-        if errors:
-            raise errors[-1] from exc
-        raise
-    finally:
+    finally:  # a failed model call surfaces as the rollout's model error (harness.rollout_error)
         state["completion"] = messages[start:]
 
 
@@ -135,9 +128,10 @@ def command_argv(program: Mapping[str, Any], task: Mapping[str, Any]) -> list[st
                              *((task.get("program") or {}).get("args") or [])]]
 
 
-def record_result(state: Any, exit_code: int | None, stdout: str, stderr: str, timed_out: bool = False) -> None:
+def record_result(state: Any, exit_code: int | None, stdout: str, stderr: str, timed_out: bool = False,
+                  limit: int = OUTPUT_LIMIT) -> None:
     state["program_result"] = {"exit_code": exit_code, "timed_out": timed_out,
-                               "stdout": stdout[-OUTPUT_TAIL:], "stderr": stderr[-OUTPUT_TAIL:]}
+                               "stdout": cap_text(stdout, limit)[0], "stderr": cap_text(stderr, limit)[0]}
     if not state["trajectory"] and stdout.strip():
         state["completion"] = [{"role": "assistant", "content": stdout.strip()}]
 
@@ -160,7 +154,10 @@ async def run_local_command(task: Any, state: Any, program: Mapping[str, Any]) -
     record_result(state, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
-async def run_sandboxed_command(task: Any, state: Any, program: Mapping[str, Any], sandbox: Any) -> None:
+async def run_sandboxed_command(task: Any, state: Any, program: Mapping[str, Any], sandbox: Any,
+                                timeout: float = 600.0, limit: int = OUTPUT_LIMIT) -> None:
+    """`program.command` in `sandbox`, its model calls relayed over the sandbox's command
+    channel; `timeout` (the sandbox config's per-command timeout) unless the program sets one."""
     from .sandbox_relay import SandboxRelay
 
     files = {**(program.get("files") or {}), **((task.get("program") or {}).get("files") or {})}
@@ -168,5 +165,6 @@ async def run_sandboxed_command(task: Any, state: Any, program: Mapping[str, Any
         await sandbox.write_file(path, text)
     async with SandboxRelay(sandbox, state.get_endpoint_config()["base_url"]) as relay:
         res = await sandbox.exec(command_argv(program, task), env=command_env(state, relay.base_url, program, task),
-                                 cwd=program.get("cwd"), timeout=float(program.get("timeout", 600)))
-    record_result(state, res.exit_code, res.stdout, res.stderr, timed_out=bool(getattr(res, "timed_out", False)))
+                                 cwd=program.get("cwd"), timeout=float(program.get("timeout", timeout)))
+    record_result(state, res.exit_code, res.stdout, res.stderr, timed_out=bool(getattr(res, "timed_out", False)),
+                  limit=limit)

@@ -118,12 +118,27 @@ class State(dict):
         return {"base_url": endpoint["base_url"], "api_key": endpoint["api_key"], "model": self.get_model()}
 
     def get_client(self, api: str = "chat_completions", *, sync: bool = False) -> Any:
-        """An OpenAI SDK client on the interception endpoint (every call is recorded)."""
+        """An OpenAI SDK client on the interception endpoint (every call is recorded); one
+        per (api, sync) for the rollout, closed by the harness when the rollout ends."""
         cfg = self.get_endpoint_config(api)
         import openai
 
-        cls = openai.OpenAI if sync else openai.AsyncOpenAI
-        return cls(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
+        clients = self.runtime.setdefault("sdk_clients", {})
+        client = clients.get((api, sync))
+        if client is None:
+            cls = openai.OpenAI if sync else openai.AsyncOpenAI
+            client = clients[(api, sync)] = cls(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
+        return client
+
+    async def close_clients(self) -> None:
+        """Close the SDK clients `get_client` made (the harness does when the rollout ends)."""
+        for client in self.runtime.pop("sdk_clients", {}).values():
+            try:
+                result = client.close()
+                if hasattr(result, "__await__"):
+                    await result
+            except Exception:  # a client the program closed itself, or its loop is gone
+                pass
 
     def get_tools(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         return dict(self.runtime.get("tools") or {})

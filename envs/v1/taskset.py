@@ -3,17 +3,18 @@ setups, rewards, metrics, cleanups)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sandboxes.errors import ConfigError
 
+from ..sync_pool import SyncPool
 from .config import TasksetConfig, resolve_ref
 from .harness import score_states
 from .state import State
 from .task import Task
 from .toolset import Toolset
+from .usercode import call_user
 
 
 def _load(source: Any) -> list[dict[str, Any]]:
@@ -60,6 +61,7 @@ class Taskset:
         self.rewards = [resolve_ref(f) for f in rewards]
         self.cleanups = [resolve_ref(f) for f in cleanups]
         self._rows: list[dict[str, Any]] | None = None
+        self.sync_pool: SyncPool | None = None  # where sync user code runs (Env's pool; None: the default)
         self._eval_rows: list[dict[str, Any]] | None = None
 
     def rows(self) -> list[dict[str, Any]]:
@@ -106,17 +108,13 @@ class Taskset:
 
     async def setup(self, task: Task, state: State) -> None:
         for fn in self.setups:
-            result = fn(task, state)
-            if inspect.isawaitable(result):
-                await result
+            await call_user(self.sync_pool, fn, task, state)
 
     async def score_group(self, tasks: list[Task], states: list[State]) -> list[State]:
-        await score_states(self.rewards, self.metrics, tasks, states)
+        await score_states(self.rewards, self.metrics, tasks, states, self.sync_pool)
         return states
 
     async def cleanup_group(self, tasks: list[Task], states: list[State]) -> None:
         for task, state in zip(tasks, states):
             for fn in self.cleanups:
-                result = fn(task, state)
-                if inspect.isawaitable(result):
-                    await result
+                await call_user(self.sync_pool, fn, task, state)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -27,13 +26,10 @@ from sandboxes.errors import ConfigError, InfraError, UsageError
 from ..tool_schema import convert_func_to_tool_def
 from ..types import Tool
 from .config import ToolsetConfig, resolve_ref
+from .usercode import call_user
 
 Scope = Literal["rollout", "group", "global"]
 log = logging.getLogger(__name__)
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 def _field(obj: Any, *names: str) -> Any:
@@ -156,6 +152,7 @@ class Toolset:
         self.objects = dict(objects or {})
         self.setups, self.cleanups, self.teardowns = list(setups), list(cleanups), list(teardowns)
         self._scoped: dict[Any, dict[str, Any]] = {}
+        self.sync_pool: Any = None  # where sync tools / handlers run (the harness's pool; None: the default)
         names = [getattr(t, "__name__", None) for t in self.tools if not isinstance(t, MCPTool)]
         for target, source in self.bindings.items():
             if "." not in target:
@@ -169,10 +166,10 @@ class Toolset:
 
     # ---- objects by scope
     async def _objects_for(self, task: Mapping[str, Any], state: Any) -> dict[str, Any]:
-        key = {"rollout": ("rollout", id(state)), "group": ("group", task.get("example_id")),
+        key = {"rollout": ("rollout", state["trajectory_id"]), "group": ("group", task.get("example_id")),
                "global": ("global",)}[self.scope]
         if key not in self._scoped:
-            self._scoped[key] = {n: await _maybe_await(f()) for n, f in self.objects.items()}
+            self._scoped[key] = {n: await call_user(self.sync_pool, f) for n, f in self.objects.items()}
         return self._scoped[key]
 
     def _source(self, source: Any, task: Mapping[str, Any], state: Any, objects: dict[str, Any]) -> Any:
@@ -223,23 +220,23 @@ class Toolset:
         async def call(**kwargs: Any) -> Any:
             for arg, source in bound.items():
                 kwargs[arg] = self._source(source, task, state, objects)
-            return await _maybe_await(fn(**kwargs))
+            return await call_user(self.sync_pool, fn, **kwargs)
 
         call.__name__ = fn.__name__
         return call
 
     async def setup(self, task: Mapping[str, Any], state: Any) -> None:
         for fn in self.setups:
-            await _maybe_await(fn(task, state))
+            await call_user(self.sync_pool, fn, task, state)
 
     async def cleanup(self, task: Mapping[str, Any], state: Any) -> None:
         for fn in self.cleanups:
-            await _maybe_await(fn(task, state))
-        self._scoped.pop(("rollout", id(state)), None)
+            await call_user(self.sync_pool, fn, task, state)
+        self._scoped.pop(("rollout", state["trajectory_id"]), None)
 
     async def teardown(self) -> None:
         for fn in self.teardowns:
-            await _maybe_await(fn())
+            await call_user(self.sync_pool, fn)
         for tool in self.tools:
             if isinstance(tool, MCPTool):
                 await tool.close()
