@@ -246,3 +246,119 @@ async def test_a_retried_rollout_does_not_keep_its_first_sandbox(docker_backend,
         assert await docker_backend.list(labels=label) == []  # both attempts' sandboxes are gone before teardown
     finally:
         await env.teardown()
+
+
+AGENT_PKG = '''
+import json, os, socket
+
+
+async def run(task, state):
+    """Asks the model through state.get_client() (the stdlib client: the image has no openai)."""
+    client = state.get_client()
+    resp = await client.chat.completions.create(messages=task["prompt"])
+    state["answer_seen"] = resp.choices[0].message.content
+    state["ran_in"] = open("/etc/hostname").read().strip()
+    state["note"] = open("/task/note.txt").read() if os.path.exists("/task/note.txt") else None
+    try:
+        socket.create_connection(("1.1.1.1", 53), 2)
+        state["network"] = True
+    except OSError:
+        state["network"] = False
+    state.stop("answered_in_sandbox")
+
+
+def sync_run(task, state):
+    resp = state.get_client(sync=True).chat.completions.create(messages=task["prompt"])
+    state["completion"] = [{"role": "assistant", "content": resp.choices[0].message.content}]
+
+
+def broken(task, state):
+    raise ValueError("bad input: " + task["answer"])
+
+
+def swallow(task, state):
+    try:
+        state.get_client(sync=True).chat.completions.create(messages=task["prompt"])
+    except Exception as exc:
+        state["swallowed"] = type(exc).__name__
+'''
+
+
+def make_agent_pkg(root: Path, name: str, deps: list[str] | None = None) -> None:
+    pkg = root / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "agent.py").write_text(AGENT_PKG)
+    if deps is not None:
+        (pkg / "pyproject.toml").write_text(f"[project]\nname = '{name}'\nversion = '0'\ndependencies = {deps!r}\n")
+
+
+async def test_fn_and_callable_programs_run_in_the_sandbox_through_the_relay(tmp_path, monkeypatch, docker_backend,
+                                                                             python_image):
+    """{"fn": ...} and a module-level callable run inside the harness's sandbox (the
+    package uploaded, network off), their model calls recorded on the host state."""
+    import importlib
+
+    from envs.errors import error_kind
+    from envs.testing.model_server import fail
+    from envs.v1.sandbox_python import SandboxedProgramError
+    from sandboxes.errors import ConfigError
+
+    make_agent_pkg(tmp_path, "v1sbagent", deps=["iniconfig"])  # iniconfig is in the test image
+    make_agent_pkg(tmp_path, "v1sbneeds", deps=["numpy>=1.0"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    agent = importlib.import_module("v1sbagent.agent")
+    async with ModelServer(compute()) as srv:
+        client = AsyncOpenAI(base_url=srv.base_url, api_key="x")
+        for program in ({"fn": "v1sbagent.agent:run"}, agent.run):
+            harness = Harness(program=program, sandbox={"image": python_image}, client=client, model="m")
+            harness.set_backend(docker_backend)
+            task = Task(prompt="What is 5 + 6?", program={"files": {"/task/note.txt": "from the task"}}).freeze()
+            state = await harness.run(task)
+            assert state["error"] is None, (state["error"], state.get("program_result"))
+            sandbox = state.runtime["sandbox"]
+            assert state["answer_seen"] == "The answer is \\boxed{11}." and state["stop_condition"] == "answered_in_sandbox"
+            assert state["ran_in"] == sandbox.id[:12] and state["note"] == "from the task"
+            assert state["network"] is False and sandbox.spec.network is False
+            assert len(state["trajectory"]) == 1 and srv.requests[-1].model == "m"  # recorded on the host
+            assert state["completion"] == [{"role": "assistant", "content": "The answer is \\boxed{11}."}]
+            await harness.cleanup_group([task], [state])
+            assert not await sandbox.alive()
+            await harness.teardown()
+        # a sync program; what it raised; a missing dependency
+        for ref, check in (
+            ("v1sbagent.agent:sync_run", lambda st: st["error"] is None and st["completion"][0]["content"].endswith("{2}.")),
+            ("v1sbagent.agent:broken", lambda st: isinstance(st["error"], SandboxedProgramError)
+             and str(st["error"]) == "ValueError: bad input: A" and "broken" in st["error"].remote_traceback),
+            ("v1sbneeds.agent:run", lambda st: isinstance(st["error"], ConfigError) and "numpy" in str(st["error"])),
+        ):
+            harness = Harness(program={"fn": ref}, sandbox={"image": python_image}, client=client, model="m")
+            harness.set_backend(docker_backend)
+            task = Task(prompt="What is 1 + 1?", answer="A").freeze()
+            state = await harness.run(task)
+            assert check(state), (ref, repr(state["error"]), state.get("program_result"))
+            await harness.cleanup_group([task], [state])
+            await harness.teardown()
+    # a model failure inside the sandbox is the rollout's model error, even when the program swallowed it
+    async with ModelServer(fail(400)) as srv:
+        harness = Harness(program={"fn": "v1sbagent.agent:swallow"}, sandbox={"image": python_image},
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), model="m")
+        harness.set_backend(docker_backend)
+        task = Task(prompt="x").freeze()
+        state = await harness.run(task)
+        assert state["swallowed"] == "ModelCallError" and error_kind(state["error"]) == "model", repr(state["error"])
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+
+
+def test_sandboxed_python_programs_are_validated():
+    from envs.v1 import Toolset
+    from sandboxes.errors import ConfigError
+
+    def local(task, state):
+        pass
+
+    with pytest.raises(ConfigError, match="module-level"):
+        Harness(program=local, sandbox={"image": "x"})
+    with pytest.raises(ConfigError, match="not forwarded"):
+        Harness(program={"fn": "json:dumps"}, sandbox={"image": "x"}, toolsets=[Toolset(tools=[len])])

@@ -2,10 +2,14 @@
 cleans up groups of rollouts.
 
 Its program is one of the forms in `programs.py`. A harness with a `sandbox`
-runs its command program in a sandbox of our backend layer
+runs its command program, or its callable / `fn` Python program
+(`sandbox_python.py`), in a sandbox of our backend layer
 (`sandboxes.registry.get_backend`: the run's backend unless the sandbox
 config names one); a child state that borrowed `"sandbox"` reuses the
-parent's. Rewards and metrics are `(task, state) -> float` functions.
+parent's. Rewards and metrics are `(task, state) -> float` functions; sync
+user code runs in a thread pool (`usercode.py`). A model call that failed and
+was never followed by a successful one is the rollout's error whatever the
+program did with it (`rollout_error`).
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from sandboxes.errors import ConfigError, UsageError
 from sandboxes.registry import get_backend
 from sandboxes.spec import SandboxSpec
 
-from ..errors import Error, ModelError, ScoringError
+from ..errors import Error, ModelError, ScoringError, is_infra_error
 from ..sandbox_tools.common import render_exec
 from ..sync_pool import SyncPool
 from ..tool_schema import convert_func_to_tool_def
 from .config import HarnessConfig, SandboxConfig, resolve_ref
 from .interception import InterceptionServer, Registration
 from .programs import base_loop, call_program, program_kind, run_local_command, run_sandboxed_command
+from .sandbox_python import PythonProgram, python_program, run_sandboxed_python
 from .state import State
 from .task import Task
 from .toolset import Toolset
@@ -114,11 +119,12 @@ def rollout_error(state: State, exc: BaseException) -> BaseException:
     """The error a rollout records when its program raised `exc`. A model call that
     failed and was never followed by a successful one (`runtime["model_error"]`,
     set by the interception endpoint) is the real cause whatever the program made of
-    it (an SDK status error, a non-vf exception): the model error is recorded, so
-    the row says "model" (transient ones are retried), in every program form. The
-    program's own vf errors (an InfraError, a ModelError) are kept as raised."""
+    it (an SDK status error, any exception of the program's, in process or in its
+    sandbox): the model error is recorded, so the row says "model" (transient ones
+    are retried), in every program form. An infrastructure error or a ModelError the
+    program raised itself is kept as raised."""
     pending = state.runtime.get("model_error")
-    if pending is None or (isinstance(exc, Error) and not isinstance(exc, ModelError)):
+    if pending is None or is_infra_error(exc) or isinstance(exc, ModelError):
         return exc
     return pending
 
@@ -152,13 +158,17 @@ class Harness:
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
         sandbox = sandbox if sandbox is not None else cfg.sandbox
         self.sandbox = SandboxConfig.from_config(sandbox) if sandbox is not None else None
+        self.python: PythonProgram | None = None  # a callable / fn program run in the sandbox
         if self.sandbox is not None and self.kind in ("callable", "fn"):
-            raise ConfigError(f"Harness: a {self.kind} program cannot run in a sandbox yet (use a command program)")
+            self.python = python_program(self.program)
         self.client = client
         self.model = model or cfg.model
         self.sampling_args = {**cfg.sampling_args, **(sampling_args or {})}
         self.max_turns = max_turns if max_turns is not None else cfg.max_turns
         self.toolsets = list(toolsets or [])
+        if self.python is not None and self.toolsets:
+            raise ConfigError("Harness: tools are not forwarded to a sandboxed Python program yet "
+                              "(use the base loop, or run the program outside the sandbox)")
         self.stops = [resolve_ref(f) for f in stops or []]
         if self.stops and self.kind != "base":
             raise ConfigError("Harness: stops= apply to the base tool loop only")
@@ -264,6 +274,14 @@ class Harness:
                             state.get_max_turns(program.get("max_turns", self.max_turns)
                                                 if isinstance(program, Mapping) else self.max_turns), self.stops,
                             self.sync_pool)
+        elif self.python is not None:
+            if state.runtime.get("tools"):
+                raise ConfigError("tools are not forwarded to a sandboxed Python program yet "
+                                  "(use the base loop, or run the program outside the sandbox)")
+            assert self.sandbox is not None
+            await run_sandboxed_python(self.python, task, state, self.program if isinstance(self.program, Mapping) else {},
+                                       await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds,
+                                       self.sandbox.output_limit_bytes)
         elif self.kind == "callable":
             await call_program(self.program, task, state, self.sync_pool)
         elif self.kind == "fn":

@@ -1,7 +1,8 @@
 """The program forms a v1 Harness runs: the base tool loop, a callable, an
-importable `{"fn": "pkg.module:run"}`, and `{"command": [...]}` locally or in a
-sandbox. Every form reaches the model through the state's interception
-endpoint (`state.get_client()` / OPENAI_BASE_URL)."""
+importable `{"fn": "pkg.module:run"}` (in process here; in a sandbox:
+`sandbox_python.py`), and `{"command": [...]}` locally or in a sandbox. Every
+form reaches the model through the state's interception endpoint
+(`state.get_client()` / OPENAI_BASE_URL)."""
 
 from __future__ import annotations
 
@@ -129,10 +130,12 @@ def command_argv(program: Mapping[str, Any], task: Mapping[str, Any]) -> list[st
 
 
 def record_result(state: Any, exit_code: int | None, stdout: str, stderr: str, timed_out: bool = False,
-                  limit: int = OUTPUT_LIMIT) -> None:
+                  limit: int = OUTPUT_LIMIT, completion_from_stdout: bool = True) -> None:
+    """`state["program_result"]` (outputs capped, head and tail); a command that never
+    called the model has its stdout as the completion."""
     state["program_result"] = {"exit_code": exit_code, "timed_out": timed_out,
                                "stdout": cap_text(stdout, limit)[0], "stderr": cap_text(stderr, limit)[0]}
-    if not state["trajectory"] and stdout.strip():
+    if completion_from_stdout and not state["trajectory"] and stdout.strip():
         state["completion"] = [{"role": "assistant", "content": stdout.strip()}]
 
 
