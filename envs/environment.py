@@ -556,7 +556,10 @@ class Environment(ABC):
                 state = await self._rollout_once(input, client, model, sampling_args)
                 err = state.get("error")
                 if err is not None and attempt < attempts_allowed and is_retryable(err):
-                    await self.discard_attempt(state)
+                    try:
+                        await self.discard_attempt(state)
+                    except Exception as exc:  # releasing the dropped attempt must not end the run
+                        log.warning("releasing a retried attempt failed: %s: %s", type(exc).__name__, exc)
                     raise _RetryRollout(str(err)) from err  # the cause carries any Retry-After
         assert state is not None
         state["attempts"] = attempt

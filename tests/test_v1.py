@@ -543,3 +543,39 @@ async def test_sdk_clients_of_a_rollout_are_closed_when_it_ends():
         assert state["error"] is None and len(kept) == 2
         assert all(c.is_closed() for c in kept)
         await harness.teardown()
+
+
+async def test_toolset_and_taskset_stops_end_the_base_loop():
+    def product_seen(task, state) -> bool:
+        """Any tool result so far (the toolset's own stop)."""
+        return any(m.get("role") == "tool" for step in state["trajectory"] for m in step["prompt"]) or bool(
+            state.get("tool_ran"))
+
+    def mul_marking(a: int, b: int, state: dict) -> int:
+        """Multiply."""
+        state["tool_ran"] = True
+        return a * b
+
+    def never(task, state) -> bool:
+        return False
+
+    async with ModelServer(tool_then_answer("mul_marking", {"a": 2, "b": 3})) as srv:
+        ts = Toolset(tools=[mul_marking], bindings={"mul_marking.state": lambda t, s: s}, stops=[product_seen])
+        harness = Harness(client=client_for(srv), model="m", toolsets=[ts], stops=[never])
+        state = await harness.run({"prompt": "x"})
+        assert state["stop_condition"] == "product_seen" and len(state["trajectory"]) == 1  # no second model turn
+        await harness.teardown()
+    # a taskset's stop joins the harness's under Env
+    def one_turn(task, state) -> bool:
+        return len(state["trajectory"]) >= 1
+
+    env = Env(Taskset(source=[{"prompt": "x"}], toolsets=[Toolset(tools=[mul])], stops=[one_turn]), Harness())
+    async with ModelServer(tool_then_answer("mul", {"a": 2, "b": 3})) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=1)
+    assert out["outputs"][0]["stop_condition"] == "one_turn" and len(out["outputs"][0]["trajectory"]) == 1
+    await env.teardown()
+    # stops only mean something to the base loop: refused elsewhere, never ignored
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Harness(program=lambda t, s: None, toolsets=[Toolset(tools=[mul], stops=[never])])
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Env(Taskset(source=[{"prompt": "x"}], stops=[never]), Harness(program=lambda t, s: None))

@@ -31,6 +31,8 @@ class Env(Environment):
         self.harness = harness or Harness()
         self.harness.toolsets = [*taskset.toolsets, *self.harness.toolsets]
         self.harness.setups = [*taskset.setups, *self.harness.setups]
+        self.harness.stops = [*taskset.stops, *self.harness.stops]
+        self.harness.check_stops()
         kwargs.setdefault("env_id", taskset.taskset_id)
         super().__init__(
             dataset=lambda: [self._row(t) for t in taskset.tasks()],

@@ -170,8 +170,7 @@ class Harness:
             raise ConfigError("Harness: tools are not forwarded to a sandboxed Python program yet "
                               "(use the base loop, or run the program outside the sandbox)")
         self.stops = [resolve_ref(f) for f in stops or []]
-        if self.stops and self.kind != "base":
-            raise ConfigError("Harness: stops= apply to the base tool loop only")
+        self.check_stops()
         self.setups = [resolve_ref(f) for f in setups or []]
         self.metrics = [resolve_ref(f) for f in metrics or []]
         self.rewards = [resolve_ref(f) for f in rewards or []]
@@ -189,6 +188,15 @@ class Harness:
         self.sync_pool = pool
         for ts in self.toolsets:
             ts.sync_pool = pool
+
+    def check_stops(self) -> None:
+        """Stop conditions (the harness's, its toolsets') are checked by the base loop only."""
+        if self.kind != "base" and (self.stops or any(ts.stops for ts in self.toolsets)):
+            raise ConfigError(f"stops apply to the base tool loop only, not to a {self.kind} program "
+                              "(a program ends the rollout itself: state.stop(...))")
+
+    def all_stops(self) -> list[Callable[..., Any]]:
+        return [*self.stops, *(s for ts in self.toolsets for s in ts.stops)]
 
     # ---- configuration from the run
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
@@ -272,7 +280,7 @@ class Harness:
             program = self.program or {}
             await base_loop(task, state, system_messages(task.get("system_prompt") or self.system_prompt),
                             state.get_max_turns(program.get("max_turns", self.max_turns)
-                                                if isinstance(program, Mapping) else self.max_turns), self.stops,
+                                                if isinstance(program, Mapping) else self.max_turns), self.all_stops(),
                             self.sync_pool)
         elif self.python is not None:
             if state.runtime.get("tools"):

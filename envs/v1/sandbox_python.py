@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import sysconfig
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,12 +61,13 @@ class PythonProgram:
     distributions its pyproject requires."""
 
     ref: str
-    root: Path
+    root: Path | None  # None: a standard-library module, nothing to upload
     top: str
     requires: tuple[str, ...]
 
     @property
     def remote_root(self) -> str:
+        assert self.root is not None
         return f"{PKG_DIR}/{self.top}" if self.root.is_dir() else f"{PKG_DIR}/{self.top}.py"
 
 
@@ -98,6 +100,8 @@ def python_program(program: Any) -> PythonProgram:
     else:
         root = Path(file)
         pyproject = root.parent / "pyproject.toml"
+    if root.resolve().is_relative_to(Path(sysconfig.get_paths()["stdlib"]).resolve()):
+        return PythonProgram(ref=ref, root=None, top=top, requires=())  # the sandbox's Python has it
     return PythonProgram(ref=ref, root=root, top=top, requires=tuple(_dependencies(pyproject)))
 
 
@@ -121,7 +125,8 @@ async def run_sandboxed_python(prog: PythonProgram, task: Mapping[str, Any], sta
     """Run `prog` for this rollout in `sandbox` (see the module docstring)."""
     rid = state["trajectory_id"]
     spec_path, result_path = f"{BASE}/{rid}.spec.json", f"{BASE}/{rid}.result.json"
-    await sandbox.upload(prog.root, prog.remote_root)
+    if prog.root is not None:
+        await sandbox.upload(prog.root, prog.remote_root)
     await sandbox.write_file(RUNNER_PATH, RUNNER_SOURCE.read_text())
     files = {**(program.get("files") or {}), **((task.get("program") or {}).get("files") or {})}
     for path, text in files.items():

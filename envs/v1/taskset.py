@@ -49,14 +49,15 @@ class Taskset:
         config: TasksetConfig | Mapping[str, object] | None = None,
     ):
         cfg = TasksetConfig.from_config(config) if config is not None else TasksetConfig()
-        if (user if user is not None else cfg.user) is not None or stops or updates or advantages:
-            raise ConfigError("Taskset: user=, stops=, updates= and advantages= are not implemented yet")
+        if (user if user is not None else cfg.user) is not None or updates or advantages:
+            raise ConfigError("Taskset: user=, updates= and advantages= are not implemented yet")
         self.source = source if source is not None else cfg.source
         self.eval_source = eval_source if eval_source is not None else cfg.eval_source
         self.taskset_id = taskset_id or cfg.taskset_id
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
         self.toolsets = list(toolsets)
         self.setups = [resolve_ref(f) for f in setups]
+        self.stops = [resolve_ref(f) for f in stops]  # joined to the harness's by Env (base loop only)
         self.metrics = [resolve_ref(f) for f in metrics]
         self.rewards = [resolve_ref(f) for f in rewards]
         self.cleanups = [resolve_ref(f) for f in cleanups]
