@@ -188,3 +188,28 @@ async def test_model_api_errors_are_classified_by_cause(case, policy, words, cli
         assert not isinstance(err, vf.ModelAuthError) and err.retryable and len(retries) == 1
         if case in ("connection_refused", "dns"):
             assert url.rsplit("/v1", 1)[0] in str(err)  # the URL it tried
+
+
+@pytest.mark.parametrize("client_type", ["openai_chat_completions", "anthropic_messages"])
+async def test_prime_key_and_team_precedence(monkeypatch, tmp_path, client_type):
+    """With api_key_var PRIME_API_KEY (the default): key $PRIME_API_KEY > ~/.prime/config.json,
+    team $PRIME_TEAM_ID > ~/.prime/config.json, sent as X-Prime-Team-ID; no team header for
+    another key variable."""
+    (tmp_path / ".prime").mkdir()
+    (tmp_path / ".prime" / "config.json").write_text(json.dumps({"api_key": "file-key", "team_id": "file-team"}))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("PRIME_API_KEY", raising=False)
+    monkeypatch.delenv("PRIME_TEAM_ID", raising=False)
+    async with ModelServer(fixed("ok")) as srv:
+        async def headers(**cfg):
+            client = make_client(vf.ClientConfig(api_base_url=srv.base_url, client_type=client_type, **cfg))
+            await client.get_response([{"role": "user", "content": "hi"}], "m", {"max_tokens": 5})
+            await client.close()
+            h = srv.requests[-1].headers
+            return h.get("Authorization") or "Bearer " + h.get("x-api-key", ""), h.get("X-Prime-Team-ID")
+
+        assert await headers() == ("Bearer file-key", "file-team")
+        monkeypatch.setenv("PRIME_API_KEY", "env-key")
+        monkeypatch.setenv("PRIME_TEAM_ID", "env-team")
+        assert await headers() == ("Bearer env-key", "env-team")
+        assert await headers(api_key_var="VF_TEST_KEY") == ("Bearer secret-key", None)

@@ -14,7 +14,7 @@ import openai
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
 from .base import Client, classify_sdk_error, log_sdk_retries
-from .config import ClientConfig, resolve_api_key
+from .config import ClientConfig, client_headers, resolve_api_key
 
 # Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
 _CHAT_ARGS = frozenset(
@@ -51,7 +51,7 @@ def build_async_openai(config: ClientConfig) -> openai.AsyncOpenAI:
         base_url=config.api_base_url,
         timeout=timeout,
         max_retries=config.max_retries,
-        default_headers=config.extra_headers or None,
+        default_headers=client_headers(config),
         http_client=http_client,
     )
 
