@@ -26,6 +26,8 @@ _ALIASES = {
     "verifiers.clients.client": "envs.clients.base",
     "verifiers.envs.env_group": "envs.env_group",
     "verifiers.utils.save_utils": "envs.outputs",
+    "verifiers.rubrics": "envs.rubrics",
+    "verifiers.rubrics.math_rubric": "envs.rubrics.math_rubric",
 }
 
 
