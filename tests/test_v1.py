@@ -579,3 +579,38 @@ async def test_toolset_and_taskset_stops_end_the_base_loop():
         Harness(program=lambda t, s: None, toolsets=[Toolset(tools=[mul], stops=[never])])
     with pytest.raises(ConfigError, match="base tool loop only"):
         Env(Taskset(source=[{"prompt": "x"}], stops=[never]), Harness(program=lambda t, s: None))
+
+
+def haggler(task, state, message):
+    """A scripted user: asks a follow-up once, then stops; records what it saw."""
+    state.setdefault("user_saw", []).append(message)
+    if message == "":
+        return "What is 2 + 2?"
+    return "And what is 4 + 1?" if len(state["user_saw"]) <= (2 if task.get("prompt") == [] else 1) else None
+
+
+async def test_a_simulated_user_answers_the_base_loop():
+    async with ModelServer(compute()) as srv:
+        harness = Harness(client=client_for(srv), model="m", user=haggler)
+        state = await harness.run({"prompt": "What is 1 + 1?"})
+        assert state["error"] is None and state["stop_condition"] == "no_tools_called"  # one reply allowed
+        assert [m["role"] for m in state["completion"]] == ["assistant", "user", "assistant"]
+        assert state["completion"][1]["content"] == "And what is 4 + 1?"
+        assert state["completion"][2]["content"] == "The answer is \\boxed{5}." and len(state["trajectory"]) == 2
+        assert state["user_saw"] == ["The answer is \\boxed{2}."]
+        await harness.teardown()
+        # UserConfig (a ref, more turns); a prompt-less task is opened by the user; a user that declines ends it
+        env = Env(Taskset(source=[{"prompt": []}], user={"fn": f"{__name__}:haggler", "max_turns": 5}), Harness())
+        out = await env.evaluate(client_for(srv), "m", num_examples=1)
+        row = out["outputs"][0]
+        assert row["error"] is None and row["stop_condition"] == "user_done"
+        assert row["prompt"] == [{"role": "user", "content": "What is 2 + 2?"}]
+        assert [m["content"] for m in row["completion"]] == ["The answer is \\boxed{4}.", "And what is 4 + 1?",
+                                                              "The answer is \\boxed{5}."]
+        await env.teardown()
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Harness(program=lambda t, s: None, user=haggler)
+    with pytest.raises(ConfigError, match="keep one"):
+        Env(Taskset(source=[{"prompt": "x"}], user=haggler), Harness(user=haggler))
+    with pytest.raises(ValueError, match="max_trns"):
+        Harness(user={"fn": haggler, "max_trns": 2})

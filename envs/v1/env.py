@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sandboxes.errors import ConfigError
+
 from ..clients.base import ModelAuthError
 from ..environment import Environment
 from ..rubrics.rubric import Rubric
@@ -32,6 +34,10 @@ class Env(Environment):
         self.harness.toolsets = [*taskset.toolsets, *self.harness.toolsets]
         self.harness.setups = [*taskset.setups, *self.harness.setups]
         self.harness.stops = [*taskset.stops, *self.harness.stops]
+        if taskset.user is not None:
+            if self.harness.user is not None:
+                raise ConfigError("both the taskset and the harness have a simulated user: keep one")
+            self.harness.user = taskset.user
         self.harness.check_stops()
         kwargs.setdefault("env_id", taskset.taskset_id)
         super().__init__(

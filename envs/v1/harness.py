@@ -36,6 +36,7 @@ from .sandbox_python import PythonProgram, python_program, run_sandboxed_python
 from .state import State
 from .task import Task
 from .toolset import Toolset
+from .user import user_of
 from .usercode import call_user
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,8 @@ class Harness:
         config: HarnessConfig | Mapping[str, object] | None = None,
     ):
         cfg = HarnessConfig.from_config(config) if config is not None else HarnessConfig()
-        if user is not None or updates or advantages:
-            raise ConfigError("Harness: user=, updates= and advantages= are not implemented yet")
+        if updates or advantages:
+            raise ConfigError("Harness: updates= and advantages= are not implemented yet")
         self.program = resolve_ref(program if program is not None else cfg.program)
         self.kind = program_kind(self.program)
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
@@ -170,6 +171,7 @@ class Harness:
             raise ConfigError("Harness: tools are not forwarded to a sandboxed Python program yet "
                               "(use the base loop, or run the program outside the sandbox)")
         self.stops = [resolve_ref(f) for f in stops or []]
+        self.user = user_of(user)
         self.check_stops()
         self.setups = [resolve_ref(f) for f in setups or []]
         self.metrics = [resolve_ref(f) for f in metrics or []]
@@ -190,10 +192,13 @@ class Harness:
             ts.sync_pool = pool
 
     def check_stops(self) -> None:
-        """Stop conditions (the harness's, its toolsets') are checked by the base loop only."""
+        """Stop conditions (the harness's, its toolsets') and a simulated user are the
+        base loop's: refused for any other program form."""
         if self.kind != "base" and (self.stops or any(ts.stops for ts in self.toolsets)):
             raise ConfigError(f"stops apply to the base tool loop only, not to a {self.kind} program "
                               "(a program ends the rollout itself: state.stop(...))")
+        if self.kind != "base" and self.user is not None:
+            raise ConfigError(f"a simulated user talks to the base tool loop only, not to a {self.kind} program")
 
     def all_stops(self) -> list[Callable[..., Any]]:
         return [*self.stops, *(s for ts in self.toolsets for s in ts.stops)]
@@ -281,7 +286,7 @@ class Harness:
             await base_loop(task, state, system_messages(task.get("system_prompt") or self.system_prompt),
                             state.get_max_turns(program.get("max_turns", self.max_turns)
                                                 if isinstance(program, Mapping) else self.max_turns), self.all_stops(),
-                            self.sync_pool)
+                            self.sync_pool, self.user)
         elif self.python is not None:
             if state.runtime.get("tools"):
                 raise ConfigError("tools are not forwarded to a sandboxed Python program yet "

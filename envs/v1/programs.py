@@ -18,6 +18,7 @@ from sandboxes.errors import ConfigError
 from ..sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, cap_text
 from ..tool_schema import tool_message_content
 from .config import resolve_ref
+from .user import User, user_messages
 from .usercode import call_user
 
 OUTPUT_LIMIT = DEFAULT_OUTPUT_LIMIT  # bytes of a command's stdout / stderr kept in program_result (head and tail)
@@ -59,14 +60,18 @@ def _openai_tool(tool: Any) -> dict[str, Any]:
 
 
 async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_turns: int,
-                    stops: list[Any], pool: Any = None) -> None:
-    """The default endpoint-backed tool loop: ask, run the tools called, repeat."""
+                    stops: list[Any], pool: Any = None, user: User | None = None) -> None:
+    """The default endpoint-backed tool loop: ask, run the tools called, repeat; with
+    a simulated `user`, an answer without tool calls gets the user's reply (user.py).
+    After each turn the stop conditions are checked; the first that fires ends the loop."""
     client = state.get_client()
     tools = state.get_tools()
     tool_defs = state.runtime.get("tool_defs") or []
+    if not state["prompt"] and user is not None:  # the user opens the conversation
+        state["prompt"] = user_messages(await call_user(pool, user.fn, task, state, ""))
     messages: list[dict[str, Any]] = [*system, *state["prompt"]]
     start = len(messages)
-    turns = 0
+    turns = replies = 0
     try:
         while True:
             if turns >= max_turns:
@@ -84,15 +89,24 @@ async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_tur
                                       "function": {"name": c.function.name, "arguments": c.function.arguments}}
                                      for c in msg.tool_calls]
             messages.append(out)
-            if not msg.tool_calls:
+            if msg.tool_calls:
+                for call in msg.tool_calls:
+                    messages.append({"role": "tool", "tool_call_id": call.id,
+                                     "content": await _run_tool(tools, call.function.name, call.function.arguments)})
+            elif user is None or replies >= user.max_turns:
                 state.stop("no_tools_called")
                 break
-            for call in msg.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": await _run_tool(tools, call.function.name, call.function.arguments)})
+            else:
+                reply = user_messages(await call_user(pool, user.fn, task, state, msg.content or ""))
+                replies += 1
+                if not reply:
+                    state.stop("user_done")
+                    break
+                messages.extend(reply)
             for stop in stops:
                 if await call_user(pool, stop, task, state):
                     state.stop(getattr(stop, "__name__", "stop"))
+                    break
             if state.get("is_completed"):
                 break
     finally:  # a failed model call surfaces as the rollout's model error (harness.rollout_error)

@@ -14,6 +14,7 @@ from .harness import score_states
 from .state import State
 from .task import Task
 from .toolset import Toolset
+from .user import user_of
 from .usercode import call_user
 
 
@@ -49,8 +50,9 @@ class Taskset:
         config: TasksetConfig | Mapping[str, object] | None = None,
     ):
         cfg = TasksetConfig.from_config(config) if config is not None else TasksetConfig()
-        if (user if user is not None else cfg.user) is not None or updates or advantages:
-            raise ConfigError("Taskset: user=, updates= and advantages= are not implemented yet")
+        if updates or advantages:
+            raise ConfigError("Taskset: updates= and advantages= are not implemented yet")
+        self.user = user_of(user if user is not None else cfg.user)  # Env hands it to the base loop
         self.source = source if source is not None else cfg.source
         self.eval_source = eval_source if eval_source is not None else cfg.eval_source
         self.taskset_id = taskset_id or cfg.taskset_id
