@@ -249,7 +249,7 @@ def test_program_forms_are_validated():
     with pytest.raises(ConfigError, match="sandbox"):
         Harness(program=lambda t, s: None, sandbox={"image": "x"})
     with pytest.raises(ConfigError, match="not implemented"):
-        Harness(updates=[lambda t, s: None])
+        Toolset(tools=[add], sandbox={"image": "x"})
     with pytest.raises(ConfigError, match="framework paths"):
         Toolset(tools=[add], bindings={"add.secret": "literal"})
     with pytest.raises(ConfigError, match="no tool"):
@@ -614,3 +614,39 @@ async def test_a_simulated_user_answers_the_base_loop():
         Env(Taskset(source=[{"prompt": "x"}], user=haggler), Harness(user=haggler))
     with pytest.raises(ValueError, match="max_trns"):
         Harness(user={"fn": haggler, "max_trns": 2})
+
+
+async def test_updates_run_after_each_turn_and_advantages_replace_the_default():
+    def count_turns(task, state):
+        state["turns_seen"] = state.get("turns_seen", 0) + 1
+        state["last_role"] = state["completion"][-1]["role"]
+
+    def two_turns(task, state) -> bool:
+        return state.get("turns_seen", 0) >= 2
+
+    def scaled(tasks, states):
+        return [10 * s["reward"] + i for i, s in enumerate(states)]
+
+    taskset = Taskset(source=[{"prompt": "What is 1 + 2?", "answer": "3"}], rewards=[exact], advantages=[scaled],
+                      toolsets=[Toolset(tools=[mul], updates=[count_turns])], stops=[two_turns])
+    env = Env(taskset, Harness(max_turns=5))
+    async with ModelServer(tool_then_answer("mul", {"a": 1, "b": 3}, answer="\\boxed{3}")) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
+    rows = out["outputs"]
+    assert all(r["stop_condition"] == "no_tools_called" and r["reward"] == 1.0 for r in rows), [(r["stop_condition"], r["reward"], r["error"], r["completion"]) for r in rows]
+    assert sorted(r["advantage"] for r in rows) == [10.0, 11.0]  # not reward - mean (0.0)
+    await env.teardown()
+    # updates see the completion so far and feed the stops
+    async with ModelServer(tool_then_answer("mul", {"a": 1, "b": 3})) as srv:
+        harness = Harness(client=client_for(srv), model="m", updates=[count_turns], stops=[two_turns],
+                          toolsets=[Toolset(tools=[mul])])
+        state = await harness.run({"prompt": "x"})
+        assert state["turns_seen"] == 1 and state["last_role"] == "tool" and state["stop_condition"] == "no_tools_called"
+        await harness.teardown()
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Harness(program=lambda t, s: None, updates=[count_turns])
+    bad = Env(Taskset(source=[{"prompt": "x"}], advantages=[lambda tasks, states: [0.0]]), Harness())
+    async with ModelServer(fixed("a")) as srv:
+        out = await bad.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
+    assert all("returned 1 values for a group of 2" in r["error"] for r in out["outputs"])
+    await bad.teardown()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sandboxes.errors import ConfigError
+from sandboxes.errors import ConfigError, UsageError
 
 from ..clients.base import ModelAuthError
 from ..environment import Environment
@@ -20,6 +20,7 @@ from .harness import Harness
 from .state import State
 from .task import Task
 from .taskset import Taskset
+from .usercode import call_user
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class Env(Environment):
         self.harness.toolsets = [*taskset.toolsets, *self.harness.toolsets]
         self.harness.setups = [*taskset.setups, *self.harness.setups]
         self.harness.stops = [*taskset.stops, *self.harness.stops]
+        self.harness.updates = [*taskset.updates, *self.harness.updates]
         if taskset.user is not None:
             if self.harness.user is not None:
                 raise ConfigError("both the taskset and the harness have a simulated user: keep one")
@@ -107,6 +109,16 @@ class Env(Environment):
             mean = sum(s.get("reward") or 0.0 for s in states) / len(states)
             for s in states:
                 s["advantage"] = (s.get("reward") or 0.0) - mean
+        for fn in [*self.taskset.advantages, *self.harness.advantages]:  # each may replace the default
+            values = await call_user(self.sync_pool, fn, tasks, v1_states)
+            if values is None:
+                continue
+            values = [float(v) for v in values]
+            if len(values) != len(v1_states):
+                raise UsageError(f"advantage function {getattr(fn, '__name__', fn)} returned {len(values)} values "
+                                 f"for a group of {len(v1_states)} rollouts")
+            for (i, (_, st)), v in zip(live, values):
+                st["advantage"] = states[i]["advantage"] = v
 
     async def _finish_states(self, states: list[ClassicState], scoring_sem: Any = None) -> None:
         try:

@@ -152,8 +152,6 @@ class Harness:
         config: HarnessConfig | Mapping[str, object] | None = None,
     ):
         cfg = HarnessConfig.from_config(config) if config is not None else HarnessConfig()
-        if updates or advantages:
-            raise ConfigError("Harness: updates= and advantages= are not implemented yet")
         self.program = resolve_ref(program if program is not None else cfg.program)
         self.kind = program_kind(self.program)
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
@@ -172,6 +170,8 @@ class Harness:
                               "(use the base loop, or run the program outside the sandbox)")
         self.stops = [resolve_ref(f) for f in stops or []]
         self.user = user_of(user)
+        self.updates = [resolve_ref(f) for f in updates or []]  # (task, state) after each base-loop turn
+        self.advantages = [resolve_ref(f) for f in advantages or []]  # (tasks, states) -> list[float], per group
         self.check_stops()
         self.setups = [resolve_ref(f) for f in setups or []]
         self.metrics = [resolve_ref(f) for f in metrics or []]
@@ -197,11 +197,16 @@ class Harness:
         if self.kind != "base" and (self.stops or any(ts.stops for ts in self.toolsets)):
             raise ConfigError(f"stops apply to the base tool loop only, not to a {self.kind} program "
                               "(a program ends the rollout itself: state.stop(...))")
+        if self.kind != "base" and (self.updates or any(ts.updates for ts in self.toolsets)):
+            raise ConfigError(f"updates run after each turn of the base tool loop only, not in a {self.kind} program")
         if self.kind != "base" and self.user is not None:
             raise ConfigError(f"a simulated user talks to the base tool loop only, not to a {self.kind} program")
 
     def all_stops(self) -> list[Callable[..., Any]]:
         return [*self.stops, *(s for ts in self.toolsets for s in ts.stops)]
+
+    def all_updates(self) -> list[Callable[..., Any]]:
+        return [*self.updates, *(u for ts in self.toolsets for u in ts.updates)]
 
     # ---- configuration from the run
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
@@ -286,7 +291,7 @@ class Harness:
             await base_loop(task, state, system_messages(task.get("system_prompt") or self.system_prompt),
                             state.get_max_turns(program.get("max_turns", self.max_turns)
                                                 if isinstance(program, Mapping) else self.max_turns), self.all_stops(),
-                            self.sync_pool, self.user)
+                            self.sync_pool, self.user, self.all_updates())
         elif self.python is not None:
             if state.runtime.get("tools"):
                 raise ConfigError("tools are not forwarded to a sandboxed Python program yet "

@@ -60,10 +60,12 @@ def _openai_tool(tool: Any) -> dict[str, Any]:
 
 
 async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_turns: int,
-                    stops: list[Any], pool: Any = None, user: User | None = None) -> None:
+                    stops: list[Any], pool: Any = None, user: User | None = None,
+                    updates: list[Any] | None = None) -> None:
     """The default endpoint-backed tool loop: ask, run the tools called, repeat; with
     a simulated `user`, an answer without tool calls gets the user's reply (user.py).
-    After each turn the stop conditions are checked; the first that fires ends the loop."""
+    After each turn the `updates` run (`(task, state)`, `state["completion"]` current),
+    then the stop conditions are checked; the first that fires ends the loop."""
     client = state.get_client()
     tools = state.get_tools()
     tool_defs = state.runtime.get("tool_defs") or []
@@ -103,6 +105,10 @@ async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_tur
                     state.stop("user_done")
                     break
                 messages.extend(reply)
+            if updates:
+                state["completion"] = messages[start:]
+                for update in updates:
+                    await call_user(pool, update, task, state)
             for stop in stops:
                 if await call_user(pool, stop, task, state):
                     state.stop(getattr(stop, "__name__", "stop"))

@@ -50,8 +50,6 @@ class Taskset:
         config: TasksetConfig | Mapping[str, object] | None = None,
     ):
         cfg = TasksetConfig.from_config(config) if config is not None else TasksetConfig()
-        if updates or advantages:
-            raise ConfigError("Taskset: updates= and advantages= are not implemented yet")
         self.user = user_of(user if user is not None else cfg.user)  # Env hands it to the base loop
         self.source = source if source is not None else cfg.source
         self.eval_source = eval_source if eval_source is not None else cfg.eval_source
@@ -60,6 +58,8 @@ class Taskset:
         self.toolsets = list(toolsets)
         self.setups = [resolve_ref(f) for f in setups]
         self.stops = [resolve_ref(f) for f in stops]  # joined to the harness's by Env (base loop only)
+        self.updates = [resolve_ref(f) for f in updates]  # likewise
+        self.advantages = [resolve_ref(f) for f in advantages]  # run by Env after the group is scored
         self.metrics = [resolve_ref(f) for f in metrics]
         self.rewards = [resolve_ref(f) for f in rewards]
         self.cleanups = [resolve_ref(f) for f in cleanups]

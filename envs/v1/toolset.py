@@ -13,7 +13,8 @@ A Toolset packages callables (and MCP servers) with:
 - lifecycle handlers `setups` / `cleanups` `(task, state)` and `teardowns` `()`;
 - `stops` `(task, state) -> bool`: checked by the base tool loop after each
   turn with the harness's and the taskset's (the first that fires names the
-  stop condition); refused under any other program form.
+  stop condition); `updates` `(task, state)`: run by the base loop after each
+  turn, before the stops; both refused under any other program form.
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ class Toolset:
         config: ToolsetConfig | Mapping[str, object] | None = None,
     ):
         cfg = ToolsetConfig.from_config(config) if config is not None else None
-        if sandbox is not None or write or updates:
-            raise ConfigError("Toolset: sandbox=, write= and updates= are not implemented yet")
+        if sandbox is not None or write:
+            raise ConfigError("Toolset: sandbox= and write= are not implemented yet")
         self.tools: list[Any] = [resolve_ref(t) for t in [*(cfg.tools if cfg else []), *tools]]
         if cfg:
             self.tools += [MCPTool(m.command, m.args, m.env, m.cwd) for m in cfg.mcp]
@@ -155,6 +156,7 @@ class Toolset:
         self.objects = dict(objects or {})
         self.setups, self.cleanups, self.teardowns = list(setups), list(cleanups), list(teardowns)
         self.stops = [resolve_ref(f) for f in stops]  # (task, state) -> bool, checked by the base loop after each turn
+        self.updates = [resolve_ref(f) for f in updates]  # (task, state), run by the base loop after each turn
         self._scoped: dict[Any, dict[str, Any]] = {}
         self.sync_pool: Any = None  # where sync tools / handlers run (the harness's pool; None: the default)
         names = [getattr(t, "__name__", None) for t in self.tools if not isinstance(t, MCPTool)]
