@@ -417,10 +417,10 @@ class Environment(ABC):
         tools = tool_defs if tool_defs is not None else state.get("tool_defs")
         args = dict(sampling_args if sampling_args is not None else state.get("sampling_args") or {})
         headers = self._request_headers(state, client)
-        if headers:
-            response = await client.get_response(prompt, model, args, tools, extra_headers=headers)
-        else:
-            response = await client.get_response(prompt, model, args, tools)
+        extra: dict[str, Any] = {"extra_headers": headers} if headers else {}
+        if getattr(client, "wants_state", False):  # the token client stitches onto the trajectory's tokens
+            extra["state"] = state
+        response = await client.get_response(prompt, model, args, tools, **extra)
         if response.usage is not None:
             add_usage(state, response.usage)
         if self.max_seq_len and response.usage is not None:

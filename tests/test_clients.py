@@ -213,3 +213,36 @@ async def test_prime_key_and_team_precedence(monkeypatch, tmp_path, client_type)
         monkeypatch.setenv("PRIME_TEAM_ID", "env-team")
         assert await headers() == ("Bearer env-key", "env-team")
         assert await headers(api_key_var="VF_TEST_KEY") == ("Bearer secret-key", None)
+
+
+async def test_token_client_stitches_the_engines_tokens_across_turns():
+    """openai_chat_completions_token: the first turn asks the chat route for token ids; the
+    next turns send the previous turn's engine ids + the bridge tokens of the new messages
+    to /v1/chat/completions/tokens (the server refuses ids that differ from its own
+    tokenization of the conversation); every step records ids and logprobs."""
+    from envs.testing.model_server import tool_script
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    env = vf.ToolEnv(dataset=[{"question": "What is 2 + 3?", "answer": "5"}], tools=[add], max_turns=4)
+    async with ModelServer(tool_script([("add", {"a": 2, "b": 3}), ("add", {"a": 5, "b": 0})], answer="\\boxed{5}")) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY",
+                              client_type="openai_chat_completions_token")
+        out = await env.evaluate(cfg, "m", num_examples=1, state_columns=["trajectory"])
+    row = out["outputs"][0]
+    assert row["error"] is None, row["error"]
+    assert [r.api for r in srv.requests] == ["chat", "chat_tokens", "chat_tokens"]
+    first = srv.requests[0].body
+    assert first["return_token_ids"] is True and first["logprobs"] is True
+    steps = row["trajectory"]
+    assert len(steps) == 3 and all(s["tokens"] and s["tokens"]["completion_ids"] for s in steps)
+    for prev, step, sent in zip(steps, steps[1:], srv.token_prompts):
+        assert sent == step["tokens"]["prompt_ids"]  # what the engine got is what the step records
+        # the previous turn's engine ids are kept as they were, not re-tokenized
+        assert sent[: len(prev["tokens"]["prompt_ids"]) + len(prev["tokens"]["completion_ids"])] == (
+            prev["tokens"]["prompt_ids"] + prev["tokens"]["completion_ids"])
+    assert len(steps[0]["tokens"]["completion_logprobs"]) == len(steps[0]["tokens"]["completion_ids"])
+    assert steps[0]["tokens"]["completion_mask"] == [1] * len(steps[0]["tokens"]["completion_ids"])
+    await env.teardown()

@@ -650,3 +650,19 @@ async def test_updates_run_after_each_turn_and_advantages_replace_the_default():
         out = await bad.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
     assert all("returned 1 values for a group of 2" in r["error"] for r in out["outputs"])
     await bad.teardown()
+
+
+async def test_the_token_client_stitches_through_the_interception_endpoint(monkeypatch):
+    """The v1 endpoint hands the rollout's state to the token client: turn 2 goes to the
+    token route with the engine's turn-1 ids, and the steps record them."""
+    monkeypatch.setenv("VF_TEST_KEY", "k")
+    async with ModelServer(tool_then_answer("mul", {"a": 2, "b": 3})) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY",
+                              client_type="openai_chat_completions_token")
+        harness = Harness(client=cfg, model="m", toolsets=[Toolset(tools=[mul])])
+        state = await harness.run({"prompt": "2 * 3?"})
+        assert state["error"] is None and [r.api for r in srv.requests] == ["chat", "chat_tokens"]
+        t0, t1 = (step["tokens"] for step in state["trajectory"])
+        assert srv.token_prompts == [t1["prompt_ids"]]
+        assert t1["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["completion_ids"])] == t0["prompt_ids"] + t0["completion_ids"]
+        await harness.teardown()

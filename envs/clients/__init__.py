@@ -19,12 +19,14 @@ _LAZY = {
     "OpenAICompletionsClient": ".openai_clients",
     "AnthropicMessagesClient": ".anthropic_client",
     "OpenAIResponsesClient": ".openai_responses",
+    "OpenAIChatCompletionsTokenClient": ".openai_token_client",
 }
 
 CLIENT_TYPES = {
     "openai_chat_completions": "OpenAIChatCompletionsClient",
     "openai_completions": "OpenAICompletionsClient",
     "openai_responses": "OpenAIResponsesClient",
+    "openai_chat_completions_token": "OpenAIChatCompletionsTokenClient",
     "anthropic_messages": "AnthropicMessagesClient",
 }
 
@@ -36,8 +38,6 @@ def __getattr__(name: str) -> Any:
 
 
 NOT_IMPLEMENTED = {
-    "openai_chat_completions_token": "the vLLM token route (/chat/completions/tokens) needs token-level trajectories, "
-                                     "which vf-sandbox does not record yet",
     "renderer": "the renderer client (client-side tokenization with the renderers package) is not implemented",
     "nemorl_chat_completions": "the NeMo-RL client needs token-level trajectories, which vf-sandbox does not record yet",
 }

@@ -9,10 +9,20 @@ Routes (with or without the `/v1` prefix):
     POST /v1/completions        OpenAI legacy completions
     POST /v1/messages           Anthropic messages (tool_use / tool_result)
     POST /v1/responses          OpenAI Responses (function_call / function_call_output items)
+    POST /v1/chat/completions/tokens   vLLM's token route: the prompt as token ids in `tokens`
+                                (refused with 400 unless they equal the server's own
+                                tokenization of `messages`, so a stitching error fails loudly)
+    POST /tokenize              vLLM's tokenizer route: {"tokens", "count", "max_model_len"}
     GET  /v1/models             a one-model list
     GET  /health                "ok"
 
 Streaming is not supported.
+
+Tokens: the server has a toy chat template (each message is its role's id,
+one id per whitespace-separated word of its content and tool calls, then the
+stop id 2; a generation prompt is the assistant role's id) over a growing
+vocabulary. A chat request with `return_token_ids` gets vLLM's fields back
+(`prompt_token_ids`, the choice's `token_ids`, and logprobs when asked).
 
 Policies
 --------
@@ -20,7 +30,7 @@ A policy is any callable ``policy(req: PolicyRequest) -> Reply`` (sync or
 async). ``PolicyRequest`` carries the request normalised to OpenAI chat form,
 whatever API was called:
 
-    req.api        "chat" | "completions" | "anthropic" | "responses"
+    req.api        "chat" | "chat_tokens" (the token route) | "completions" | "anthropic" | "responses"
     req.model      the model name sent
     req.messages   list of {"role", "content", ["tool_calls"], ["tool_call_id"]}
                    (anthropic `system`, tool_use and tool_result blocks mapped
@@ -497,6 +507,8 @@ class ModelServer:
         self._counter = itertools.count()
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
+        self._vocab: dict[str, int] = {}
+        self.token_prompts: list[list[int]] = []  # the `tokens` of each token-route request
 
     # ---- addresses
     @property
@@ -514,11 +526,13 @@ class ModelServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for prefix in ("/v1", ""):
             app.router.add_post(f"{prefix}/chat/completions", self._chat)
+            app.router.add_post(f"{prefix}/chat/completions/tokens", self._chat_tokens)
             app.router.add_post(f"{prefix}/completions", self._completions)
             app.router.add_post(f"{prefix}/messages", self._messages)
             app.router.add_post(f"{prefix}/responses", self._responses)
             app.router.add_get(f"{prefix}/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/tokenize", self._tokenize)
         return app
 
     async def start(self) -> ModelServer:
@@ -628,8 +642,43 @@ class ModelServer:
         completion_tokens = _ntokens(reply.content or "") + 8 * len(reply.tool_calls or [])
         return prompt_tokens, completion_tokens
 
-    async def _chat(self, request: web.Request) -> web.Response:
-        req, reply = await self._policy_reply("chat", request)
+    # ---- the toy chat template (see the module docstring)
+    TOKEN_ROLES = {"system": 3, "user": 4, "assistant": 5, "tool": 6}
+    TOKEN_END = 2
+
+    def _word_ids(self, text: str) -> list[int]:
+        return [self._vocab.setdefault(w, 100 + len(self._vocab)) for w in text.split()]
+
+    def render_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` under the toy template."""
+        ids: list[int] = []
+        for m in messages:
+            text = _text_of(m.get("content"))
+            for call in m.get("tool_calls") or []:
+                text += f" {call['function']['name']} {call['function'].get('arguments') or ''}"
+            ids += [self.TOKEN_ROLES.get(m.get("role", ""), 7), *self._word_ids(text), self.TOKEN_END]
+        return ids + [self.TOKEN_ROLES["assistant"]] if add_generation_prompt else ids
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        messages = body.get("messages")
+        if messages is None:
+            ids = self._word_ids(_text_of(body.get("prompt")))
+        else:
+            ids = self.render_tokens(messages, bool(body.get("add_generation_prompt", True)))
+        return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None})
+
+    async def _chat_tokens(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or tokens != self.render_tokens(body.get("messages") or []):
+            return web.json_response({"error": {"message": "tokens do not match the conversation", "type": "BadRequest",
+                                                "code": 400}}, status=400)
+        self.token_prompts.append(tokens)
+        return await self._chat(request, api="chat_tokens")
+
+    async def _chat(self, request: web.Request, api: str = "chat") -> web.Response:
+        req, reply = await self._policy_reply(api, request)
         if reply.error_status:
             return self._error("chat", reply)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -647,16 +696,22 @@ class ModelServer:
         if reply.reasoning_content is not None:
             message["reasoning_content"] = reply.reasoning_content
         p, c = self._usage(req, reply)
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{req.call_index}",
-                "object": "chat.completion",
-                "created": self._created,
-                "model": req.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
-            }
-        )
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        payload: dict[str, Any] = {
+            "id": f"chatcmpl-{req.call_index}",
+            "object": "chat.completion",
+            "created": self._created,
+            "model": req.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
+        }
+        if req.body.get("return_token_ids"):  # vLLM's fields
+            payload["prompt_token_ids"] = self.render_tokens(req.messages)
+            choice["token_ids"] = self.render_tokens([message], add_generation_prompt=False)[1:]
+            if req.body.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": str(t), "logprob": -0.01 * (i + 1), "bytes": None,
+                                                   "top_logprobs": []} for i, t in enumerate(choice["token_ids"])]}
+        return web.json_response(payload)
 
     async def _completions(self, request: web.Request) -> web.Response:
         req, reply = await self._policy_reply("completions", request)

@@ -26,6 +26,7 @@ from sandboxes.registry import get_backend
 from sandboxes.spec import SandboxSpec
 
 from ..errors import Error, ModelError, ScoringError, is_infra_error
+from ..types import ClientConfig
 from ..sandbox_tools.common import render_exec
 from ..sync_pool import SyncPool
 from ..tool_schema import convert_func_to_tool_def
@@ -161,6 +162,7 @@ class Harness:
         if self.sandbox is not None and self.kind in ("callable", "fn"):
             self.python = python_program(self.program)
         self.client = client
+        self._client: Any = None  # the vf Client made from `client` once (closed at teardown when from a config)
         self.model = model or cfg.model
         self.sampling_args = {**cfg.sampling_args, **(sampling_args or {})}
         self.max_turns = max_turns if max_turns is not None else cfg.max_turns
@@ -208,6 +210,13 @@ class Harness:
     def all_updates(self) -> list[Callable[..., Any]]:
         return [*self.updates, *(u for ts in self.toolsets for u in ts.updates)]
 
+    def _own_client(self) -> Any:
+        if self._client is None:
+            from ..clients import make_client
+
+            self._client = make_client(self.client)
+        return self._client
+
     # ---- configuration from the run
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
         self.backend_name, self.backend_options = backend, dict(options or {})
@@ -239,9 +248,7 @@ class Harness:
         rt["task"] = task
         rt.setdefault("model", self.model)
         if self.client is not None and "client" not in rt:
-            from ..clients import make_client
-
-            rt["client"] = make_client(self.client)
+            rt["client"] = self._own_client()
         if not rt.get("client") or not rt.get("model"):
             raise UsageError("Harness.run needs a client and a model (Harness(client=, model=) or an Env run)")
         rt["sampling_args"] = {**self.sampling_args, **(rt.get("sampling_args") or {})}
@@ -348,6 +355,12 @@ class Harness:
         for ts in self.toolsets:
             await ts.teardown()
         await self.endpoint.close()
+        client, self._client = self._client, None
+        if client is not None and isinstance(self.client, ClientConfig):  # a client instance given stays the caller's
+            try:
+                await client.close()
+            except Exception as exc:
+                log.warning("closing the harness's model client failed: %s", exc)
         if self._backend is not None and self._backend is not self.backend_name:  # ours to close, not a given instance
             close = getattr(self._backend, "close", None)
             if close is not None:

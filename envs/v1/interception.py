@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from ..errors import Error, error_text
-from ..multi_turn import response_to_message
+from ..multi_turn import response_to_message, step_tokens
 from ..types import Response, TimeSpan, Tool, add_usage
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,8 @@ class InterceptionServer:
         state = reg.state
         t0 = time.time()
         try:
-            response = await reg.client.get_response(messages, reg.model, args, tools)
+            extra = {"state": state} if getattr(reg.client, "wants_state", False) else {}
+            response = await reg.client.get_response(messages, reg.model, args, tools, **extra)
         except Error as exc:  # the rollout's error unless a later call succeeds (harness.rollout_error)
             state.runtime["model_error"] = exc
             return _error(502, error_text(exc) or "model error")
@@ -144,7 +145,7 @@ class InterceptionServer:
         truncated = bool(response.message.is_truncated) or response.message.finish_reason == "length"
         state["trajectory"].append({
             "prompt": messages, "completion": [response_to_message(response)], "response": response,
-            "tokens": None, "reward": None, "advantage": None, "is_truncated": truncated,
+            "tokens": step_tokens(response), "reward": None, "advantage": None, "is_truncated": truncated,
             "trajectory_id": state["trajectory_id"], "extras": {},
         })
         if truncated:
