@@ -362,3 +362,31 @@ def test_sandboxed_python_programs_are_validated():
         Harness(program=local, sandbox={"image": "x"})
     with pytest.raises(ConfigError, match="not forwarded"):
         Harness(program={"fn": "json:dumps"}, sandbox={"image": "x"}, toolsets=[Toolset(tools=[len])])
+
+
+async def test_the_harness_keeps_a_warm_pool_sized_by_the_run(docker_backend, python_image):
+    """As SandboxEnv: the run's concurrency sizes a warm pool of the harness's sandbox
+    spec; a task whose own sandbox settings change the spec gets one created for it;
+    everything is gone after teardown."""
+    import uuid
+
+    from envs.v1 import Env, Taskset
+
+    label = {"vf-test-v1-pool": uuid.uuid4().hex}
+    rows = [{"prompt": "What is 1 + 1?"}, {"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?", "sandbox": {"memory_gb": 1}}]
+    env = Env(Taskset(source=rows), Harness(program={"base": True}, sandbox={"image": python_image, "labels": label}))
+    env.set_backend(docker_backend)
+    env.set_concurrency(2)
+    try:
+        async with ModelServer(compute()) as srv:
+            out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=3)
+        assert all(r["error"] is None for r in out["outputs"]), [r["error"] for r in out["outputs"]]
+        pool = env.harness._pool
+        assert pool is not None and pool.size == 2 and pool.stats["acquired"] == 2  # the third spec differs
+    finally:
+        await env.teardown()
+    assert await docker_backend.list(labels=label) == []
+    # pool_size=0: one creation per rollout, no pool
+    harness = Harness(program={"base": True}, sandbox={"image": python_image, "pool_size": 0})
+    harness.set_concurrency(4)
+    assert harness.effective_pool_size == 0

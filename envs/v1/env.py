@@ -67,6 +67,21 @@ class Env(Environment):
         super().set_backend(backend, options)
         self.harness.set_backend(backend, options)
 
+    def set_concurrency(self, concurrency: int) -> None:
+        """The run's concurrency also sizes the harness's default warm pool."""
+        super().set_concurrency(concurrency)
+        self.harness.set_concurrency(concurrency)
+
+    async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
+                       max_concurrent: int = -1, **kwargs: Any) -> Any:
+        """As `Environment.generate`; the harness's warm pool starts filling first (sized by
+        `max_concurrent` when the run's concurrency was not set)."""
+        if max_concurrent and max_concurrent > 0 and self.harness.concurrency is None:
+            self.harness.set_concurrency(max_concurrent)
+        await self.harness.start_pool()
+        return await super().generate(inputs, client, model, sampling_args=sampling_args,
+                                      max_concurrent=max_concurrent, **kwargs)
+
     def set_isolation(self, isolation: str) -> None:
         """The run's isolation reaches the harness's sandboxes (-x isolation=gvisor)."""
         super().set_isolation(isolation)

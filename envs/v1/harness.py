@@ -185,6 +185,10 @@ class Harness:
         self.backend_options: dict[str, Any] = {}
         self._backend: Any = None
         self._owned_sandboxes: dict[str, Any] = {}  # trajectory_id -> a sandbox this harness created
+        self._pooled_ids: set[str] = set()  # owned sandboxes that came from the warm pool
+        self._pool: Any = None
+        self._pool_lock: asyncio.Lock | None = None
+        self.concurrency: int | None = None  # the run's (set_concurrency); sizes the default warm pool
         self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
 
     def set_sync_pool(self, pool: SyncPool | None) -> None:
@@ -230,7 +234,7 @@ class Harness:
 
     def sandbox_spec(self, task: Mapping[str, Any]) -> SandboxSpec:
         assert self.sandbox is not None
-        data = self.sandbox.model_dump(exclude={"backend", "output_limit_bytes"})
+        data = self.sandbox.model_dump(exclude={"backend", "output_limit_bytes", "pool_size"})
         data.update(dict(task.get("sandbox") or {}))
         if self.isolation is not None:
             data["isolation"] = self.isolation
@@ -239,6 +243,38 @@ class Harness:
             return SandboxSpec(**data)
         except ValueError as exc:
             raise ConfigError(f"invalid sandbox settings: {exc}") from exc
+
+    # ---- warm pool (as SandboxEnv's)
+    max_default_pool_size = 32
+
+    def set_concurrency(self, concurrency: int) -> None:
+        self.concurrency = max(1, int(concurrency))
+
+    @property
+    def effective_pool_size(self) -> int:
+        if self.sandbox is None:
+            return 0
+        if self.sandbox.pool_size is not None:
+            return self.sandbox.pool_size
+        return min(self.concurrency, self.max_default_pool_size) if self.concurrency else 0
+
+    async def start_pool(self) -> None:
+        """Start filling the warm pool (Env does before the first rollout)."""
+        if self.effective_pool_size > 0:
+            await self._get_pool()
+
+    async def _get_pool(self) -> Any:
+        from sandboxes.pool import SandboxPool
+
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if self._pool is None:
+                size = self.effective_pool_size
+                self._pool = SandboxPool(self.sandbox_spec({}), size, backend=self.backend,
+                                         create_concurrency=max(4, size))
+                await self._pool.start()
+        return self._pool
 
     # ---- running
     async def run(self, task: Task | Mapping[str, Any], state: State | None = None) -> State:
@@ -321,7 +357,12 @@ class Harness:
         sandbox = state.runtime.get("sandbox")
         if sandbox is not None:
             return sandbox
-        sandbox = await self.backend.create(self.sandbox_spec(task), idempotency_key=state["trajectory_id"])
+        spec = self.sandbox_spec(task)
+        if self.effective_pool_size > 0 and spec == self.sandbox_spec({}):
+            sandbox = await (await self._get_pool()).acquire()
+            self._pooled_ids.add(sandbox.id)
+        else:
+            sandbox = await self.backend.create(spec, idempotency_key=state["trajectory_id"])
         state.runtime["sandbox"] = sandbox
         self._owned_sandboxes[state["trajectory_id"]] = sandbox
         return sandbox
@@ -340,10 +381,18 @@ class Harness:
             finally:
                 sandbox = self._owned_sandboxes.pop(state["trajectory_id"], None)
                 if sandbox is not None:
-                    try:
-                        await sandbox.delete()
-                    except Exception as exc:  # the sandbox is gone already: nothing leaks
-                        log.warning("deleting v1 sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
+                    await self._release(sandbox)
+
+    async def _release(self, sandbox: Any) -> None:
+        """Give back a sandbox this harness owns: to the pool it came from, else delete it."""
+        try:
+            if sandbox.id in self._pooled_ids and self._pool is not None:
+                self._pooled_ids.discard(sandbox.id)
+                await self._pool.release(sandbox)  # deleted in the background, never reused
+            else:
+                await sandbox.delete()
+        except Exception as exc:  # the sandbox is gone already: nothing leaks
+            log.warning("deleting v1 sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
 
     async def teardown(self) -> None:
         for sandbox in list(self._owned_sandboxes.values()):
@@ -352,6 +401,13 @@ class Harness:
             except Exception as exc:
                 log.warning("deleting v1 sandbox at teardown failed: %s", exc)
         self._owned_sandboxes.clear()
+        self._pooled_ids.clear()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await pool.close()  # deletes the ready sandboxes and waits for pending deletions
+            except Exception as exc:
+                log.warning("closing the v1 warm pool failed: %s", exc)
         for ts in self.toolsets:
             await ts.teardown()
         await self.endpoint.close()
