@@ -25,15 +25,33 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from typing import Any
 
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException as MathVerifyTimeout
-
 from ..parsers import MaybeThinkParser, Parser
 from ..types import Messages, RewardFunc
 from ..utils import extract_boxed_answer
 from .rubric import Rubric
 
 log = logging.getLogger(__name__)
+
+
+def parse(*args: Any, **kwargs: Any) -> Any:
+    """math_verify.parse, imported on first use (sympy takes seconds to import, so
+    `import envs` must not pay for it)."""
+    from math_verify import parse as _parse
+
+    return _parse(*args, **kwargs)
+
+
+def verify(*args: Any, **kwargs: Any) -> Any:
+    """math_verify.verify, imported on first use."""
+    from math_verify import verify as _verify
+
+    return _verify(*args, **kwargs)
+
+
+def _is_math_verify_timeout(exc: BaseException) -> bool:
+    from math_verify.errors import TimeoutException
+
+    return isinstance(exc, TimeoutException)
 
 
 def verify_response(response: str, answer: str, max_verify_chars: int,
@@ -49,8 +67,12 @@ def verify_response(response: str, answer: str, max_verify_chars: int,
         gold = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout_seconds)
         pred = parse(f"\\boxed{{{response}}}", parsing_timeout=timeout_seconds)
         ok = verify(gold, pred, timeout_seconds=timeout_seconds)
-    except (Exception, MathVerifyTimeout):  # the timeout is a BaseException
+    except Exception:
         return 0.0, time.perf_counter() - start
+    except BaseException as exc:  # math-verify's timeout is a BaseException; cancellation is not ours
+        if _is_math_verify_timeout(exc):
+            return 0.0, time.perf_counter() - start
+        raise
     return float(ok), time.perf_counter() - start
 
 
@@ -87,7 +109,7 @@ class MathRubric(Rubric):
             # forkserver: never fork the threaded parent (event loop, thread pools); the server
             # imports math-verify once, so each worker (of any MathRubric) starts warm
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload([__name__])
+            ctx.set_forkserver_preload([__name__, "math_verify"])
             self._executor = ProcessPoolExecutor(max_workers=self.max_workers, mp_context=ctx)
         return self._executor
 
