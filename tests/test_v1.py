@@ -249,7 +249,7 @@ def test_program_forms_are_validated():
     with pytest.raises(ConfigError, match="sandbox"):
         Harness(program=lambda t, s: None, sandbox={"image": "x"})
     with pytest.raises(ConfigError, match="not implemented"):
-        Toolset(tools=[add], sandbox={"image": "x"})
+        Toolset(tools=[add], write=True)
     with pytest.raises(ConfigError, match="framework paths"):
         Toolset(tools=[add], bindings={"add.secret": "literal"})
     with pytest.raises(ConfigError, match="no tool"):

@@ -390,3 +390,70 @@ async def test_the_harness_keeps_a_warm_pool_sized_by_the_run(docker_backend, py
     harness = Harness(program={"base": True}, sandbox={"image": python_image, "pool_size": 0})
     harness.set_concurrency(4)
     assert harness.effective_pool_size == 0
+
+
+TOOLS_PKG = '''
+def where(x: int) -> str:
+    """Where the tool ran, and twice x."""
+    return open("/etc/hostname").read().strip() + ":" + str(2 * x)
+
+
+def broken(x: int) -> str:
+    """Always fails."""
+    raise ValueError("no luck with " + str(x))
+'''
+
+
+async def test_sandboxed_toolsets_run_their_tools_in_a_sandbox(tmp_path, monkeypatch, docker_backend, python_image):
+    """Toolset(sandbox="program") runs each call in the harness's sandbox; Toolset(sandbox=
+    SandboxConfig) in one of its own per rollout, deleted with the rollout."""
+    import importlib
+    import uuid
+
+    from envs.testing.model_server import tool_then_answer
+    from envs.v1 import Toolset
+    from sandboxes.errors import ConfigError
+
+    pkg = tmp_path / "v1sbtools"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tools.py").write_text(TOOLS_PKG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tools = importlib.import_module("v1sbtools.tools")
+    label = {"vf-test-v1-tools": uuid.uuid4().hex}
+    async with ModelServer(tool_then_answer("where", {"x": 21})) as srv:
+        client = AsyncOpenAI(base_url=srv.base_url, api_key="x")
+        # colocated in the program's sandbox
+        harness = Harness(program={"base": True}, sandbox={"image": python_image}, client=client, model="m",
+                          toolsets=[Toolset(tools=[tools.where], sandbox="program")])
+        harness.set_backend(docker_backend)
+        task = Task(prompt="go").freeze()
+        state = await harness.run(task)
+        assert state["error"] is None, state["error"]
+        assert state["completion"][1]["content"] == state.runtime["sandbox"].id[:12] + ":42"
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+        # a sandbox of the toolset's own, the harness has none
+        ts = Toolset(tools=[tools.where], sandbox={"image": python_image, "labels": label})
+        harness = Harness(client=client, model="m", toolsets=[ts])
+        harness.set_backend(docker_backend)
+        state = await harness.run(task)
+        assert state["error"] is None, state["error"]
+        [own] = await docker_backend.list(labels=label)
+        assert state["completion"][1]["content"] == own.id[:12] + ":42" and "sandbox" not in state.runtime
+        await harness.cleanup_group([task], [state])
+        assert await docker_backend.list(labels=label) == []  # deleted with its rollout
+        await harness.teardown()
+    async with ModelServer(tool_then_answer("broken", {"x": 1})) as srv:
+        harness = Harness(program={"base": True}, sandbox={"image": python_image}, model="m",
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x"),
+                          toolsets=[Toolset(tools=[tools.broken], sandbox="program")])
+        harness.set_backend(docker_backend)
+        state = await harness.run(task)
+        assert state["completion"][1]["content"] == "Error: SandboxedProgramError: ValueError: no luck with 1"
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+    with pytest.raises(ConfigError, match="host"):
+        Toolset(tools=[tools.where], sandbox="program", objects={"db": dict}, bindings={"where.x": "objects.db"})
+    with pytest.raises(ConfigError, match="module-level"):
+        Toolset(tools=[lambda x: x], sandbox="program")

@@ -232,10 +232,14 @@ class Harness:
             self._backend = get_backend(name, **self.backend_options)
         return self._backend
 
-    def sandbox_spec(self, task: Mapping[str, Any]) -> SandboxSpec:
-        assert self.sandbox is not None
-        data = self.sandbox.model_dump(exclude={"backend", "output_limit_bytes", "pool_size"})
-        data.update(dict(task.get("sandbox") or {}))
+    def sandbox_spec(self, task: Mapping[str, Any], config: SandboxConfig | None = None) -> SandboxSpec:
+        """The spec of the program's sandbox for `task` (its `sandbox` overrides applied), or
+        of a sandboxed toolset's own sandbox (`config`); the run's isolation either way."""
+        config = config if config is not None else self.sandbox
+        assert config is not None
+        data = config.model_dump(exclude={"backend", "output_limit_bytes", "pool_size"})
+        if config is self.sandbox:
+            data.update(dict(task.get("sandbox") or {}))
         if self.isolation is not None:
             data["isolation"] = self.isolation
         data["name"] = "vf-v1"
@@ -292,6 +296,16 @@ class Harness:
         key = self.endpoint.register(Registration(state=state, client=rt["client"], model=rt["model"],
                                                   sampling_args=rt["sampling_args"]))
         rt["endpoint"] = {"base_url": base_url, "api_key": key}
+
+        async def sandbox_for() -> Any:  # a toolset with sandbox="program" runs its tools here
+            if rt.get("sandbox") is not None:
+                return rt["sandbox"]
+            if self.sandbox is None:
+                raise ConfigError('a toolset with sandbox="program" needs a harness with a sandbox')
+            return await self._sandbox_for(state, task)
+
+        rt["sandbox_for"] = sandbox_for
+        rt["new_sandbox"] = lambda config: self.backend.create(self.sandbox_spec(task, config))
         state["timing"].generation.start = state["timing"].generation.start or time.time()
         try:
             tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}

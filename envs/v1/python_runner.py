@@ -3,6 +3,9 @@ module-level callable) for one rollout.
 
     python3 python_runner.py SPEC.json RESULT.json
 
+(A SPEC with "kwargs" is one tool call of a sandboxed toolset instead:
+{"ref", "kwargs", "requires"} -> RESULT {"value", "error", "missing"}.)
+
 SPEC: {"ref": "pkg.module:attr", "task": {...}, "state": {...}, "endpoint":
 {"base_url", "api_key", "model"}, "max_turns": int, "requires": [dist, ...]}.
 The program gets the task (a read-only dict) and a `State` with the v1
@@ -170,26 +173,54 @@ def missing_distributions(names):
     return missing
 
 
+def _resolve(ref):
+    module, _, attr = ref.partition(":")
+    fn = importlib.import_module(module)
+    for part in attr.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def _error(exc):
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()[-8000:]}
+
+
+def call_tool(spec):
+    """A sandboxed toolset's tool: fn(**kwargs) -> {"value", "error", "missing"}."""
+    result = {"value": None, "error": None, "missing": missing_distributions(spec.get("requires") or [])}
+    if not result["missing"]:
+        try:
+            value = _resolve(spec["ref"])(**spec["kwargs"])
+            if inspect.isawaitable(value):
+                async def _await(aw):
+                    return await aw
+
+                value = asyncio.run(_await(value))
+            result["value"] = value
+        except BaseException as exc:
+            result["error"] = _error(exc)
+    return result
+
+
 def main(spec_path, result_path):
     with open(spec_path) as f:
         spec = json.load(f)
+    if "kwargs" in spec:
+        with open(result_path, "w") as f:
+            json.dump(call_tool(spec), f, default=repr)
+        return
     result = {"fields": {}, "stop": None, "error": None, "missing": missing_distributions(spec.get("requires") or [])}
     if not result["missing"]:
         state = State(spec["state"], spec["endpoint"], spec["task"], spec.get("max_turns") or 10)
         try:
-            module, _, attr = spec["ref"].partition(":")
-            fn = importlib.import_module(module)
-            for part in attr.split("."):
-                fn = getattr(fn, part)
-            out = fn(spec["task"], state)
+            out = _resolve(spec["ref"])(spec["task"], state)
             if inspect.isawaitable(out):
                 async def _await(aw):
                     return await aw
 
                 asyncio.run(_await(out))
         except BaseException as exc:  # reported to the host, which records it on the rollout
-            result["error"] = {"type": type(exc).__name__, "message": str(exc),
-                               "traceback": traceback.format_exc()[-8000:]}
+            result["error"] = _error(exc)
         for client in state._clients.values():
             try:
                 closing = client.close()

@@ -24,6 +24,7 @@ import json
 import re
 import sysconfig
 import tomllib
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,14 +121,48 @@ def _dependencies(pyproject: Path) -> list[str]:
     return names
 
 
+async def install(sandbox: Any, prog: PythonProgram) -> None:
+    """Upload the program's package and the runner into `sandbox`."""
+    if prog.root is not None:
+        await sandbox.upload(prog.root, prog.remote_root)
+    await sandbox.write_file(RUNNER_PATH, RUNNER_SOURCE.read_text())
+
+
+def _missing_error(prog: PythonProgram, missing: list[str], sandbox: Any) -> ConfigError:
+    image = getattr(getattr(sandbox, "spec", None), "image", "?")
+    return ConfigError(f"{prog.ref} requires {', '.join(missing)} (its pyproject's dependencies), not installed in "
+                       f"sandbox image {image}; sandboxes have no network: use an image that has them")
+
+
+async def call_in_sandbox(prog: PythonProgram, sandbox: Any, kwargs: dict[str, Any], timeout: float) -> Any:
+    """One call `prog.ref(**kwargs)` in `sandbox` (a sandboxed toolset's tool): its JSON
+    return value; what it raised comes back as a SandboxedProgramError (the model's
+    feedback, like a host tool's exception)."""
+    call = uuid.uuid4().hex
+    spec_path, result_path = f"{BASE}/tool-{call}.spec.json", f"{BASE}/tool-{call}.result.json"
+    await sandbox.write_file(spec_path, json.dumps({"ref": prog.ref, "kwargs": kwargs, "requires": list(prog.requires)},
+                                                   default=str))
+    res = await sandbox.exec(["python3", RUNNER_PATH, spec_path, result_path], env={"PYTHONPATH": PKG_DIR,
+                             "PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
+    try:
+        result = json.loads(await sandbox.read_file(result_path))
+    except PathError:
+        what = f"timed out after {timeout:g}s" if res.timed_out else f"ended without a result: {res.stderr[-1000:]}"
+        raise SandboxedProgramError(f"tool {prog.ref} {what}") from None
+    if result.get("missing"):
+        raise _missing_error(prog, result["missing"], sandbox)
+    err = result.get("error")
+    if err:
+        raise SandboxedProgramError(f"{err['type']}: {err['message']}", err.get("traceback"))
+    return result.get("value")
+
+
 async def run_sandboxed_python(prog: PythonProgram, task: Mapping[str, Any], state: Any, program: Mapping[str, Any],
                                sandbox: Any, timeout: float, limit: int) -> None:
     """Run `prog` for this rollout in `sandbox` (see the module docstring)."""
     rid = state["trajectory_id"]
     spec_path, result_path = f"{BASE}/{rid}.spec.json", f"{BASE}/{rid}.result.json"
-    if prog.root is not None:
-        await sandbox.upload(prog.root, prog.remote_root)
-    await sandbox.write_file(RUNNER_PATH, RUNNER_SOURCE.read_text())
+    await install(sandbox, prog)
     files = {**(program.get("files") or {}), **((task.get("program") or {}).get("files") or {})}
     for path, text in files.items():
         await sandbox.write_file(path, text)
@@ -154,9 +189,7 @@ async def run_sandboxed_python(prog: PythonProgram, task: Mapping[str, Any], sta
         raise SandboxedProgramError(f"program {prog.ref} ended without a result in its sandbox (exit code "
                                     f"{res.exit_code}): {res.stderr[-2000:]}") from None
     if result.get("missing"):
-        raise ConfigError(f"program {prog.ref} requires {', '.join(result['missing'])} (its pyproject's "
-                          f"dependencies), not installed in sandbox image {getattr(sandbox, 'spec', None) and sandbox.spec.image}; "
-                          "sandboxes have no network: use an image that has them (the harness's sandbox image)")
+        raise _missing_error(prog, result["missing"], sandbox)
     for key, value in (result.get("fields") or {}).items():
         if key not in NOT_RETURNED and (key not in sent or sent[key] != value):
             state[key] = value
