@@ -310,6 +310,8 @@ class Toolset:
             await call_user(self.sync_pool, fn, task, state)
         self._scoped.pop(("rollout", state["trajectory_id"]), None)
         await self._delete_sandbox(("rollout", state["trajectory_id"]))
+        if self.sandbox == "program" and state.runtime.get("sandbox") is not None:
+            self._installed.discard(state.runtime["sandbox"].id)  # the harness deletes it after this
 
     async def teardown(self) -> None:
         for fn in self.teardowns:
