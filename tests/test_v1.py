@@ -368,6 +368,14 @@ def test_the_runs_isolation_reaches_the_harness_sandboxes():
     assert env.harness.sandbox_spec(task).isolation == "runc"
     env.set_kwargs(isolation="gvisor")
     assert env.harness.sandbox_spec(task).isolation == "gvisor" and env.isolation_in_use() == "gvisor"
+    # the run's sandbox settings (-x) reach the harness's config, validated; none without a sandbox
+    env.set_kwargs(image="other:1", pool_size=0, timeout_per_command_seconds=5)
+    assert env.harness.sandbox.image == "other:1" and env.harness.sandbox_spec(task).image == "other:1"
+    assert env.harness.effective_pool_size == 0 and env.harness.sandbox.timeout_per_command_seconds == 5
+    with pytest.raises(ConfigError, match="invalid sandbox settings"):
+        env.set_kwargs(cpu_cores="many")
+    with pytest.raises(ConfigError, match="no sandbox"):
+        Env(Taskset(source=[{"prompt": "x"}]), Harness()).set_kwargs(image="x")
 
 
 # --------------------------------------------------------------------------- defects of session 3 (review.md)

@@ -371,6 +371,7 @@ async def test_the_harness_keeps_a_warm_pool_sized_by_the_run(docker_backend, py
     import uuid
 
     from envs.v1 import Env, Taskset
+    from sandboxes.errors import ConfigError
 
     label = {"vf-test-v1-pool": uuid.uuid4().hex}
     rows = [{"prompt": "What is 1 + 1?"}, {"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?", "sandbox": {"memory_gb": 1}}]
@@ -383,6 +384,12 @@ async def test_the_harness_keeps_a_warm_pool_sized_by_the_run(docker_backend, py
         assert all(r["error"] is None for r in out["outputs"]), [r["error"] for r in out["outputs"]]
         pool = env.harness._pool
         assert pool is not None and pool.size == 2 and pool.stats["acquired"] == 2  # the third spec differs
+        with pytest.raises(ConfigError, match="after the warm pool was started"):
+            env.set_kwargs(memory_gb=1)  # its sandboxes were made from the old spec
+        with pytest.raises(ConfigError, match="after the warm pool was started"):
+            env.set_kwargs(isolation="gvisor")
+        assert env.isolation_in_use() != "gvisor" and env.harness.sandbox_spec({}).isolation == "runc"
+        env.set_kwargs(output_limit_bytes=1000)  # not part of the spec: fine
     finally:
         await env.teardown()
     assert await docker_backend.list(labels=label) == []

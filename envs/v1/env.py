@@ -16,6 +16,7 @@ from ..environment import Environment
 from ..rubrics.rubric import Rubric
 from ..types import RolloutInput, SamplingArgs
 from ..types import State as ClassicState
+from .config import SandboxConfig
 from .harness import Harness
 from .state import State
 from .task import Task
@@ -84,8 +85,23 @@ class Env(Environment):
 
     def set_isolation(self, isolation: str) -> None:
         """The run's isolation reaches the harness's sandboxes (-x isolation=gvisor)."""
+        previous = getattr(self, "sandbox_isolation", None)
         super().set_isolation(isolation)
-        self.harness.isolation = isolation
+        try:
+            self.harness.set_isolation(isolation)
+        except ConfigError:  # refused (the warm pool started): the env keeps the one in use
+            self.sandbox_isolation = previous
+            raise
+
+    def isolation_in_use(self) -> str | None:
+        """The isolation of the harness's sandboxes (recorded in metadata.json)."""
+        if self.harness.sandbox is not None:
+            return self.harness.sandbox_spec({}).isolation
+        return super().isolation_in_use()
+
+    def set_sandbox_settings(self, **settings: Any) -> None:
+        """Fields of the harness's SandboxConfig from the run (`-x image=... -x pool_size=0`)."""
+        self.harness.set_sandbox_settings(**settings)
 
     async def rollout(self, input: RolloutInput, client: Any, model: str,
                       sampling_args: SamplingArgs | None = None) -> ClassicState:
@@ -164,3 +180,17 @@ class Env(Environment):
             await self.harness.teardown()
         finally:
             await super().teardown()
+
+
+def _sandbox_setter(name: str) -> Any:
+    def setter(self: Env, value: Any) -> None:
+        self.set_sandbox_settings(**{name: value})
+
+    setter.__name__ = f"set_{name}"
+    setter.__doc__ = f"Set the harness sandbox's `{name}` (the `-x {name}=...` of an eval)."
+    return setter
+
+
+for _name in SandboxConfig.model_fields:
+    if _name != "backend" and f"set_{_name}" not in Env.__dict__:
+        setattr(Env, f"set_{_name}", _sandbox_setter(_name))

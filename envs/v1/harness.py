@@ -248,6 +248,32 @@ class Harness:
         except ValueError as exc:
             raise ConfigError(f"invalid sandbox settings: {exc}") from exc
 
+    def set_sandbox_settings(self, **settings: Any) -> None:
+        """Change fields of the sandbox config (the run's `-x image=...`), validated; refused
+        once the warm pool started when they change the spec (its sandboxes have the old one)."""
+        if self.sandbox is None:
+            raise ConfigError(f"sandbox settings {sorted(settings)} given, but this harness has no sandbox")
+        try:
+            new = SandboxConfig.from_config({**self.sandbox.model_dump(), **settings})
+        except ValueError as exc:
+            raise ConfigError(f"invalid sandbox settings {settings}: {exc}") from exc
+        self._refuse_if_pooled(lambda: self.sandbox_spec({}, new), sorted(settings))
+        self.sandbox = new
+
+    def set_isolation(self, isolation: str) -> None:
+        old = self.isolation
+        self.isolation = isolation
+        if self.sandbox is not None:
+            try:
+                self._refuse_if_pooled(lambda: self.sandbox_spec({}), ["isolation"])
+            except ConfigError:
+                self.isolation = old
+                raise
+
+    def _refuse_if_pooled(self, new_spec: Callable[[], SandboxSpec], names: list[str]) -> None:
+        if self._pool is not None and new_spec() != self._pool.spec:
+            raise ConfigError(f"cannot change sandbox settings {names} after the warm pool was started")
+
     # ---- warm pool (as SandboxEnv's)
     max_default_pool_size = 32
 
