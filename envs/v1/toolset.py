@@ -170,7 +170,7 @@ class Toolset:
         self._programs: dict[str, PythonProgram] = {}  # tool name -> what runs in the sandbox
         self._sandboxes: dict[Any, Any] = {}  # scope key -> this toolset's own sandbox
         self._installed: set[str] = set()  # sandbox ids the tools' packages were uploaded to
-        self._sandbox_lock: asyncio.Lock | None = None
+        self._sandbox_locks: dict[Any, asyncio.Lock] = {}
         if sandbox is not None:
             self._set_sandbox(sandbox)
         names = [getattr(t, "__name__", None) for t in self.tools if not isinstance(t, MCPTool)]
@@ -204,16 +204,17 @@ class Toolset:
             self._programs[tool.__name__] = python_program(tool)
 
     async def _tool_sandbox(self, task: Mapping[str, Any], state: Any) -> Any:
-        if self._sandbox_lock is None:
-            self._sandbox_lock = asyncio.Lock()
-        async with self._sandbox_lock:
+        """The sandbox this call runs in, its packages uploaded (once per sandbox; one
+        lock per rollout / scope, so rollouts never wait on each other's creations)."""
+        key = ("program", state["trajectory_id"]) if self.sandbox == "program" else self._scope_key(task, state)
+        lock = self._sandbox_locks.setdefault(key, asyncio.Lock())
+        async with lock:
             if self.sandbox == "program":
                 getter = state.runtime.get("sandbox_for")
                 if getter is None:
                     raise ConfigError('a toolset with sandbox="program" runs under a Harness with a sandbox')
                 sandbox = await getter()
             else:
-                key = self._scope_key(task, state)
                 sandbox = self._sandboxes.get(key)
                 if sandbox is None:
                     sandbox = self._sandboxes[key] = await state.runtime["new_sandbox"](self.sandbox)
@@ -312,6 +313,8 @@ class Toolset:
         await self._delete_sandbox(("rollout", state["trajectory_id"]))
         if self.sandbox == "program" and state.runtime.get("sandbox") is not None:
             self._installed.discard(state.runtime["sandbox"].id)  # the harness deletes it after this
+        self._sandbox_locks.pop(("program", state["trajectory_id"]), None)
+        self._sandbox_locks.pop(("rollout", state["trajectory_id"]), None)
 
     async def teardown(self) -> None:
         for fn in self.teardowns:
@@ -322,3 +325,4 @@ class Toolset:
         self._scoped.clear()
         for key in list(self._sandboxes):
             await self._delete_sandbox(key)
+        self._sandbox_locks.clear()
