@@ -276,6 +276,17 @@ def broken(task, state):
     raise ValueError("bad input: " + task["answer"])
 
 
+async def with_tools(task, state):
+    """Calls the rollout's host tools from inside the sandbox."""
+    tools = state.get_tools()
+    state["tool_names"] = sorted(tools)
+    state["product"] = await tools["times"](a=6, b=7)
+    try:
+        await tools["times"](a="x", b="y")
+    except RuntimeError as exc:
+        state["tool_error"] = str(exc)
+
+
 def swallow(task, state):
     try:
         state.get_client(sync=True).chat.completions.create(messages=task["prompt"])
@@ -339,6 +350,28 @@ async def test_fn_and_callable_programs_run_in_the_sandbox_through_the_relay(tmp
             assert check(state), (ref, repr(state["error"]), state.get("program_result"))
             await harness.cleanup_group([task], [state])
             await harness.teardown()
+    # tools are forwarded: the program in the sandbox calls the rollout's tools, which run on the host
+    ran_on = []
+
+    def times(a: int, b: int, secret: str) -> int:
+        """Multiply."""
+        ran_on.append(secret)
+        return a * b
+
+    from envs.v1 import Toolset
+
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program={"fn": "v1sbagent.agent:with_tools"}, sandbox={"image": python_image},
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), model="m",
+                          toolsets=[Toolset(tools=[times], bindings={"times.secret": "task.answer"})])
+        harness.set_backend(docker_backend)
+        task = Task(prompt="x", answer="host-side").freeze()
+        state = await harness.run(task)
+        assert state["error"] is None, (state["error"], state.get("program_result"))
+        assert state["tool_names"] == ["times"] and state["product"] == 42 and ran_on[0] == "host-side"
+        assert state["tool_error"].startswith("TypeError")
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
     # a model failure inside the sandbox is the rollout's model error, even when the program swallowed it
     async with ModelServer(fail(400)) as srv:
         harness = Harness(program={"fn": "v1sbagent.agent:swallow"}, sandbox={"image": python_image},
@@ -352,7 +385,6 @@ async def test_fn_and_callable_programs_run_in_the_sandbox_through_the_relay(tmp
 
 
 def test_sandboxed_python_programs_are_validated():
-    from envs.v1 import Toolset
     from sandboxes.errors import ConfigError
 
     def local(task, state):
@@ -360,8 +392,7 @@ def test_sandboxed_python_programs_are_validated():
 
     with pytest.raises(ConfigError, match="module-level"):
         Harness(program=local, sandbox={"image": "x"})
-    with pytest.raises(ConfigError, match="not forwarded"):
-        Harness(program={"fn": "json:dumps"}, sandbox={"image": "x"}, toolsets=[Toolset(tools=[len])])
+
 
 
 async def test_the_harness_keeps_a_warm_pool_sized_by_the_run(docker_backend, python_image):

@@ -167,9 +167,6 @@ class Harness:
         self.sampling_args = {**cfg.sampling_args, **(sampling_args or {})}
         self.max_turns = max_turns if max_turns is not None else cfg.max_turns
         self.toolsets = list(toolsets or [])
-        if self.python is not None and self.toolsets:
-            raise ConfigError("Harness: tools are not forwarded to a sandboxed Python program yet "
-                              "(use the base loop, or run the program outside the sandbox)")
         self.stops = [resolve_ref(f) for f in stops or []]
         self.user = user_of(user)
         self.updates = [resolve_ref(f) for f in updates or []]  # (task, state) after each base-loop turn
@@ -376,9 +373,6 @@ class Harness:
                                                 if isinstance(program, Mapping) else self.max_turns), self.all_stops(),
                             self.sync_pool, self.user, self.all_updates())
         elif self.python is not None:
-            if state.runtime.get("tools"):
-                raise ConfigError("tools are not forwarded to a sandboxed Python program yet "
-                                  "(use the base loop, or run the program outside the sandbox)")
             assert self.sandbox is not None
             await run_sandboxed_python(self.python, task, state, self.program if isinstance(self.program, Mapping) else {},
                                        await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds,

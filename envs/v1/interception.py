@@ -8,6 +8,11 @@ as a trajectory step of the rollout's state (prompt, completion, response,
 usage, model time). In-process programs reach it with `state.get_client()`,
 local commands through OPENAI_BASE_URL / OPENAI_API_KEY, sandboxed commands
 through the relay over the sandbox's own command channel (`sandbox_relay`).
+
+Tool forwarding: `GET /v1/vf/tools` lists the rollout's tools and
+`POST /v1/vf/tools/<name>` (JSON arguments) runs one on the host, bindings
+applied, answering {"content": result} or {"error": "Type: message"}; the
+in-sandbox State's `get_tools()` and any command program use it.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class InterceptionServer:
                 app = web.Application(client_max_size=64 * 1024 * 1024)
                 app.router.add_post("/v1/chat/completions", self._chat)
                 app.router.add_get("/v1/models", self._models)
+                app.router.add_get("/v1/vf/tools", self._tools)
+                app.router.add_post("/v1/vf/tools/{name}", self._tool_call)
                 runner = web.AppRunner(app, access_log=None)
                 await runner.setup()
                 site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -109,6 +116,37 @@ class InterceptionServer:
         if reg is None:
             return _error(401, "unknown rollout key")
         return web.json_response({"object": "list", "data": [{"id": reg.model, "object": "model"}]})
+
+    async def _tools(self, request: web.Request) -> web.Response:
+        """The rollout's tools: {"tools": [{"name", "description", "parameters"}]}."""
+        reg = self._reg_of(request)
+        if reg is None:
+            return _error(401, "unknown rollout key")
+        defs = reg.state.runtime.get("tool_defs") or []
+        return web.json_response({"tools": [{"name": d.name, "description": d.description, "parameters": d.parameters}
+                                            for d in defs]})
+
+    async def _tool_call(self, request: web.Request) -> web.Response:
+        """Run one of the rollout's tools on the host (bindings applied) with the JSON body
+        as its arguments: {"content": result} or {"error": "Type: message"}."""
+        reg = self._reg_of(request)
+        if reg is None:
+            return _error(401, "unknown rollout key")
+        name = request.match_info["name"]
+        fn = (reg.state.runtime.get("tools") or {}).get(name)
+        if fn is None:
+            return _error(404, f"no tool {name!r}; the rollout has {sorted(reg.state.runtime.get('tools') or {})}")
+        try:
+            args = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "the body is not JSON")
+        if not isinstance(args, dict):
+            return _error(400, "the body must be a JSON object of arguments")
+        try:
+            result = await fn(**args)
+        except Exception as exc:  # the caller's feedback, as for a tool the base loop runs
+            return web.json_response({"error": f"{type(exc).__name__}: {exc}"})
+        return web.json_response({"content": _jsonable(result)})
 
     async def _chat(self, request: web.Request) -> web.Response:
         reg = self._reg_of(request)
@@ -155,6 +193,14 @@ class InterceptionServer:
             timing.model.spans.append(TimeSpan(start=t0, end=t1))
         if response.usage is not None:
             add_usage(state, response.usage)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _error(status: int, message: str) -> web.Response:

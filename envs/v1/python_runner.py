@@ -11,7 +11,9 @@ SPEC: {"ref": "pkg.module:attr", "task": {...}, "state": {...}, "endpoint":
 The program gets the task (a read-only dict) and a `State` with the v1
 methods a program uses: `stop`, `get_model`, `get_endpoint_config`,
 `get_client` (the `openai` SDK when the image has it, else a small stdlib
-client with the same `chat.completions.create` shape), `get_max_turns`.
+client with the same `chat.completions.create` shape), `get_tools` (the
+rollout's tools, run on the host through the endpoint's tool routes),
+`get_max_turns`.
 Its model calls reach the host's interception endpoint through the relay
 (OPENAI_BASE_URL is the relay's loopback address: the network stays off).
 
@@ -152,9 +154,33 @@ class State(dict):
                 self._clients[key] = cls(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
         return self._clients[key]
 
+    def _http(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self._endpoint["base_url"].rstrip("/") + path, data=data, method=method,
+                                     headers={"Authorization": "Bearer " + self._endpoint["api_key"],
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError("tool endpoint answered HTTP %s: %s" % (exc.code, exc.read()[:500])) from None
+
     def get_tools(self):
-        raise RuntimeError("tools are not forwarded to a sandboxed Python program yet: use the base loop or a "
-                           "program outside the sandbox for tool use")
+        """The rollout's tools, run on the host through the endpoint: {name: async fn(**kwargs)}."""
+        tools = {}
+        for spec in self._http("GET", "/vf/tools")["tools"]:
+            tools[spec["name"]] = self._tool(spec["name"])
+        return tools
+
+    def _tool(self, name):
+        async def call(**kwargs):
+            out = await asyncio.to_thread(self._http, "POST", "/vf/tools/" + name, kwargs)
+            if out.get("error"):
+                raise RuntimeError(out["error"])
+            return out.get("content")
+
+        call.__name__ = name
+        return call
 
     def get_max_turns(self, default):
         value = self._task.get("max_turns")
