@@ -246,3 +246,30 @@ async def test_token_client_stitches_the_engines_tokens_across_turns():
     assert len(steps[0]["tokens"]["completion_logprobs"]) == len(steps[0]["tokens"]["completion_ids"])
     assert steps[0]["tokens"]["completion_mask"] == [1] * len(steps[0]["tokens"]["completion_ids"])
     await env.teardown()
+
+
+async def test_nemorl_client_carries_the_engines_tokens_both_ways():
+    """nemorl_chat_completions against a NeMo Gym-style server: the ids in the returned
+    message become the step's tokens, and later requests carry each earlier assistant
+    turn's ids back (the server refuses ids that are not its own)."""
+    from envs.testing.model_server import tool_script
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    env = vf.ToolEnv(dataset=[{"question": "What is 2 + 3?", "answer": "5"}], tools=[add], max_turns=4)
+    async with ModelServer(tool_script([("add", {"a": 2, "b": 3}), ("add", {"a": 5, "b": 0})], answer="\\boxed{5}"),
+                           nemo_gym=True) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", client_type="nemorl_chat_completions")
+        out = await env.evaluate(cfg, "m", num_examples=1)
+    row = out["outputs"][0]
+    assert row["error"] is None, row["error"]
+    steps = row["trajectory"]
+    assert len(steps) == 3 and all(s["tokens"]["completion_ids"] for s in steps)
+    assert steps[0]["tokens"]["completion_logprobs"] == [-0.01 * (i + 1) for i in range(len(steps[0]["tokens"]["completion_ids"]))]
+    last = srv.requests[-1].messages
+    carried = [m["generation_token_ids"] for m in last if m["role"] == "assistant"]
+    assert carried == [steps[0]["tokens"]["completion_ids"], steps[1]["tokens"]["completion_ids"]]
+    assert all("generation_token_ids" not in m for m in row["completion"])  # the fields never reach results' messages
+    await env.teardown()

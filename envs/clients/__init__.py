@@ -20,6 +20,7 @@ _LAZY = {
     "AnthropicMessagesClient": ".anthropic_client",
     "OpenAIResponsesClient": ".openai_responses",
     "OpenAIChatCompletionsTokenClient": ".openai_token_client",
+    "NeMoRLChatCompletionsClient": ".nemorl_client",
 }
 
 CLIENT_TYPES = {
@@ -27,6 +28,7 @@ CLIENT_TYPES = {
     "openai_completions": "OpenAICompletionsClient",
     "openai_responses": "OpenAIResponsesClient",
     "openai_chat_completions_token": "OpenAIChatCompletionsTokenClient",
+    "nemorl_chat_completions": "NeMoRLChatCompletionsClient",
     "anthropic_messages": "AnthropicMessagesClient",
 }
 
@@ -39,7 +41,6 @@ def __getattr__(name: str) -> Any:
 
 NOT_IMPLEMENTED = {
     "renderer": "the renderer client (client-side tokenization with the renderers package) is not implemented",
-    "nemorl_chat_completions": "the NeMo-RL client needs token-level trajectories, which vf-sandbox does not record yet",
 }
 """Reference client types refused loudly (never silently served by another client)."""
 

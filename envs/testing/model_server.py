@@ -23,6 +23,10 @@ one id per whitespace-separated word of its content and tool calls, then the
 stop id 2; a generation prompt is the assistant role's id) over a growing
 vocabulary. A chat request with `return_token_ids` gets vLLM's fields back
 (`prompt_token_ids`, the choice's `token_ids`, and logprobs when asked).
+`ModelServer(nemo_gym=True)` answers as NeMo Gym's vllm_model server instead:
+the ids in the assistant message (`prompt_token_ids`, `generation_token_ids`,
+`generation_log_probs`), and earlier assistant messages that carry
+`generation_token_ids` must match the server's own tokens (else 400).
 
 Policies
 --------
@@ -498,8 +502,10 @@ def _ntokens(text: str) -> int:
 class ModelServer:
     """The HTTP server. Bind with `async with` (in a running loop) or `run_in_thread()`."""
 
-    def __init__(self, policy: Policy | None = None, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 10_000):
+    def __init__(self, policy: Policy | None = None, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 10_000,
+                 nemo_gym: bool = False):
         self.policy: Policy = policy or echo()
+        self.nemo_gym = nemo_gym  # answer as NeMo Gym's vllm_model server (tokens in the message)
         self.host = host
         self.port = port
         self.requests: collections.deque[PolicyRequest] = collections.deque(maxlen=keep_requests)
@@ -681,6 +687,12 @@ class ModelServer:
         req, reply = await self._policy_reply(api, request)
         if reply.error_status:
             return self._error("chat", reply)
+        if self.nemo_gym:  # earlier assistant turns must carry the engine's own ids back
+            for m in req.messages:
+                ids = m.get("generation_token_ids") if m.get("role") == "assistant" else None
+                if ids is not None and ids != self.render_tokens([m], add_generation_prompt=False)[1:]:
+                    return web.json_response({"error": {"message": "generation_token_ids do not match the message",
+                                                        "type": "BadRequest", "code": 400}}, status=400)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         finish = reply.finish_reason or "stop"
         if reply.tool_calls:
@@ -705,6 +717,10 @@ class ModelServer:
             "choices": [choice],
             "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
         }
+        if self.nemo_gym:  # NeMo Gym's vllm_model: the tokens ride in the message
+            message["prompt_token_ids"] = self.render_tokens(req.messages)
+            message["generation_token_ids"] = self.render_tokens([message], add_generation_prompt=False)[1:]
+            message["generation_log_probs"] = [-0.01 * (i + 1) for i in range(len(message["generation_token_ids"]))]
         if req.body.get("return_token_ids"):  # vLLM's fields
             payload["prompt_token_ids"] = self.render_tokens(req.messages)
             choice["token_ids"] = self.render_tokens([message], add_generation_prompt=False)[1:]
