@@ -674,3 +674,40 @@ async def test_the_token_client_stitches_through_the_interception_endpoint(monke
         assert srv.token_prompts == [t1["prompt_ids"]]
         assert t1["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["completion_ids"])] == t0["prompt_ids"] + t0["completion_ids"]
         await harness.teardown()
+
+
+async def test_the_endpoint_translates_the_responses_and_anthropic_apis():
+    """A program may speak OpenAI Responses or Anthropic Messages to the endpoint: each call
+    goes to the rollout's one client and is recorded like a chat call."""
+    async def program(task, state):
+        out = []
+        resp = await state.get_client("responses").responses.create(model="x", input="What is 2 + 3?", max_output_tokens=50)
+        out.append(resp.output_text)
+        msg = await state.get_client("anthropic_messages").messages.create(
+            model="x", max_tokens=50, system="be brief", messages=[{"role": "user", "content": "What is 4 + 4?"}])
+        out.append(msg.content[0].text)
+        tool = await state.get_client("anthropic_messages").messages.create(
+            model="x", max_tokens=50, messages=[{"role": "user", "content": "go"}],
+            tools=[{"name": "mul", "description": "Multiply.", "input_schema": {"type": "object", "properties": {}}}])
+        out.append((tool.stop_reason, tool.content[0].name, tool.content[0].input))
+        state["answers"] = out
+
+    policy_calls = []
+
+    def policy(req):
+        from envs.testing.model_server import Reply, ToolCallSpec, compute_answer
+
+        policy_calls.append((req.api, req.messages, req.body))
+        if req.tools:
+            return Reply(tool_calls=[ToolCallSpec("mul", {"a": 2})])
+        return Reply(content=f"\\\\boxed{{{compute_answer(req.last_user_text())}}}")
+
+    async with ModelServer(policy) as srv:
+        harness = Harness(program=program, client=client_for(srv), model="the-model")
+        state = await harness.run({"prompt": "x"})
+        assert state["error"] is None, state["error"]
+        assert state["answers"] == ["\\\\boxed{5}", "\\\\boxed{8}", ("tool_use", "mul", {"a": 2})]
+        assert {c[0] for c in policy_calls} == {"chat"}  # one client, whatever the program spoke
+        assert policy_calls[0][2]["max_tokens"] == 50 and policy_calls[1][1][0] == {"role": "system", "content": "be brief"}
+        assert len(state["trajectory"]) == 3 and all(r.model == "the-model" for r in srv.requests)
+        await harness.teardown()

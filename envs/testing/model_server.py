@@ -103,6 +103,8 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from ..protocols import anthropic_to_chat, responses_to_chat, text_of, tools_of
+
 __all__ = [
     "ModelServer",
     "PolicyRequest",
@@ -165,36 +167,17 @@ class PolicyRequest:
     def last_user_text(self) -> str:
         for msg in reversed(self.messages):
             if msg.get("role") == "user":
-                return _text_of(msg.get("content"))
+                return text_of(msg.get("content"))
         return ""
 
     def tool_results(self) -> list[str]:
-        return [_text_of(m.get("content")) for m in self.messages if m.get("role") == "tool"]
+        return [text_of(m.get("content")) for m in self.messages if m.get("role") == "tool"]
 
     def n_tool_turns(self) -> int:
         return sum(1 for m in self.messages if m.get("role") == "assistant" and m.get("tool_calls"))
 
 
 Policy = Callable[[PolicyRequest], "Reply | Awaitable[Reply]"]
-
-
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, dict):
-                if "text" in block:
-                    parts.append(str(block["text"]))
-                elif block.get("type") == "tool_result":
-                    parts.append(_text_of(block.get("content")))
-            else:
-                parts.append(str(block))
-        return "".join(parts)
-    return str(content)
 
 
 # --------------------------------------------------------------------------- policies
@@ -417,81 +400,6 @@ async def _call_policy(policy: Policy, req: PolicyRequest) -> Reply:
 # --------------------------------------------------------------------------- normalisation
 
 
-def _anthropic_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system:
-        out.append({"role": "system", "content": _text_of(system)})
-    for msg in body.get("messages") or []:
-        role, content = msg.get("role"), msg.get("content")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        texts: list[str] = []
-        tool_calls: list[dict[str, Any]] = []
-        for block in content or []:
-            btype = block.get("type")
-            if btype == "text":
-                texts.append(block.get("text", ""))
-            elif btype == "tool_use":
-                tool_calls.append(
-                    {
-                        "id": block.get("id"),
-                        "type": "function",
-                        "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input") or {})},
-                    }
-                )
-            elif btype == "tool_result":
-                out.append(
-                    {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _text_of(block.get("content"))}
-                )
-        if texts or tool_calls:
-            entry: dict[str, Any] = {"role": role, "content": "".join(texts)}
-            if tool_calls:
-                entry["tool_calls"] = tool_calls
-            out.append(entry)
-    return out
-
-
-def _responses_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Responses API `instructions` + `input` items, as chat messages."""
-    out: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        out.append({"role": "system", "content": str(body["instructions"])})
-    items = body.get("input")
-    if isinstance(items, str):
-        return [*out, {"role": "user", "content": items}]
-    for item in items or []:
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
-            if out and out[-1].get("role") == "assistant" and "tool_calls" in out[-1]:
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text_of(item.get("output"))})
-        else:
-            out.append({"role": item.get("role", "user"), "content": _text_of(item.get("content"))})
-    return out
-
-
-def _tools_of(body: dict[str, Any], api: str) -> list[dict[str, Any]]:
-    tools = []
-    for tool in body.get("tools") or []:
-        if api == "anthropic":
-            tools.append(
-                {"name": tool.get("name"), "description": tool.get("description", ""), "parameters": tool.get("input_schema", {})}
-            )
-        else:
-            fn = tool.get("function", tool)
-            tools.append(
-                {"name": fn.get("name"), "description": fn.get("description", ""), "parameters": fn.get("parameters", {})}
-            )
-    return tools
-
-
 def _ntokens(text: str) -> int:
     return max(1, len(text.split())) if text else 0
 
@@ -602,18 +510,18 @@ class ModelServer:
     async def _policy_reply(self, api: str, request: web.Request) -> tuple[PolicyRequest, Reply]:
         body = await request.json()
         if api == "anthropic":
-            messages = _anthropic_to_chat(body)
+            messages = anthropic_to_chat(body)
         elif api == "completions":
-            messages = [{"role": "user", "content": _text_of(body.get("prompt"))}]
+            messages = [{"role": "user", "content": text_of(body.get("prompt"))}]
         elif api == "responses":
-            messages = _responses_to_chat(body)
+            messages = responses_to_chat(body)
         else:
             messages = body.get("messages") or []
         req = PolicyRequest(
             api=api,
             model=str(body.get("model", "")),
             messages=messages,
-            tools=_tools_of(body, api),
+            tools=tools_of(body, api),
             body=body,
             headers=CIMultiDict(request.headers),
             call_index=next(self._counter),
@@ -644,7 +552,7 @@ class ModelServer:
         return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
 
     def _usage(self, req: PolicyRequest, reply: Reply) -> tuple[int, int]:
-        prompt_tokens = sum(_ntokens(_text_of(m.get("content"))) for m in req.messages)
+        prompt_tokens = sum(_ntokens(text_of(m.get("content"))) for m in req.messages)
         completion_tokens = _ntokens(reply.content or "") + 8 * len(reply.tool_calls or [])
         return prompt_tokens, completion_tokens
 
@@ -659,7 +567,7 @@ class ModelServer:
         """Token ids of `messages` under the toy template."""
         ids: list[int] = []
         for m in messages:
-            text = _text_of(m.get("content"))
+            text = text_of(m.get("content"))
             for call in m.get("tool_calls") or []:
                 text += f" {call['function']['name']} {call['function'].get('arguments') or ''}"
             ids += [self.TOKEN_ROLES.get(m.get("role", ""), 7), *self._word_ids(text), self.TOKEN_END]
@@ -669,7 +577,7 @@ class ModelServer:
         body = await request.json()
         messages = body.get("messages")
         if messages is None:
-            ids = self._word_ids(_text_of(body.get("prompt")))
+            ids = self._word_ids(text_of(body.get("prompt")))
         else:
             ids = self.render_tokens(messages, bool(body.get("add_generation_prompt", True)))
         return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None})

@@ -137,7 +137,8 @@ def command_env(state: Any, base_url: str, program: Mapping[str, Any], task: Map
     endpoint = state.get_endpoint_config()
     env = {
         "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": endpoint["api_key"], "OPENAI_MODEL": endpoint["model"],
-        "VF_TASK_JSON": json.dumps(dict(task), default=str),
+        "ANTHROPIC_BASE_URL": base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url,
+        "ANTHROPIC_API_KEY": endpoint["api_key"], "VF_TASK_JSON": json.dumps(dict(task), default=str),
     }
     env.update({k: str(v) for k, v in (program.get("env") or {}).items()})
     env.update({k: str(v) for k, v in ((task.get("program") or {}).get("env") or {}).items()})

@@ -137,20 +137,28 @@ class State(dict):
         return self._endpoint["model"]
 
     def get_endpoint_config(self, api="chat_completions"):
-        if api != "chat_completions":
-            raise RuntimeError("api %r is not served by the v1 endpoint; supported: ['chat_completions']" % api)
-        return dict(self._endpoint)
+        apis = ("chat_completions", "responses", "anthropic_messages")
+        if api not in apis:
+            raise RuntimeError("api %r is not served by the v1 endpoint; supported: %s" % (api, list(apis)))
+        cfg = dict(self._endpoint)
+        if api == "anthropic_messages" and cfg["base_url"].endswith("/v1"):
+            cfg["base_url"] = cfg["base_url"][:-3]
+        return cfg
 
     def get_client(self, api="chat_completions", sync=False):
         cfg = self.get_endpoint_config(api)
         key = (api, sync)
         if key not in self._clients:
+            sdk = "anthropic" if api == "anthropic_messages" else "openai"
             try:
-                import openai
+                module = importlib.import_module(sdk)
             except ImportError:
+                if api != "chat_completions":
+                    raise RuntimeError("the %s api needs the %s package in the sandbox image" % (api, sdk)) from None
                 self._clients[key] = MiniClient(cfg, is_async=not sync)
             else:
-                cls = openai.OpenAI if sync else openai.AsyncOpenAI
+                names = ("Anthropic", "AsyncAnthropic") if sdk == "anthropic" else ("OpenAI", "AsyncOpenAI")
+                cls = getattr(module, names[0] if sync else names[1])
                 self._clients[key] = cls(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
         return self._clients[key]
 
