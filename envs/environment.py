@@ -417,10 +417,10 @@ class Environment(ABC):
         tools = tool_defs if tool_defs is not None else state.get("tool_defs")
         args = dict(sampling_args if sampling_args is not None else state.get("sampling_args") or {})
         headers = self._request_headers(state, client)
-        if headers:
-            response = await client.get_response(prompt, model, args, tools, extra_headers=headers)
-        else:
-            response = await client.get_response(prompt, model, args, tools)
+        extra: dict[str, Any] = {"extra_headers": headers} if headers else {}
+        if getattr(client, "wants_state", False):  # the token client stitches onto the trajectory's tokens
+            extra["state"] = state
+        response = await client.get_response(prompt, model, args, tools, **extra)
         if response.usage is not None:
             add_usage(state, response.usage)
         if self.max_seq_len and response.usage is not None:
@@ -556,10 +556,20 @@ class Environment(ABC):
                 state = await self._rollout_once(input, client, model, sampling_args)
                 err = state.get("error")
                 if err is not None and attempt < attempts_allowed and is_retryable(err):
+                    try:
+                        await self.discard_attempt(state)
+                    except Exception as exc:  # releasing the dropped attempt must not end the run
+                        log.warning("releasing a retried attempt failed: %s: %s", type(exc).__name__, exc)
                     raise _RetryRollout(str(err)) from err  # the cause carries any Retry-After
         assert state is not None
         state["attempts"] = attempt
         return state
+
+    async def discard_attempt(self, state: State) -> None:
+        """Hook: `state` is an attempt about to be re-run (a retryable error) and will
+        never be scored or cleaned up with its group: release what it still holds.
+        Classic envs clean up inside `rollout` (@cleanup handlers), so nothing is left;
+        envs that defer cleanup to the group (v1 `Env`) override it."""
 
     async def _score_group(self, states: list[State]) -> None:
         self.rubric.set_sync_pool(self.sync_pool)

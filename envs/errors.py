@@ -27,6 +27,7 @@ __all__ = [
     "ModelError",
     "OverlongPromptError",
     "SandboxError",
+    "ScoringError",
     "ToolCallError",
     "ToolError",
     "ToolParseError",
@@ -49,6 +50,12 @@ class EmptyModelResponseError(InvalidModelResponseError):
 
 class OverlongPromptError(Error):
     """The prompt exceeds the model's context (max_seq_len)."""
+
+
+class ScoringError(Error):
+    """A reward or metric function raised: its rollout scores 0 and carries this
+    error (the function's exception is the cause, so an InfraError there still
+    makes it an infrastructure row); the other rollouts of the group are scored."""
 
 
 class ToolError(Error):

@@ -13,7 +13,7 @@ from .decorators import cleanup, stop
 from .errors import OverlongPromptError
 from .environment import Environment
 from .rubrics.rubric import Rubric
-from .types import Messages, Response, RolloutInput, SamplingArgs, State, TimeSpan, TrajectoryStep
+from .types import Messages, Response, RolloutInput, SamplingArgs, State, TimeSpan, TrajectoryStep, TrajectoryStepTokens
 
 
 def response_to_message(response: Response) -> dict[str, Any]:
@@ -27,6 +27,16 @@ def response_to_message(response: Response) -> dict[str, Any]:
     if response.message.reasoning_content:
         msg["reasoning_content"] = response.message.reasoning_content
     return msg
+
+
+def step_tokens(response: Response) -> TrajectoryStepTokens | None:
+    """A trajectory step's `tokens` from a response that carries the engine's ids
+    (the token client); None otherwise."""
+    tokens = response.message.tokens
+    if tokens is None:
+        return None
+    out: TrajectoryStepTokens = {**tokens.model_dump(), "is_truncated": bool(response.message.is_truncated)}
+    return out
 
 
 def concat_messages(parts: list[Messages]) -> Messages:
@@ -147,7 +157,7 @@ class MultiTurnEnv(Environment):
             "prompt": prompt_messages,
             "completion": completion,
             "response": response,
-            "tokens": None,
+            "tokens": step_tokens(response),
             "reward": None,
             "advantage": None,
             "is_truncated": truncated,

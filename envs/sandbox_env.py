@@ -67,7 +67,7 @@ from sandboxes import (
 
 from .decorators import cleanup, teardown
 from .rubrics.rubric import Rubric
-from .sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, cap_text
+from .sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, render_exec
 from .sandbox_tools.shell_session import ShellSession
 from .tool_env import StatefulToolEnv
 from .types import Messages, State
@@ -260,15 +260,9 @@ class SandboxEnv(StatefulToolEnv):
     async def _exec_once(self, live: SandboxRollout, command: str, state: State | None) -> tuple[str, bool, int | None]:
         """`persistent_shell=False`: one exec per command (fresh shell each time)."""
         r = await live.sandbox.exec(["bash", "-c", command], timeout=self.timeout_per_command_seconds)
-        text, _ = cap_text(r.output, self.output_limit_bytes)
-        text = text.rstrip("\n")
-        if r.timed_out:
-            text += f"\n[command timed out after {self.timeout_per_command_seconds:g}s]"
-        elif r.exit_code not in (0, None):
-            text += f"\n[exit code {r.exit_code}]"
         if r.oom_killed and state is not None:
             state["sandbox_oom"] = True
-        return text.strip("\n") or "(no output)", r.timed_out, r.exit_code
+        return render_exec(r, self.output_limit_bytes, self.timeout_per_command_seconds), r.timed_out, r.exit_code
 
     def update_tool_args(
         self, tool_name: str, tool_args: dict[str, Any], messages: Messages, state: State, **kwargs: Any

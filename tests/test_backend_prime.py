@@ -41,12 +41,34 @@ from sandboxes import (  # noqa: E402
 from sandboxes import labels as lc  # noqa: E402
 
 
-def test_missing_api_key_names_the_variable(monkeypatch):
+def test_missing_api_key_names_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.prime/config.json
     monkeypatch.delenv("PRIME_API_KEY", raising=False)
     with pytest.raises(ConfigError, match="PRIME_API_KEY"):
         get_backend("prime")
     monkeypatch.setenv("PRIME_API_KEY", "k")
     assert get_backend("prime").name == "prime"
+
+
+def test_key_and_team_precedence(monkeypatch, tmp_path):
+    """api key: option > $PRIME_API_KEY > ~/.prime/config.json; team: option >
+    $PRIME_TEAM_ID > ~/.prime/config.json > none (the documented default was never read)."""
+    import json
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("PRIME_API_KEY", raising=False)
+    monkeypatch.delenv("PRIME_TEAM_ID", raising=False)
+    spec = SandboxSpec(image="img:1")
+    assert PrimeBackend(api_key="k")._request(spec, "x").team_id is None
+    (tmp_path / ".prime").mkdir()
+    (tmp_path / ".prime" / "config.json").write_text(json.dumps({"api_key": "file-key", "team_id": "file-team"}))
+    be = PrimeBackend()
+    assert be._api_key == "file-key" and be._request(spec, "x").team_id == "file-team"
+    monkeypatch.setenv("PRIME_API_KEY", "env-key")
+    monkeypatch.setenv("PRIME_TEAM_ID", "env-team")
+    be = PrimeBackend()
+    assert be._api_key == "env-key" and be._request(spec, "x").team_id == "env-team"
+    assert PrimeBackend(api_key="k", team_id="opt-team")._request(spec, "x").team_id == "opt-team"
 
 
 def test_request_from_spec():

@@ -188,3 +188,88 @@ async def test_model_api_errors_are_classified_by_cause(case, policy, words, cli
         assert not isinstance(err, vf.ModelAuthError) and err.retryable and len(retries) == 1
         if case in ("connection_refused", "dns"):
             assert url.rsplit("/v1", 1)[0] in str(err)  # the URL it tried
+
+
+@pytest.mark.parametrize("client_type", ["openai_chat_completions", "anthropic_messages"])
+async def test_prime_key_and_team_precedence(monkeypatch, tmp_path, client_type):
+    """With api_key_var PRIME_API_KEY (the default): key $PRIME_API_KEY > ~/.prime/config.json,
+    team $PRIME_TEAM_ID > ~/.prime/config.json, sent as X-Prime-Team-ID; no team header for
+    another key variable."""
+    (tmp_path / ".prime").mkdir()
+    (tmp_path / ".prime" / "config.json").write_text(json.dumps({"api_key": "file-key", "team_id": "file-team"}))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("PRIME_API_KEY", raising=False)
+    monkeypatch.delenv("PRIME_TEAM_ID", raising=False)
+    async with ModelServer(fixed("ok")) as srv:
+        async def headers(**cfg):
+            client = make_client(vf.ClientConfig(api_base_url=srv.base_url, client_type=client_type, **cfg))
+            await client.get_response([{"role": "user", "content": "hi"}], "m", {"max_tokens": 5})
+            await client.close()
+            h = srv.requests[-1].headers
+            return h.get("Authorization") or "Bearer " + h.get("x-api-key", ""), h.get("X-Prime-Team-ID")
+
+        assert await headers() == ("Bearer file-key", "file-team")
+        monkeypatch.setenv("PRIME_API_KEY", "env-key")
+        monkeypatch.setenv("PRIME_TEAM_ID", "env-team")
+        assert await headers() == ("Bearer env-key", "env-team")
+        assert await headers(api_key_var="VF_TEST_KEY") == ("Bearer secret-key", None)
+
+
+async def test_token_client_stitches_the_engines_tokens_across_turns():
+    """openai_chat_completions_token: the first turn asks the chat route for token ids; the
+    next turns send the previous turn's engine ids + the bridge tokens of the new messages
+    to /v1/chat/completions/tokens (the server refuses ids that differ from its own
+    tokenization of the conversation); every step records ids and logprobs."""
+    from envs.testing.model_server import tool_script
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    env = vf.ToolEnv(dataset=[{"question": "What is 2 + 3?", "answer": "5"}], tools=[add], max_turns=4)
+    async with ModelServer(tool_script([("add", {"a": 2, "b": 3}), ("add", {"a": 5, "b": 0})], answer="\\boxed{5}")) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY",
+                              client_type="openai_chat_completions_token")
+        out = await env.evaluate(cfg, "m", num_examples=1, state_columns=["trajectory"])
+    row = out["outputs"][0]
+    assert row["error"] is None, row["error"]
+    assert [r.api for r in srv.requests] == ["chat", "chat_tokens", "chat_tokens"]
+    first = srv.requests[0].body
+    assert first["return_token_ids"] is True and first["logprobs"] is True
+    steps = row["trajectory"]
+    assert len(steps) == 3 and all(s["tokens"] and s["tokens"]["completion_ids"] for s in steps)
+    for prev, step, sent in zip(steps, steps[1:], srv.token_prompts):
+        assert sent == step["tokens"]["prompt_ids"]  # what the engine got is what the step records
+        # the previous turn's engine ids are kept as they were, not re-tokenized
+        assert sent[: len(prev["tokens"]["prompt_ids"]) + len(prev["tokens"]["completion_ids"])] == (
+            prev["tokens"]["prompt_ids"] + prev["tokens"]["completion_ids"])
+    assert len(steps[0]["tokens"]["completion_logprobs"]) == len(steps[0]["tokens"]["completion_ids"])
+    assert steps[0]["tokens"]["completion_mask"] == [1] * len(steps[0]["tokens"]["completion_ids"])
+    await env.teardown()
+
+
+async def test_nemorl_client_carries_the_engines_tokens_both_ways():
+    """nemorl_chat_completions against a NeMo Gym-style server: the ids in the returned
+    message become the step's tokens, and later requests carry each earlier assistant
+    turn's ids back (the server refuses ids that are not its own)."""
+    from envs.testing.model_server import tool_script
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    env = vf.ToolEnv(dataset=[{"question": "What is 2 + 3?", "answer": "5"}], tools=[add], max_turns=4)
+    async with ModelServer(tool_script([("add", {"a": 2, "b": 3}), ("add", {"a": 5, "b": 0})], answer="\\boxed{5}"),
+                           nemo_gym=True) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY", client_type="nemorl_chat_completions")
+        out = await env.evaluate(cfg, "m", num_examples=1)
+    row = out["outputs"][0]
+    assert row["error"] is None, row["error"]
+    steps = row["trajectory"]
+    assert len(steps) == 3 and all(s["tokens"]["completion_ids"] for s in steps)
+    assert steps[0]["tokens"]["completion_logprobs"] == [-0.01 * (i + 1) for i in range(len(steps[0]["tokens"]["completion_ids"]))]
+    last = srv.requests[-1].messages
+    carried = [m["generation_token_ids"] for m in last if m["role"] == "assistant"]
+    assert carried == [steps[0]["tokens"]["completion_ids"], steps[1]["tokens"]["completion_ids"]]
+    assert all("generation_token_ids" not in m for m in row["completion"])  # the fields never reach results' messages
+    await env.teardown()

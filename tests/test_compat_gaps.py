@@ -286,7 +286,7 @@ async def test_openai_responses_client_end_to_end_with_tools():
         await client.close()
 
 
-@pytest.mark.parametrize("client_type", ["openai_chat_completions_token", "renderer", "nemorl_chat_completions"])
+@pytest.mark.parametrize("client_type", ["renderer"])
 def test_unimplemented_reference_client_types_are_refused_loudly(client_type):
     from envs.clients import client_class, make_client
     from envs.eval.config import CLIENT_TYPES

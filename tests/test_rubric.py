@@ -106,6 +106,10 @@ async def test_math_rubric():
     assert s["reward"] == 1.0
     await r.score_rollout(bad)
     assert bad["reward"] == 0.0
+    same = _state("<think>hmm</think> so \\boxed{x + 1}", "1 + x")  # math-verify: equivalent, not equal strings
+    await r.score_rollout(same)
+    assert same["reward"] == 1.0
+    await r.teardown()
 
 
 async def test_judge_rubric_against_local_server():

@@ -26,6 +26,7 @@ from envs.v1 import (
     TasksetConfig,
     Toolset,
 )
+from envs.errors import error_kind
 from sandboxes.errors import ConfigError, UsageError
 
 
@@ -248,7 +249,7 @@ def test_program_forms_are_validated():
     with pytest.raises(ConfigError, match="sandbox"):
         Harness(program=lambda t, s: None, sandbox={"image": "x"})
     with pytest.raises(ConfigError, match="not implemented"):
-        Harness(updates=[lambda t, s: None])
+        Toolset(tools=[add], write=True)
     with pytest.raises(ConfigError, match="framework paths"):
         Toolset(tools=[add], bindings={"add.secret": "literal"})
     with pytest.raises(ConfigError, match="no tool"):
@@ -367,3 +368,346 @@ def test_the_runs_isolation_reaches_the_harness_sandboxes():
     assert env.harness.sandbox_spec(task).isolation == "runc"
     env.set_kwargs(isolation="gvisor")
     assert env.harness.sandbox_spec(task).isolation == "gvisor" and env.isolation_in_use() == "gvisor"
+    # the run's sandbox settings (-x) reach the harness's config, validated; none without a sandbox
+    env.set_kwargs(image="other:1", pool_size=0, timeout_per_command_seconds=5)
+    assert env.harness.sandbox.image == "other:1" and env.harness.sandbox_spec(task).image == "other:1"
+    assert env.harness.effective_pool_size == 0 and env.harness.sandbox.timeout_per_command_seconds == 5
+    with pytest.raises(ConfigError, match="invalid sandbox settings"):
+        env.set_kwargs(cpu_cores="many")
+    with pytest.raises(ConfigError, match="no sandbox"):
+        Env(Taskset(source=[{"prompt": "x"}]), Harness()).set_kwargs(image="x")
+
+
+# --------------------------------------------------------------------------- defects of session 3 (review.md)
+
+
+def _swallowing_program(task, state):
+    """A sync program that catches the model's failure and carries on as if it had answered."""
+    import openai as _openai
+
+    try:
+        state.get_client(sync=True).chat.completions.create(model="m", messages=task["prompt"])
+    except _openai.APIStatusError:
+        state["gave_up"] = True
+
+
+async def test_model_errors_surface_the_same_way_in_every_program_form(tmp_path, monkeypatch):
+    """A failed model call the program never recovered from is the rollout's model error,
+    whatever the program form did with the SDK's exception (it was only re-raised by the
+    base loop: a callable / fn / command program turned it into a task error or nothing)."""
+    from envs.clients.base import TransientModelError
+    from envs.testing.model_server import fail, fail_first
+
+    pkg = tmp_path / "v1swallow"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "agent.py").write_text(textwrap.dedent("""
+        import openai
+
+        def run(task, state):
+            try:
+                state.get_client(sync=True).chat.completions.create(model="m", messages=task["prompt"])
+            except openai.APIStatusError:
+                state["gave_up"] = True
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ask = textwrap.dedent("""
+        import json, os, urllib.request, urllib.error
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+        try:
+            urllib.request.urlopen(req)
+        except urllib.error.HTTPError as exc:
+            print("model failed", exc.code)
+    """)
+
+    async def raising(task, state):
+        await state.get_client().chat.completions.create(model="m", messages=task["prompt"])
+
+    forms = {"base": None, "callable-raises": raising, "callable-swallows": _swallowing_program,
+             "fn": {"fn": "v1swallow.agent:run"}, "command": {"command": [sys.executable, "-c", ask]}}
+    for status, expected in ((400, vf.ModelError), (503, TransientModelError)):
+        async with ModelServer(fail(status)) as srv:
+            for name, program in forms.items():
+                harness = Harness(program=program, client=AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0),
+                                  model="m")
+                state = await harness.run({"prompt": "x"})
+                assert isinstance(state["error"], expected), (name, status, repr(state["error"]))
+                assert error_kind(state["error"]) == "model" and state["stop_condition"] == "has_error"
+                await harness.teardown()
+    # a program that recovers (a later call succeeds) has no error
+    async def retrying(task, state):
+        import openai as _openai
+
+        try:
+            await state.get_client().chat.completions.create(model="m", messages=task["prompt"])
+        except _openai.APIStatusError:
+            resp = await state.get_client().chat.completions.create(model="m", messages=task["prompt"])
+            state["answer_seen"] = resp.choices[0].message.content
+
+    async with ModelServer(fail_first(1, 503, then=compute())) as srv:
+        harness = Harness(program=retrying, client=AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0),
+                          model="m")
+        state = await harness.run({"prompt": "What is 1 + 1?"})
+        assert state["error"] is None and state["answer_seen"] == "The answer is \\boxed{2}."
+        await harness.teardown()
+    # under Env: the row says "model", and a transient failure is retried
+    env = Env(Taskset(source=[{"prompt": "What is 2 + 2?", "answer": "4"}], rewards=[exact]),
+              Harness(program=_swallowing_program))
+    async with ModelServer(fail(400)) as srv:
+        out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), "m", num_examples=1)
+    row = out["outputs"][0]
+    assert row["error_kind"] == "model" and row["reward"] == 0.0, row["error"]
+    await env.teardown()
+
+    def answering(task, state):
+        resp = state.get_client(sync=True).chat.completions.create(model="m", messages=task["prompt"])
+        state["completion"] = [{"role": "assistant", "content": resp.choices[0].message.content}]
+
+    env = Env(Taskset(source=[{"prompt": "What is 2 + 2?", "answer": "4"}], rewards=[exact]), Harness(program=answering))
+    async with ModelServer(fail_first(1, 503, then=compute())) as srv:
+        out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), "m", num_examples=1,
+                                 max_retries=1)
+    row = out["outputs"][0]
+    assert row["error"] is None and row["attempts"] == 2 and row["reward"] == 1.0
+    await env.teardown()
+
+
+async def test_model_auth_error_stops_the_run_as_in_the_classic_stack():
+    from envs.clients.base import ModelAuthError
+    from envs.testing.model_server import fail
+
+    env = Env(Taskset(source=[{"prompt": "x"}]), Harness(program=_swallowing_program))
+    async with ModelServer(fail(401)) as srv:
+        with pytest.raises(ModelAuthError):
+            await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), "m", num_examples=1)
+    await env.teardown()
+
+
+async def test_sync_user_code_runs_off_the_loop_and_a_raising_reward_scores_only_its_rollout_zero():
+    import threading
+
+    seen: dict[str, list[bool]] = {"reward": [], "metric": [], "setup": [], "tool": [], "program": [], "cleanup": []}
+
+    def on_loop(kind):
+        seen[kind].append(threading.current_thread() is threading.main_thread())
+
+    calls = []
+
+    def flaky(task, state) -> float:
+        on_loop("reward")
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("reward bug")
+        return 1.0
+
+    def turns(task, state) -> float:
+        on_loop("metric")
+        return 1.0
+
+    def tool(x: int) -> int:
+        """Echo."""
+        on_loop("tool")
+        return x
+
+    def program(task, state):
+        on_loop("program")
+
+    env = Env(Taskset(source=[{"prompt": "a"}], rewards=[flaky], setups=[lambda t, s: on_loop("setup")],
+                      cleanups=[lambda t, s: on_loop("cleanup")]),
+              Harness(program=program, metrics=[turns]))
+    async with ModelServer(fixed("unused")) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
+    rows = sorted(out["outputs"], key=lambda r: r["reward"])
+    assert [r["reward"] for r in rows] == [0.0, 1.0]  # one raising call scores its rollout 0, not the group
+    assert rows[0]["error"] == "ScoringError: scoring function flaky raised ZeroDivisionError: reward bug"
+    assert rows[0]["error_kind"] == "task" and rows[1]["error"] is None
+    assert rows[0]["metrics"]["turns"] == 1.0 and rows[1]["metrics"] == {"flaky": 1.0, "turns": 1.0}
+    await env.teardown()
+    ts = Toolset(tools=[tool])
+    harness = Harness(program=program, toolsets=[ts], client=client_for(srv), model="m")
+    task = Task(prompt="x")
+    state = State.for_task(task)
+    tools, _ = await ts.resolve(task, state)
+    assert await tools["tool"](x=3) == 3
+    for kind in ("reward", "metric", "setup", "program", "cleanup", "tool"):
+        assert seen[kind] and not any(seen[kind]), (kind, seen[kind])  # never on the event loop's thread
+    await harness.teardown()
+
+
+async def test_sdk_clients_of_a_rollout_are_closed_when_it_ends():
+    kept = []
+
+    async def program(task, state):
+        client = state.get_client()
+        assert state.get_client() is client  # one per rollout, not one per call
+        kept.extend([client, state.get_client(sync=True)])
+        await client.chat.completions.create(model="m", messages=task["prompt"])
+
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program=program, client=client_for(srv), model="m")
+        state = await harness.run({"prompt": "What is 1 + 2?"})
+        assert state["error"] is None and len(kept) == 2
+        assert all(c.is_closed() for c in kept)
+        await harness.teardown()
+
+
+async def test_toolset_and_taskset_stops_end_the_base_loop():
+    def product_seen(task, state) -> bool:
+        """Any tool result so far (the toolset's own stop)."""
+        return any(m.get("role") == "tool" for step in state["trajectory"] for m in step["prompt"]) or bool(
+            state.get("tool_ran"))
+
+    def mul_marking(a: int, b: int, state: dict) -> int:
+        """Multiply."""
+        state["tool_ran"] = True
+        return a * b
+
+    def never(task, state) -> bool:
+        return False
+
+    async with ModelServer(tool_then_answer("mul_marking", {"a": 2, "b": 3})) as srv:
+        ts = Toolset(tools=[mul_marking], bindings={"mul_marking.state": lambda t, s: s}, stops=[product_seen])
+        harness = Harness(client=client_for(srv), model="m", toolsets=[ts], stops=[never])
+        state = await harness.run({"prompt": "x"})
+        assert state["stop_condition"] == "product_seen" and len(state["trajectory"]) == 1  # no second model turn
+        await harness.teardown()
+    # a taskset's stop joins the harness's under Env
+    def one_turn(task, state) -> bool:
+        return len(state["trajectory"]) >= 1
+
+    env = Env(Taskset(source=[{"prompt": "x"}], toolsets=[Toolset(tools=[mul])], stops=[one_turn]), Harness())
+    async with ModelServer(tool_then_answer("mul", {"a": 2, "b": 3})) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=1)
+    assert out["outputs"][0]["stop_condition"] == "one_turn" and len(out["outputs"][0]["trajectory"]) == 1
+    await env.teardown()
+    # stops only mean something to the base loop: refused elsewhere, never ignored
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Harness(program=lambda t, s: None, toolsets=[Toolset(tools=[mul], stops=[never])])
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Env(Taskset(source=[{"prompt": "x"}], stops=[never]), Harness(program=lambda t, s: None))
+
+
+def haggler(task, state, message):
+    """A scripted user: asks a follow-up once, then stops; records what it saw."""
+    state.setdefault("user_saw", []).append(message)
+    if message == "":
+        return "What is 2 + 2?"
+    return "And what is 4 + 1?" if len(state["user_saw"]) <= (2 if task.get("prompt") == [] else 1) else None
+
+
+async def test_a_simulated_user_answers_the_base_loop():
+    async with ModelServer(compute()) as srv:
+        harness = Harness(client=client_for(srv), model="m", user=haggler)
+        state = await harness.run({"prompt": "What is 1 + 1?"})
+        assert state["error"] is None and state["stop_condition"] == "no_tools_called"  # one reply allowed
+        assert [m["role"] for m in state["completion"]] == ["assistant", "user", "assistant"]
+        assert state["completion"][1]["content"] == "And what is 4 + 1?"
+        assert state["completion"][2]["content"] == "The answer is \\boxed{5}." and len(state["trajectory"]) == 2
+        assert state["user_saw"] == ["The answer is \\boxed{2}."]
+        await harness.teardown()
+        # UserConfig (a ref, more turns); a prompt-less task is opened by the user; a user that declines ends it
+        env = Env(Taskset(source=[{"prompt": []}], user={"fn": f"{__name__}:haggler", "max_turns": 5}), Harness())
+        out = await env.evaluate(client_for(srv), "m", num_examples=1)
+        row = out["outputs"][0]
+        assert row["error"] is None and row["stop_condition"] == "user_done"
+        assert row["prompt"] == [{"role": "user", "content": "What is 2 + 2?"}]
+        assert [m["content"] for m in row["completion"]] == ["The answer is \\boxed{4}.", "And what is 4 + 1?",
+                                                              "The answer is \\boxed{5}."]
+        await env.teardown()
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Harness(program=lambda t, s: None, user=haggler)
+    with pytest.raises(ConfigError, match="keep one"):
+        Env(Taskset(source=[{"prompt": "x"}], user=haggler), Harness(user=haggler))
+    with pytest.raises(ValueError, match="max_trns"):
+        Harness(user={"fn": haggler, "max_trns": 2})
+
+
+async def test_updates_run_after_each_turn_and_advantages_replace_the_default():
+    def count_turns(task, state):
+        state["turns_seen"] = state.get("turns_seen", 0) + 1
+        state["last_role"] = state["completion"][-1]["role"]
+
+    def two_turns(task, state) -> bool:
+        return state.get("turns_seen", 0) >= 2
+
+    def scaled(tasks, states):
+        return [10 * s["reward"] + i for i, s in enumerate(states)]
+
+    taskset = Taskset(source=[{"prompt": "What is 1 + 2?", "answer": "3"}], rewards=[exact], advantages=[scaled],
+                      toolsets=[Toolset(tools=[mul], updates=[count_turns])], stops=[two_turns])
+    env = Env(taskset, Harness(max_turns=5))
+    async with ModelServer(tool_then_answer("mul", {"a": 1, "b": 3}, answer="\\boxed{3}")) as srv:
+        out = await env.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
+    rows = out["outputs"]
+    assert all(r["stop_condition"] == "no_tools_called" and r["reward"] == 1.0 for r in rows), [(r["stop_condition"], r["reward"], r["error"], r["completion"]) for r in rows]
+    assert sorted(r["advantage"] for r in rows) == [10.0, 11.0]  # not reward - mean (0.0)
+    await env.teardown()
+    # updates see the completion so far and feed the stops
+    async with ModelServer(tool_then_answer("mul", {"a": 1, "b": 3})) as srv:
+        harness = Harness(client=client_for(srv), model="m", updates=[count_turns], stops=[two_turns],
+                          toolsets=[Toolset(tools=[mul])])
+        state = await harness.run({"prompt": "x"})
+        assert state["turns_seen"] == 1 and state["last_role"] == "tool" and state["stop_condition"] == "no_tools_called"
+        await harness.teardown()
+    with pytest.raises(ConfigError, match="base tool loop only"):
+        Harness(program=lambda t, s: None, updates=[count_turns])
+    bad = Env(Taskset(source=[{"prompt": "x"}], advantages=[lambda tasks, states: [0.0]]), Harness())
+    async with ModelServer(fixed("a")) as srv:
+        out = await bad.evaluate(client_for(srv), "m", num_examples=1, rollouts_per_example=2)
+    assert all("returned 1 values for a group of 2" in r["error"] for r in out["outputs"])
+    await bad.teardown()
+
+
+async def test_the_token_client_stitches_through_the_interception_endpoint(monkeypatch):
+    """The v1 endpoint hands the rollout's state to the token client: turn 2 goes to the
+    token route with the engine's turn-1 ids, and the steps record them."""
+    monkeypatch.setenv("VF_TEST_KEY", "k")
+    async with ModelServer(tool_then_answer("mul", {"a": 2, "b": 3})) as srv:
+        cfg = vf.ClientConfig(api_base_url=srv.base_url, api_key_var="VF_TEST_KEY",
+                              client_type="openai_chat_completions_token")
+        harness = Harness(client=cfg, model="m", toolsets=[Toolset(tools=[mul])])
+        state = await harness.run({"prompt": "2 * 3?"})
+        assert state["error"] is None and [r.api for r in srv.requests] == ["chat", "chat_tokens"]
+        t0, t1 = (step["tokens"] for step in state["trajectory"])
+        assert srv.token_prompts == [t1["prompt_ids"]]
+        assert t1["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["completion_ids"])] == t0["prompt_ids"] + t0["completion_ids"]
+        await harness.teardown()
+
+
+async def test_the_endpoint_translates_the_responses_and_anthropic_apis():
+    """A program may speak OpenAI Responses or Anthropic Messages to the endpoint: each call
+    goes to the rollout's one client and is recorded like a chat call."""
+    async def program(task, state):
+        out = []
+        resp = await state.get_client("responses").responses.create(model="x", input="What is 2 + 3?", max_output_tokens=50)
+        out.append(resp.output_text)
+        msg = await state.get_client("anthropic_messages").messages.create(
+            model="x", max_tokens=50, system="be brief", messages=[{"role": "user", "content": "What is 4 + 4?"}])
+        out.append(msg.content[0].text)
+        tool = await state.get_client("anthropic_messages").messages.create(
+            model="x", max_tokens=50, messages=[{"role": "user", "content": "go"}],
+            tools=[{"name": "mul", "description": "Multiply.", "input_schema": {"type": "object", "properties": {}}}])
+        out.append((tool.stop_reason, tool.content[0].name, tool.content[0].input))
+        state["answers"] = out
+
+    policy_calls = []
+
+    def policy(req):
+        from envs.testing.model_server import Reply, ToolCallSpec, compute_answer
+
+        policy_calls.append((req.api, req.messages, req.body))
+        if req.tools:
+            return Reply(tool_calls=[ToolCallSpec("mul", {"a": 2})])
+        return Reply(content=f"\\\\boxed{{{compute_answer(req.last_user_text())}}}")
+
+    async with ModelServer(policy) as srv:
+        harness = Harness(program=program, client=client_for(srv), model="the-model")
+        state = await harness.run({"prompt": "x"})
+        assert state["error"] is None, state["error"]
+        assert state["answers"] == ["\\\\boxed{5}", "\\\\boxed{8}", ("tool_use", "mul", {"a": 2})]
+        assert {c[0] for c in policy_calls} == {"chat"}  # one client, whatever the program spoke
+        assert policy_calls[0][2]["max_tokens"] == 50 and policy_calls[1][1][0] == {"role": "system", "content": "be brief"}
+        assert len(state["trajectory"]) == 3 and all(r.model == "the-model" for r in srv.requests)
+        await harness.teardown()

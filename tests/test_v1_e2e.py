@@ -188,8 +188,310 @@ async def test_base_loop_with_a_sandbox_gets_a_bash_tool_there(docker_backend, p
         task = Task(prompt="go").freeze()
         state = await harness.run(task)
         assert state["error"] is None and [t["name"] for t in srv.requests[0].tools] == ["bash"]
-        assert state["completion"][1]["content"] == "hi\n\n[exit code 3]"
+        assert state["completion"][1]["content"] == "hi\n[exit code 3]"  # rendered as SandboxEnv's bash
         sandbox = state.runtime["sandbox"]
         await harness.cleanup_group([task], [state])
         assert not await sandbox.alive()
         await harness.teardown()
+
+
+async def test_bash_tool_output_is_capped_by_the_sandbox_config_as_in_sandbox_env(docker_backend, python_image):
+    """The bash tool kept a hard-coded 8000-char tail: it now keeps head and tail up to
+    `output_limit_bytes` (SandboxEnv's default 16 KiB, settable), like SandboxEnv's tool."""
+    from envs.testing.model_server import tool_then_answer
+
+    command = "python3 -c \"print('S' + 'a' * 12000 + 'E')\""
+    for limit, whole in ((None, True), (1000, False)):
+        async with ModelServer(tool_then_answer("bash", {"command": command})) as srv:
+            sandbox = {"image": python_image, **({"output_limit_bytes": limit} if limit else {})}
+            harness = Harness(program={"base": True}, sandbox=sandbox,
+                              client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), model="m")
+            harness.set_backend(docker_backend)
+            task = Task(prompt="go").freeze()
+            state = await harness.run(task)
+            out = state["completion"][1]["content"]
+            assert out.startswith("S") and out.endswith("E"), out[:50]
+            if whole:
+                assert len(out) == 12002
+            else:
+                assert "bytes cut ...]" in out and len(out.encode()) < 1100
+            await harness.cleanup_group([task], [state])
+            await harness.teardown()
+
+
+async def test_a_retried_rollout_does_not_keep_its_first_sandbox(docker_backend, python_image):
+    """A rollout retried after an infrastructure error released its first attempt's
+    sandbox only at teardown (sandboxes were keyed by id(state)): now at once."""
+    import uuid
+
+    from envs.v1 import Env, Taskset
+    from sandboxes.errors import InfraError
+
+    tries = []
+
+    async def flaky_setup(task, state):
+        tries.append(state.runtime["sandbox"].id)
+        if len(tries) == 1:
+            raise InfraError("the sandbox's agent went away")
+
+    label = {"vf-test-v1-retry": uuid.uuid4().hex}
+    env = Env(Taskset(source=[{"prompt": "hi"}], setups=[flaky_setup]),
+              Harness(program={"base": True}, sandbox={"image": python_image, "labels": label}))
+    env.set_backend(docker_backend)
+    try:
+        async with ModelServer(compute()) as srv:
+            out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=1, max_retries=1)
+        row = out["outputs"][0]
+        assert row["error"] is None and row["attempts"] == 2 and len(set(tries)) == 2
+        assert await docker_backend.list(labels=label) == []  # both attempts' sandboxes are gone before teardown
+    finally:
+        await env.teardown()
+
+
+AGENT_PKG = '''
+import json, os, socket
+
+
+async def run(task, state):
+    """Asks the model through state.get_client() (the stdlib client: the image has no openai)."""
+    client = state.get_client()
+    resp = await client.chat.completions.create(messages=task["prompt"])
+    state["answer_seen"] = resp.choices[0].message.content
+    state["ran_in"] = open("/etc/hostname").read().strip()
+    state["note"] = open("/task/note.txt").read() if os.path.exists("/task/note.txt") else None
+    try:
+        socket.create_connection(("1.1.1.1", 53), 2)
+        state["network"] = True
+    except OSError:
+        state["network"] = False
+    state.stop("answered_in_sandbox")
+
+
+def sync_run(task, state):
+    resp = state.get_client(sync=True).chat.completions.create(messages=task["prompt"])
+    state["completion"] = [{"role": "assistant", "content": resp.choices[0].message.content}]
+
+
+def broken(task, state):
+    raise ValueError("bad input: " + task["answer"])
+
+
+async def with_tools(task, state):
+    """Calls the rollout's host tools from inside the sandbox."""
+    tools = state.get_tools()
+    state["tool_names"] = sorted(tools)
+    state["product"] = await tools["times"](a=6, b=7)
+    try:
+        await tools["times"](a="x", b="y")
+    except RuntimeError as exc:
+        state["tool_error"] = str(exc)
+
+
+def swallow(task, state):
+    try:
+        state.get_client(sync=True).chat.completions.create(messages=task["prompt"])
+    except Exception as exc:
+        state["swallowed"] = type(exc).__name__
+'''
+
+
+def make_agent_pkg(root: Path, name: str, deps: list[str] | None = None) -> None:
+    pkg = root / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "agent.py").write_text(AGENT_PKG)
+    if deps is not None:
+        (pkg / "pyproject.toml").write_text(f"[project]\nname = '{name}'\nversion = '0'\ndependencies = {deps!r}\n")
+
+
+async def test_fn_and_callable_programs_run_in_the_sandbox_through_the_relay(tmp_path, monkeypatch, docker_backend,
+                                                                             python_image):
+    """{"fn": ...} and a module-level callable run inside the harness's sandbox (the
+    package uploaded, network off), their model calls recorded on the host state."""
+    import importlib
+
+    from envs.errors import error_kind
+    from envs.testing.model_server import fail
+    from envs.v1.sandbox_python import SandboxedProgramError
+    from sandboxes.errors import ConfigError
+
+    make_agent_pkg(tmp_path, "v1sbagent", deps=["iniconfig"])  # iniconfig is in the test image
+    make_agent_pkg(tmp_path, "v1sbneeds", deps=["numpy>=1.0"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    agent = importlib.import_module("v1sbagent.agent")
+    async with ModelServer(compute()) as srv:
+        client = AsyncOpenAI(base_url=srv.base_url, api_key="x")
+        for program in ({"fn": "v1sbagent.agent:run"}, agent.run):
+            harness = Harness(program=program, sandbox={"image": python_image}, client=client, model="m")
+            harness.set_backend(docker_backend)
+            task = Task(prompt="What is 5 + 6?", program={"files": {"/task/note.txt": "from the task"}}).freeze()
+            state = await harness.run(task)
+            assert state["error"] is None, (state["error"], state.get("program_result"))
+            sandbox = state.runtime["sandbox"]
+            assert state["answer_seen"] == "The answer is \\boxed{11}." and state["stop_condition"] == "answered_in_sandbox"
+            assert state["ran_in"] == sandbox.id[:12] and state["note"] == "from the task"
+            assert state["network"] is False and sandbox.spec.network is False
+            assert len(state["trajectory"]) == 1 and srv.requests[-1].model == "m"  # recorded on the host
+            assert state["completion"] == [{"role": "assistant", "content": "The answer is \\boxed{11}."}]
+            await harness.cleanup_group([task], [state])
+            assert not await sandbox.alive()
+            await harness.teardown()
+        # a sync program; what it raised; a missing dependency
+        for ref, check in (
+            ("v1sbagent.agent:sync_run", lambda st: st["error"] is None and st["completion"][0]["content"].endswith("{2}.")),
+            ("v1sbagent.agent:broken", lambda st: isinstance(st["error"], SandboxedProgramError)
+             and str(st["error"]) == "ValueError: bad input: A" and "broken" in st["error"].remote_traceback),
+            ("v1sbneeds.agent:run", lambda st: isinstance(st["error"], ConfigError) and "numpy" in str(st["error"])),
+        ):
+            harness = Harness(program={"fn": ref}, sandbox={"image": python_image}, client=client, model="m")
+            harness.set_backend(docker_backend)
+            task = Task(prompt="What is 1 + 1?", answer="A").freeze()
+            state = await harness.run(task)
+            assert check(state), (ref, repr(state["error"]), state.get("program_result"))
+            await harness.cleanup_group([task], [state])
+            await harness.teardown()
+    # tools are forwarded: the program in the sandbox calls the rollout's tools, which run on the host
+    ran_on = []
+
+    def times(a: int, b: int, secret: str) -> int:
+        """Multiply."""
+        ran_on.append(secret)
+        return a * b
+
+    from envs.v1 import Toolset
+
+    async with ModelServer(compute()) as srv:
+        harness = Harness(program={"fn": "v1sbagent.agent:with_tools"}, sandbox={"image": python_image},
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), model="m",
+                          toolsets=[Toolset(tools=[times], bindings={"times.secret": "task.answer"})])
+        harness.set_backend(docker_backend)
+        task = Task(prompt="x", answer="host-side").freeze()
+        state = await harness.run(task)
+        assert state["error"] is None, (state["error"], state.get("program_result"))
+        assert state["tool_names"] == ["times"] and state["product"] == 42 and ran_on[0] == "host-side"
+        assert state["tool_error"].startswith("TypeError")
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+    # a model failure inside the sandbox is the rollout's model error, even when the program swallowed it
+    async with ModelServer(fail(400)) as srv:
+        harness = Harness(program={"fn": "v1sbagent.agent:swallow"}, sandbox={"image": python_image},
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0), model="m")
+        harness.set_backend(docker_backend)
+        task = Task(prompt="x").freeze()
+        state = await harness.run(task)
+        assert state["swallowed"] == "ModelCallError" and error_kind(state["error"]) == "model", repr(state["error"])
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+
+
+def test_sandboxed_python_programs_are_validated():
+    from sandboxes.errors import ConfigError
+
+    def local(task, state):
+        pass
+
+    with pytest.raises(ConfigError, match="module-level"):
+        Harness(program=local, sandbox={"image": "x"})
+
+
+
+async def test_the_harness_keeps_a_warm_pool_sized_by_the_run(docker_backend, python_image):
+    """As SandboxEnv: the run's concurrency sizes a warm pool of the harness's sandbox
+    spec; a task whose own sandbox settings change the spec gets one created for it;
+    everything is gone after teardown."""
+    import uuid
+
+    from envs.v1 import Env, Taskset
+    from sandboxes.errors import ConfigError
+
+    label = {"vf-test-v1-pool": uuid.uuid4().hex}
+    rows = [{"prompt": "What is 1 + 1?"}, {"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?", "sandbox": {"memory_gb": 1}}]
+    env = Env(Taskset(source=rows), Harness(program={"base": True}, sandbox={"image": python_image, "labels": label}))
+    env.set_backend(docker_backend)
+    env.set_concurrency(2)
+    try:
+        async with ModelServer(compute()) as srv:
+            out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=3)
+        assert all(r["error"] is None for r in out["outputs"]), [r["error"] for r in out["outputs"]]
+        pool = env.harness._pool
+        assert pool is not None and pool.size == 2 and pool.stats["acquired"] == 2  # the third spec differs
+        with pytest.raises(ConfigError, match="after the warm pool was started"):
+            env.set_kwargs(memory_gb=1)  # its sandboxes were made from the old spec
+        with pytest.raises(ConfigError, match="after the warm pool was started"):
+            env.set_kwargs(isolation="gvisor")
+        assert env.isolation_in_use() != "gvisor" and env.harness.sandbox_spec({}).isolation == "runc"
+        env.set_kwargs(output_limit_bytes=1000)  # not part of the spec: fine
+    finally:
+        await env.teardown()
+    assert await docker_backend.list(labels=label) == []
+    # pool_size=0: one creation per rollout, no pool
+    harness = Harness(program={"base": True}, sandbox={"image": python_image, "pool_size": 0})
+    harness.set_concurrency(4)
+    assert harness.effective_pool_size == 0
+
+
+TOOLS_PKG = '''
+def where(x: int) -> str:
+    """Where the tool ran, and twice x."""
+    return open("/etc/hostname").read().strip() + ":" + str(2 * x)
+
+
+def broken(x: int) -> str:
+    """Always fails."""
+    raise ValueError("no luck with " + str(x))
+'''
+
+
+async def test_sandboxed_toolsets_run_their_tools_in_a_sandbox(tmp_path, monkeypatch, docker_backend, python_image):
+    """Toolset(sandbox="program") runs each call in the harness's sandbox; Toolset(sandbox=
+    SandboxConfig) in one of its own per rollout, deleted with the rollout."""
+    import importlib
+    import uuid
+
+    from envs.testing.model_server import tool_then_answer
+    from envs.v1 import Toolset
+    from sandboxes.errors import ConfigError
+
+    pkg = tmp_path / "v1sbtools"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tools.py").write_text(TOOLS_PKG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tools = importlib.import_module("v1sbtools.tools")
+    label = {"vf-test-v1-tools": uuid.uuid4().hex}
+    async with ModelServer(tool_then_answer("where", {"x": 21})) as srv:
+        client = AsyncOpenAI(base_url=srv.base_url, api_key="x")
+        # colocated in the program's sandbox
+        harness = Harness(program={"base": True}, sandbox={"image": python_image}, client=client, model="m",
+                          toolsets=[Toolset(tools=[tools.where], sandbox="program")])
+        harness.set_backend(docker_backend)
+        task = Task(prompt="go").freeze()
+        state = await harness.run(task)
+        assert state["error"] is None, state["error"]
+        assert state["completion"][1]["content"] == state.runtime["sandbox"].id[:12] + ":42"
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+        # a sandbox of the toolset's own, the harness has none
+        ts = Toolset(tools=[tools.where], sandbox={"image": python_image, "labels": label})
+        harness = Harness(client=client, model="m", toolsets=[ts])
+        harness.set_backend(docker_backend)
+        state = await harness.run(task)
+        assert state["error"] is None, state["error"]
+        [own] = await docker_backend.list(labels=label)
+        assert state["completion"][1]["content"] == own.id[:12] + ":42" and "sandbox" not in state.runtime
+        await harness.cleanup_group([task], [state])
+        assert await docker_backend.list(labels=label) == []  # deleted with its rollout
+        await harness.teardown()
+    async with ModelServer(tool_then_answer("broken", {"x": 1})) as srv:
+        harness = Harness(program={"base": True}, sandbox={"image": python_image}, model="m",
+                          client=AsyncOpenAI(base_url=srv.base_url, api_key="x"),
+                          toolsets=[Toolset(tools=[tools.broken], sandbox="program")])
+        harness.set_backend(docker_backend)
+        state = await harness.run(task)
+        assert state["completion"][1]["content"] == "Error: SandboxedProgramError: ValueError: no luck with 1"
+        await harness.cleanup_group([task], [state])
+        await harness.teardown()
+    with pytest.raises(ConfigError, match="host"):
+        Toolset(tools=[tools.where], sandbox="program", objects={"db": dict}, bindings={"where.x": "objects.db"})
+    with pytest.raises(ConfigError, match="module-level"):
+        Toolset(tools=[lambda x: x], sandbox="program")

@@ -29,7 +29,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import shlex
 import time
 import uuid
@@ -39,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import labels as lc
+from sandboxes import prime_credentials
 from sandboxes import lifecycle
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import bootstrap_argv
@@ -60,9 +60,10 @@ class PrimeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    api_key: str | None = Field(None, description=f"API key; default ${API_KEY_VAR} (required).")
+    api_key: str | None = Field(None, description=f"API key; default ${API_KEY_VAR}, then ~/.prime/config.json (required).")
     base_url: str | None = Field(None, description="API base URL; default $PRIME_API_BASE_URL or the SDK's default.")
-    team_id: str | None = Field(None, description="Team to create sandboxes in; default $PRIME_TEAM_ID.")
+    team_id: str | None = Field(None, description="Team to create sandboxes in; default $PRIME_TEAM_ID, then "
+                                "~/.prime/config.json, else the key's personal account.")
     gpu_type: str | None = Field(None, description="GPU type when spec.gpu_count > 0 (Prime requires one).")
     creates_per_minute: float = Field(400, gt=0, description="Creation rate cap (Prime publishes 500/min per token).")
     create_burst: int = Field(20, ge=1, description="Creations allowed at once before the rate applies.")
@@ -154,13 +155,14 @@ class PrimeBackend:
 
     def __init__(self, **options: Any) -> None:
         self.config = PrimeConfig(**options)
-        key = self.config.api_key or os.environ.get(API_KEY_VAR)
+        key = self.config.api_key or prime_credentials.api_key()
         if not key:
             raise ConfigError(
-                f"the prime backend needs an API key: set ${API_KEY_VAR} (or pass api_key=...); "
+                f"the prime backend needs an API key: set ${API_KEY_VAR}, run `prime login`, or pass api_key=...; "
                 "create one at https://app.primeintellect.ai"
             )
         self._api_key = key
+        self.team_id = self.config.team_id or prime_credentials.team_id()
         self.limiter = RateLimiter(self.config.creates_per_minute / 60.0, self.config.create_burst)
         self._client: Any = None
 
@@ -227,7 +229,7 @@ class PrimeBackend:
             environment_vars=dict(spec.environment_vars) or None,
             network_denylist=None if spec.network else ["0.0.0.0/0"],
             labels=_labels_out(labels),
-            team_id=self.config.team_id,
+            team_id=self.team_id,
             idempotency_key=key,
         )
 

@@ -19,12 +19,16 @@ _LAZY = {
     "OpenAICompletionsClient": ".openai_clients",
     "AnthropicMessagesClient": ".anthropic_client",
     "OpenAIResponsesClient": ".openai_responses",
+    "OpenAIChatCompletionsTokenClient": ".openai_token_client",
+    "NeMoRLChatCompletionsClient": ".nemorl_client",
 }
 
 CLIENT_TYPES = {
     "openai_chat_completions": "OpenAIChatCompletionsClient",
     "openai_completions": "OpenAICompletionsClient",
     "openai_responses": "OpenAIResponsesClient",
+    "openai_chat_completions_token": "OpenAIChatCompletionsTokenClient",
+    "nemorl_chat_completions": "NeMoRLChatCompletionsClient",
     "anthropic_messages": "AnthropicMessagesClient",
 }
 
@@ -36,10 +40,7 @@ def __getattr__(name: str) -> Any:
 
 
 NOT_IMPLEMENTED = {
-    "openai_chat_completions_token": "the vLLM token route (/chat/completions/tokens) needs token-level trajectories, "
-                                     "which vf-sandbox does not record yet",
     "renderer": "the renderer client (client-side tokenization with the renderers package) is not implemented",
-    "nemorl_chat_completions": "the NeMo-RL client needs token-level trajectories, which vf-sandbox does not record yet",
 }
 """Reference client types refused loudly (never silently served by another client)."""
 

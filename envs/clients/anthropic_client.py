@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover - older SDKs use httpx itself
 from ..errors import InvalidModelResponseError
 from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
 from .base import Client, classify_sdk_error, log_sdk_retries
-from .config import ClientConfig, resolve_api_key
+from .config import ClientConfig, client_headers, resolve_api_key
 
 DEFAULT_MAX_TOKENS = 4096
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -50,7 +50,7 @@ class AnthropicMessagesClient(Client[anthropic.AsyncAnthropic]):
             base_url=base,
             timeout=timeout,
             max_retries=config.max_retries,
-            default_headers=config.extra_headers or None,
+            default_headers=client_headers(config),
             http_client=http_client,
         )
 

@@ -5,17 +5,16 @@ module); this module resolves keys."""
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
-from typing import Any
+
+from sandboxes import prime_credentials
 
 from ..errors import MissingKeyError
 from .. import types as _types
 from ..types import ClientConfig, EndpointClientConfig
 
 DEFAULT_BASE_URL, DEFAULT_KEY_VAR = _types.DEFAULT_BASE_URL, _types.DEFAULT_KEY_VAR
-__all__ = ["ClientConfig", "EndpointClientConfig", "resolve_api_key"]
+__all__ = ["ClientConfig", "EndpointClientConfig", "client_headers", "resolve_api_key"]
 
 
 def resolve_api_key(var: str) -> str:
@@ -27,14 +26,19 @@ def resolve_api_key(var: str) -> str:
     if value:
         return value
     if var == DEFAULT_KEY_VAR:
-        cfg = Path.home() / ".prime" / "config.json"
-        try:
-            data: dict[str, Any] = json.loads(cfg.read_text())
-            if data.get("api_key"):
-                return str(data["api_key"])
-        except (OSError, ValueError):
-            pass
-        return "EMPTY"
+        return prime_credentials.api_key() or "EMPTY"
     if var in ("", "EMPTY"):
         return "EMPTY"
     raise MissingKeyError([var])
+
+
+def client_headers(config: ClientConfig) -> dict[str, str] | None:
+    """The default headers of a client: `extra_headers`, plus the Prime team
+    (`X-Prime-Team-ID`: $PRIME_TEAM_ID > ~/.prime/config.json) when the key is
+    PRIME_API_KEY, as the reference does."""
+    headers = dict(config.extra_headers or {})
+    if config.api_key_var == DEFAULT_KEY_VAR:
+        team = prime_credentials.team_id()
+        if team:
+            headers[prime_credentials.TEAM_HEADER] = team
+    return headers or None

@@ -12,9 +12,9 @@ import httpx
 import openai
 
 from ..errors import EmptyModelResponseError, InvalidModelResponseError, ModelError
-from ..types import Messages, Response, ResponseMessage, SamplingArgs, Tool, ToolCall, Usage
+from ..types import Messages, Response, ResponseMessage, ResponseTokens, SamplingArgs, Tool, ToolCall, Usage
 from .base import Client, classify_sdk_error, log_sdk_retries
-from .config import ClientConfig, resolve_api_key
+from .config import ClientConfig, client_headers, resolve_api_key
 
 # Arguments the chat/completions endpoints accept directly; the rest goes to extra_body.
 _CHAT_ARGS = frozenset(
@@ -51,7 +51,7 @@ def build_async_openai(config: ClientConfig) -> openai.AsyncOpenAI:
         base_url=config.api_base_url,
         timeout=timeout,
         max_retries=config.max_retries,
-        default_headers=config.extra_headers or None,
+        default_headers=client_headers(config),
         http_client=http_client,
     )
 
@@ -105,6 +105,18 @@ async def post_json(client: openai.AsyncOpenAI, path: str, body: dict[str, Any],
         return json.loads(raw)
     except ValueError as exc:
         raise InvalidModelResponseError(f"model response is not JSON: {raw[:200]!r}") from exc
+
+
+def _response_tokens(response: dict[str, Any], choice: dict[str, Any]) -> ResponseTokens | None:
+    """The engine's token ids and logprobs, when the server returned them (vLLM's
+    `return_token_ids`: `prompt_token_ids`, the choice's `token_ids`)."""
+    prompt_ids, completion_ids = response.get("prompt_token_ids"), choice.get("token_ids")
+    if prompt_ids is None or completion_ids is None:
+        return None
+    logprobs = [float(t.get("logprob") or 0.0) for t in ((choice.get("logprobs") or {}).get("content") or [])]
+    return ResponseTokens(prompt_ids=list(prompt_ids), prompt_mask=[0] * len(prompt_ids),
+                          completion_ids=list(completion_ids), completion_mask=[1] * len(completion_ids),
+                          completion_logprobs=logprobs)
 
 
 class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
@@ -186,6 +198,7 @@ class OpenAIChatCompletionsClient(Client[openai.AsyncOpenAI]):
                 finish_reason=finish,
                 is_truncated=reason == "length",
                 tool_calls=tool_calls,
+                tokens=_response_tokens(response, choice),
             ),
         )
 

@@ -1,4 +1,4 @@
-"""`JudgeRubric` (LLM as judge) and `MathRubric` (boxed-answer equivalence)."""
+"""`JudgeRubric`: an LLM judges the answer (MathRubric: math_rubric.py)."""
 
 from __future__ import annotations
 
@@ -74,40 +74,3 @@ class JudgeRubric(Rubric):
         result = reply.message.content or ""
         cache[text] = result
         return result
-
-
-def _normalise(text: str) -> str:
-    text = text.strip().strip("$").replace(" ", "").replace("\\!", "").rstrip(".")
-    text = re.sub(r"\\(?:text|mathrm)\{([^}]*)\}", r"\1", text)
-    text = text.replace("\\left", "").replace("\\right", "").replace("dfrac", "frac")
-    return text
-
-
-def answers_match(parsed: str, answer: str) -> bool:
-    a, b = _normalise(parsed), _normalise(answer)
-    if not a:
-        return False
-    if a == b:
-        return True
-    try:
-        return abs(float(a.replace(",", "")) - float(b.replace(",", ""))) < 1e-6
-    except ValueError:
-        return False
-
-
-class MathRubric(Rubric):
-    """Reward 1 when the last \\boxed{} answer equals the reference (string or numeric
-    equivalence; math-verify is used when installed)."""
-
-    def __init__(self, parser: Parser | None = None, **kwargs: Any):
-        super().__init__(parser=parser or Parser(extract_fn=lambda t: extract_boxed_answer(t, strict=True)), **kwargs)
-        self.add_reward_func(self.correct_answer, 1.0)
-
-    def correct_answer(self, completion: Messages, answer: str, **kwargs: Any) -> float:
-        parsed = self.parser.parse_answer(completion) or ""
-        try:
-            from math_verify import parse, verify  # type: ignore[import-not-found]
-
-            return 1.0 if verify(parse(f"\\boxed{{{answer}}}"), parse(f"\\boxed{{{parsed}}}")) else 0.0
-        except ImportError:
-            return 1.0 if answers_match(parsed, str(answer)) else 0.0

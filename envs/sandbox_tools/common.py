@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess
-from sandboxes.results import ProcessStatus
+from sandboxes.results import ExecResult, ProcessStatus
 
 ProcessStarter = Callable[[Sequence[str], "dict[str, str] | None"], Awaitable[BackgroundProcess]]
 """`start(argv, env) -> BackgroundProcess`: `sandbox.start_process` or `LocalProcess.start`."""
@@ -44,6 +44,19 @@ def cap_text(text: str, limit: int) -> tuple[str, int]:
     head = data[:half].decode("utf-8", "ignore")
     tail = data[-half:].decode("utf-8", "ignore")
     return f"{head}\n[... {cut} bytes cut ...]\n{tail}", cut
+
+
+def render_exec(result: "ExecResult", limit: int, timeout_s: float) -> str:
+    """What a one-exec `bash` tool shows the model: the output capped by `cap_text`,
+    then a note for a timeout or a non-zero exit; "(no output)" when there is none.
+    SandboxEnv (`persistent_shell=False`) and the v1 harness's bash tool share it."""
+    text, _ = cap_text(result.output, limit)
+    text = text.rstrip("\n")
+    if result.timed_out:
+        text += f"\n[command timed out after {timeout_s:g}s]"
+    elif result.exit_code not in (0, None):
+        text += f"\n[exit code {result.exit_code}]"
+    return text.strip("\n") or "(no output)"
 
 
 async def guarded(awaitable: Awaitable, seconds: float, what: str):

@@ -9,10 +9,24 @@ Routes (with or without the `/v1` prefix):
     POST /v1/completions        OpenAI legacy completions
     POST /v1/messages           Anthropic messages (tool_use / tool_result)
     POST /v1/responses          OpenAI Responses (function_call / function_call_output items)
+    POST /v1/chat/completions/tokens   vLLM's token route: the prompt as token ids in `tokens`
+                                (refused with 400 unless they equal the server's own
+                                tokenization of `messages`, so a stitching error fails loudly)
+    POST /tokenize              vLLM's tokenizer route: {"tokens", "count", "max_model_len"}
     GET  /v1/models             a one-model list
     GET  /health                "ok"
 
 Streaming is not supported.
+
+Tokens: the server has a toy chat template (each message is its role's id,
+one id per whitespace-separated word of its content and tool calls, then the
+stop id 2; a generation prompt is the assistant role's id) over a growing
+vocabulary. A chat request with `return_token_ids` gets vLLM's fields back
+(`prompt_token_ids`, the choice's `token_ids`, and logprobs when asked).
+`ModelServer(nemo_gym=True)` answers as NeMo Gym's vllm_model server instead:
+the ids in the assistant message (`prompt_token_ids`, `generation_token_ids`,
+`generation_log_probs`), and earlier assistant messages that carry
+`generation_token_ids` must match the server's own tokens (else 400).
 
 Policies
 --------
@@ -20,7 +34,7 @@ A policy is any callable ``policy(req: PolicyRequest) -> Reply`` (sync or
 async). ``PolicyRequest`` carries the request normalised to OpenAI chat form,
 whatever API was called:
 
-    req.api        "chat" | "completions" | "anthropic" | "responses"
+    req.api        "chat" | "chat_tokens" (the token route) | "completions" | "anthropic" | "responses"
     req.model      the model name sent
     req.messages   list of {"role", "content", ["tool_calls"], ["tool_call_id"]}
                    (anthropic `system`, tool_use and tool_result blocks mapped
@@ -89,6 +103,8 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from ..protocols import anthropic_to_chat, responses_to_chat, text_of, tools_of
+
 __all__ = [
     "ModelServer",
     "PolicyRequest",
@@ -151,36 +167,17 @@ class PolicyRequest:
     def last_user_text(self) -> str:
         for msg in reversed(self.messages):
             if msg.get("role") == "user":
-                return _text_of(msg.get("content"))
+                return text_of(msg.get("content"))
         return ""
 
     def tool_results(self) -> list[str]:
-        return [_text_of(m.get("content")) for m in self.messages if m.get("role") == "tool"]
+        return [text_of(m.get("content")) for m in self.messages if m.get("role") == "tool"]
 
     def n_tool_turns(self) -> int:
         return sum(1 for m in self.messages if m.get("role") == "assistant" and m.get("tool_calls"))
 
 
 Policy = Callable[[PolicyRequest], "Reply | Awaitable[Reply]"]
-
-
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, dict):
-                if "text" in block:
-                    parts.append(str(block["text"]))
-                elif block.get("type") == "tool_result":
-                    parts.append(_text_of(block.get("content")))
-            else:
-                parts.append(str(block))
-        return "".join(parts)
-    return str(content)
 
 
 # --------------------------------------------------------------------------- policies
@@ -403,81 +400,6 @@ async def _call_policy(policy: Policy, req: PolicyRequest) -> Reply:
 # --------------------------------------------------------------------------- normalisation
 
 
-def _anthropic_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system:
-        out.append({"role": "system", "content": _text_of(system)})
-    for msg in body.get("messages") or []:
-        role, content = msg.get("role"), msg.get("content")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        texts: list[str] = []
-        tool_calls: list[dict[str, Any]] = []
-        for block in content or []:
-            btype = block.get("type")
-            if btype == "text":
-                texts.append(block.get("text", ""))
-            elif btype == "tool_use":
-                tool_calls.append(
-                    {
-                        "id": block.get("id"),
-                        "type": "function",
-                        "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input") or {})},
-                    }
-                )
-            elif btype == "tool_result":
-                out.append(
-                    {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _text_of(block.get("content"))}
-                )
-        if texts or tool_calls:
-            entry: dict[str, Any] = {"role": role, "content": "".join(texts)}
-            if tool_calls:
-                entry["tool_calls"] = tool_calls
-            out.append(entry)
-    return out
-
-
-def _responses_to_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Responses API `instructions` + `input` items, as chat messages."""
-    out: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        out.append({"role": "system", "content": str(body["instructions"])})
-    items = body.get("input")
-    if isinstance(items, str):
-        return [*out, {"role": "user", "content": items}]
-    for item in items or []:
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
-            if out and out[-1].get("role") == "assistant" and "tool_calls" in out[-1]:
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text_of(item.get("output"))})
-        else:
-            out.append({"role": item.get("role", "user"), "content": _text_of(item.get("content"))})
-    return out
-
-
-def _tools_of(body: dict[str, Any], api: str) -> list[dict[str, Any]]:
-    tools = []
-    for tool in body.get("tools") or []:
-        if api == "anthropic":
-            tools.append(
-                {"name": tool.get("name"), "description": tool.get("description", ""), "parameters": tool.get("input_schema", {})}
-            )
-        else:
-            fn = tool.get("function", tool)
-            tools.append(
-                {"name": fn.get("name"), "description": fn.get("description", ""), "parameters": fn.get("parameters", {})}
-            )
-    return tools
-
-
 def _ntokens(text: str) -> int:
     return max(1, len(text.split())) if text else 0
 
@@ -488,8 +410,10 @@ def _ntokens(text: str) -> int:
 class ModelServer:
     """The HTTP server. Bind with `async with` (in a running loop) or `run_in_thread()`."""
 
-    def __init__(self, policy: Policy | None = None, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 10_000):
+    def __init__(self, policy: Policy | None = None, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 10_000,
+                 nemo_gym: bool = False):
         self.policy: Policy = policy or echo()
+        self.nemo_gym = nemo_gym  # answer as NeMo Gym's vllm_model server (tokens in the message)
         self.host = host
         self.port = port
         self.requests: collections.deque[PolicyRequest] = collections.deque(maxlen=keep_requests)
@@ -497,6 +421,8 @@ class ModelServer:
         self._counter = itertools.count()
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
+        self._vocab: dict[str, int] = {}
+        self.token_prompts: list[list[int]] = []  # the `tokens` of each token-route request
 
     # ---- addresses
     @property
@@ -514,11 +440,13 @@ class ModelServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for prefix in ("/v1", ""):
             app.router.add_post(f"{prefix}/chat/completions", self._chat)
+            app.router.add_post(f"{prefix}/chat/completions/tokens", self._chat_tokens)
             app.router.add_post(f"{prefix}/completions", self._completions)
             app.router.add_post(f"{prefix}/messages", self._messages)
             app.router.add_post(f"{prefix}/responses", self._responses)
             app.router.add_get(f"{prefix}/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/tokenize", self._tokenize)
         return app
 
     async def start(self) -> ModelServer:
@@ -582,18 +510,18 @@ class ModelServer:
     async def _policy_reply(self, api: str, request: web.Request) -> tuple[PolicyRequest, Reply]:
         body = await request.json()
         if api == "anthropic":
-            messages = _anthropic_to_chat(body)
+            messages = anthropic_to_chat(body)
         elif api == "completions":
-            messages = [{"role": "user", "content": _text_of(body.get("prompt"))}]
+            messages = [{"role": "user", "content": text_of(body.get("prompt"))}]
         elif api == "responses":
-            messages = _responses_to_chat(body)
+            messages = responses_to_chat(body)
         else:
             messages = body.get("messages") or []
         req = PolicyRequest(
             api=api,
             model=str(body.get("model", "")),
             messages=messages,
-            tools=_tools_of(body, api),
+            tools=tools_of(body, api),
             body=body,
             headers=CIMultiDict(request.headers),
             call_index=next(self._counter),
@@ -624,14 +552,55 @@ class ModelServer:
         return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
 
     def _usage(self, req: PolicyRequest, reply: Reply) -> tuple[int, int]:
-        prompt_tokens = sum(_ntokens(_text_of(m.get("content"))) for m in req.messages)
+        prompt_tokens = sum(_ntokens(text_of(m.get("content"))) for m in req.messages)
         completion_tokens = _ntokens(reply.content or "") + 8 * len(reply.tool_calls or [])
         return prompt_tokens, completion_tokens
 
-    async def _chat(self, request: web.Request) -> web.Response:
-        req, reply = await self._policy_reply("chat", request)
+    # ---- the toy chat template (see the module docstring)
+    TOKEN_ROLES = {"system": 3, "user": 4, "assistant": 5, "tool": 6}
+    TOKEN_END = 2
+
+    def _word_ids(self, text: str) -> list[int]:
+        return [self._vocab.setdefault(w, 100 + len(self._vocab)) for w in text.split()]
+
+    def render_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` under the toy template."""
+        ids: list[int] = []
+        for m in messages:
+            text = text_of(m.get("content"))
+            for call in m.get("tool_calls") or []:
+                text += f" {call['function']['name']} {call['function'].get('arguments') or ''}"
+            ids += [self.TOKEN_ROLES.get(m.get("role", ""), 7), *self._word_ids(text), self.TOKEN_END]
+        return ids + [self.TOKEN_ROLES["assistant"]] if add_generation_prompt else ids
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        messages = body.get("messages")
+        if messages is None:
+            ids = self._word_ids(text_of(body.get("prompt")))
+        else:
+            ids = self.render_tokens(messages, bool(body.get("add_generation_prompt", True)))
+        return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None})
+
+    async def _chat_tokens(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or tokens != self.render_tokens(body.get("messages") or []):
+            return web.json_response({"error": {"message": "tokens do not match the conversation", "type": "BadRequest",
+                                                "code": 400}}, status=400)
+        self.token_prompts.append(tokens)
+        return await self._chat(request, api="chat_tokens")
+
+    async def _chat(self, request: web.Request, api: str = "chat") -> web.Response:
+        req, reply = await self._policy_reply(api, request)
         if reply.error_status:
             return self._error("chat", reply)
+        if self.nemo_gym:  # earlier assistant turns must carry the engine's own ids back
+            for m in req.messages:
+                ids = m.get("generation_token_ids") if m.get("role") == "assistant" else None
+                if ids is not None and ids != self.render_tokens([m], add_generation_prompt=False)[1:]:
+                    return web.json_response({"error": {"message": "generation_token_ids do not match the message",
+                                                        "type": "BadRequest", "code": 400}}, status=400)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         finish = reply.finish_reason or "stop"
         if reply.tool_calls:
@@ -647,16 +616,26 @@ class ModelServer:
         if reply.reasoning_content is not None:
             message["reasoning_content"] = reply.reasoning_content
         p, c = self._usage(req, reply)
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{req.call_index}",
-                "object": "chat.completion",
-                "created": self._created,
-                "model": req.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
-            }
-        )
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        payload: dict[str, Any] = {
+            "id": f"chatcmpl-{req.call_index}",
+            "object": "chat.completion",
+            "created": self._created,
+            "model": req.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
+        }
+        if self.nemo_gym:  # NeMo Gym's vllm_model: the tokens ride in the message
+            message["prompt_token_ids"] = self.render_tokens(req.messages)
+            message["generation_token_ids"] = self.render_tokens([message], add_generation_prompt=False)[1:]
+            message["generation_log_probs"] = [-0.01 * (i + 1) for i in range(len(message["generation_token_ids"]))]
+        if req.body.get("return_token_ids"):  # vLLM's fields
+            payload["prompt_token_ids"] = self.render_tokens(req.messages)
+            choice["token_ids"] = self.render_tokens([message], add_generation_prompt=False)[1:]
+            if req.body.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": str(t), "logprob": -0.01 * (i + 1), "bytes": None,
+                                                   "top_logprobs": []} for i, t in enumerate(choice["token_ids"])]}
+        return web.json_response(payload)
 
     async def _completions(self, request: web.Request) -> web.Response:
         req, reply = await self._policy_reply("completions", request)

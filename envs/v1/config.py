@@ -23,6 +23,8 @@ from pydantic_core import PydanticUndefined
 
 from sandboxes.errors import ConfigError
 
+from ..sandbox_tools.common import DEFAULT_OUTPUT_LIMIT
+
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -109,6 +111,13 @@ class SandboxConfig(Config):
     workdir: str = "/tmp"
     labels: dict[str, str] = Field(default_factory=dict)
     backend: str | None = None  # None: the run's backend (`vf-sandbox eval --backend`)
+    pool_size: int | None = Field(None, ge=0)
+    """Ready sandboxes kept warm (SandboxEnv's `pool_size`): None sizes the pool from the
+    run's concurrency (at most 32), 0 creates one per rollout. Tasks whose own `sandbox`
+    settings change the spec are created per rollout."""
+    output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0)
+    """Bytes of a `bash` tool call's output the model sees (head and tail kept), as
+    SandboxEnv's `output_limit_bytes`; also what `program_result` keeps of a command's output."""
 
 
 class UserConfig(Config):

@@ -6,17 +6,24 @@ clean up (sandboxes of the harness are deleted there)."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from typing import Any
 
+from sandboxes.errors import ConfigError, UsageError
+
+from ..clients.base import ModelAuthError
 from ..environment import Environment
 from ..rubrics.rubric import Rubric
 from ..types import RolloutInput, SamplingArgs
 from ..types import State as ClassicState
+from .config import SandboxConfig
 from .harness import Harness
 from .state import State
 from .task import Task
 from .taskset import Taskset
+from .usercode import call_user
+
+log = logging.getLogger(__name__)
 
 _COPIED = ("prompt", "completion", "answer", "info", "example_id", "trajectory", "trajectory_id", "timing", "usage",
            "metrics", "reward", "tool_defs", "is_completed", "is_truncated", "stop_condition", "error")
@@ -28,6 +35,13 @@ class Env(Environment):
         self.harness = harness or Harness()
         self.harness.toolsets = [*taskset.toolsets, *self.harness.toolsets]
         self.harness.setups = [*taskset.setups, *self.harness.setups]
+        self.harness.stops = [*taskset.stops, *self.harness.stops]
+        self.harness.updates = [*taskset.updates, *self.harness.updates]
+        if taskset.user is not None:
+            if self.harness.user is not None:
+                raise ConfigError("both the taskset and the harness have a simulated user: keep one")
+            self.harness.user = taskset.user
+        self.harness.check_stops()
         kwargs.setdefault("env_id", taskset.taskset_id)
         super().__init__(
             dataset=lambda: [self._row(t) for t in taskset.tasks()],
@@ -35,6 +49,9 @@ class Env(Environment):
             rubric=Rubric(),
             **kwargs,
         )
+        # sync user code of both halves runs in this env's thread pool (sized by the run's concurrency)
+        self.taskset.sync_pool = self.sync_pool
+        self.harness.set_sync_pool(self.sync_pool)
 
     @staticmethod
     def _row(task: Task) -> dict[str, Any]:
@@ -51,10 +68,40 @@ class Env(Environment):
         super().set_backend(backend, options)
         self.harness.set_backend(backend, options)
 
+    def set_concurrency(self, concurrency: int) -> None:
+        """The run's concurrency also sizes the harness's default warm pool."""
+        super().set_concurrency(concurrency)
+        self.harness.set_concurrency(concurrency)
+
+    async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
+                       max_concurrent: int = -1, **kwargs: Any) -> Any:
+        """As `Environment.generate`; the harness's warm pool starts filling first (sized by
+        `max_concurrent` when the run's concurrency was not set)."""
+        if max_concurrent and max_concurrent > 0 and self.harness.concurrency is None:
+            self.harness.set_concurrency(max_concurrent)
+        await self.harness.start_pool()
+        return await super().generate(inputs, client, model, sampling_args=sampling_args,
+                                      max_concurrent=max_concurrent, **kwargs)
+
     def set_isolation(self, isolation: str) -> None:
         """The run's isolation reaches the harness's sandboxes (-x isolation=gvisor)."""
+        previous = getattr(self, "sandbox_isolation", None)
         super().set_isolation(isolation)
-        self.harness.isolation = isolation
+        try:
+            self.harness.set_isolation(isolation)
+        except ConfigError:  # refused (the warm pool started): the env keeps the one in use
+            self.sandbox_isolation = previous
+            raise
+
+    def isolation_in_use(self) -> str | None:
+        """The isolation of the harness's sandboxes (recorded in metadata.json)."""
+        if self.harness.sandbox is not None:
+            return self.harness.sandbox_spec({}).isolation
+        return super().isolation_in_use()
+
+    def set_sandbox_settings(self, **settings: Any) -> None:
+        """Fields of the harness's SandboxConfig from the run (`-x image=... -x pool_size=0`)."""
+        self.harness.set_sandbox_settings(**settings)
 
     async def rollout(self, input: RolloutInput, client: Any, model: str,
                       sampling_args: SamplingArgs | None = None) -> ClassicState:
@@ -66,6 +113,9 @@ class Env(Environment):
         state.runtime.update(client=make_client(client), model=model,
                              sampling_args={**self.sampling_args, **(sampling_args or {})})
         await self.harness.run(task, state)
+        if isinstance(state.get("error"), ModelAuthError):  # fatal for the run, as in the classic stack
+            await self._cleanup_pairs([(task, state)])
+            raise state["error"]
         classic = ClassicState({k: state.get(k) for k in _COPIED})
         classic.update({k: v for k, v in state.items() if k not in classic})
         classic["input"] = input
@@ -82,26 +132,65 @@ class Env(Environment):
         await self.taskset.score_group(tasks, v1_states)
         await self.harness.score_group(tasks, v1_states)
         for i, (_, st) in live:
+            if st.get("error") is not None and states[i].get("error") is None:  # a scoring function raised
+                states[i]["error"] = st["error"]
             states[i]["reward"] = st["reward"]
             states[i]["metrics"] = {**(states[i].get("metrics") or {}), **(st.get("metrics") or {})}
         if states:
             mean = sum(s.get("reward") or 0.0 for s in states) / len(states)
             for s in states:
                 s["advantage"] = (s.get("reward") or 0.0) - mean
+        for fn in [*self.taskset.advantages, *self.harness.advantages]:  # each may replace the default
+            values = await call_user(self.sync_pool, fn, tasks, v1_states)
+            if values is None:
+                continue
+            values = [float(v) for v in values]
+            if len(values) != len(v1_states):
+                raise UsageError(f"advantage function {getattr(fn, '__name__', fn)} returned {len(values)} values "
+                                 f"for a group of {len(v1_states)} rollouts")
+            for (i, (_, st)), v in zip(live, values):
+                st["advantage"] = states[i]["advantage"] = v
 
     async def _finish_states(self, states: list[ClassicState], scoring_sem: Any = None) -> None:
         try:
             await super()._finish_states(states, scoring_sem)
         finally:
-            pairs = [s.pop("v1", None) for s in states]
-            live = [p for p in pairs if p is not None]
-            if live:
-                with contextlib.suppress(Exception):
-                    await self.taskset.cleanup_group([p[0] for p in live], [p[1] for p in live])
-                await self.harness.cleanup_group([p[0] for p in live], [p[1] for p in live])
+            await self._cleanup_pairs([p for p in (s.pop("v1", None) for s in states) if p is not None])
+
+    async def _cleanup_pairs(self, pairs: list[tuple[Task, State]]) -> None:
+        """The taskset's then the harness's cleanups (the harness deletes its sandboxes)."""
+        if not pairs:
+            return
+        tasks, states = [p[0] for p in pairs], [p[1] for p in pairs]
+        try:
+            await self.taskset.cleanup_group(tasks, states)
+        except Exception as exc:
+            log.warning("v1 taskset cleanup failed: %s: %s", type(exc).__name__, exc)
+        await self.harness.cleanup_group(tasks, states)
+
+    async def discard_attempt(self, state: ClassicState) -> None:
+        """An attempt about to be retried: clean it up now (its sandbox is deleted), as it
+        never reaches its group's scoring and cleanup."""
+        pair = state.pop("v1", None)
+        if pair is not None:
+            await self._cleanup_pairs([pair])
 
     async def teardown(self) -> None:
         try:
             await self.harness.teardown()
         finally:
             await super().teardown()
+
+
+def _sandbox_setter(name: str) -> Any:
+    def setter(self: Env, value: Any) -> None:
+        self.set_sandbox_settings(**{name: value})
+
+    setter.__name__ = f"set_{name}"
+    setter.__doc__ = f"Set the harness sandbox's `{name}` (the `-x {name}=...` of an eval)."
+    return setter
+
+
+for _name in SandboxConfig.model_fields:
+    if _name != "backend" and f"set_{_name}" not in Env.__dict__:
+        setattr(Env, f"set_{_name}", _sandbox_setter(_name))

@@ -2,10 +2,14 @@
 cleans up groups of rollouts.
 
 Its program is one of the forms in `programs.py`. A harness with a `sandbox`
-runs its command program in a sandbox of our backend layer
+runs its command program, or its callable / `fn` Python program
+(`sandbox_python.py`), in a sandbox of our backend layer
 (`sandboxes.registry.get_backend`: the run's backend unless the sandbox
 config names one); a child state that borrowed `"sandbox"` reuses the
-parent's. Rewards and metrics are `(task, state) -> float` functions.
+parent's. Rewards and metrics are `(task, state) -> float` functions; sync
+user code runs in a thread pool (`usercode.py`). A model call that failed and
+was never followed by a successful one is the rollout's error whatever the
+program did with it (`rollout_error`).
 """
 
 from __future__ import annotations
@@ -21,14 +25,20 @@ from sandboxes.errors import ConfigError, UsageError
 from sandboxes.registry import get_backend
 from sandboxes.spec import SandboxSpec
 
-from ..errors import Error
+from ..errors import Error, ModelError, ScoringError, is_infra_error
+from ..types import ClientConfig
+from ..sandbox_tools.common import render_exec
+from ..sync_pool import SyncPool
 from ..tool_schema import convert_func_to_tool_def
 from .config import HarnessConfig, SandboxConfig, resolve_ref
 from .interception import InterceptionServer, Registration
 from .programs import base_loop, call_program, program_kind, run_local_command, run_sandboxed_command
+from .sandbox_python import PythonProgram, python_program, run_sandboxed_python
 from .state import State
 from .task import Task
 from .toolset import Toolset
+from .user import user_of
+from .usercode import call_user
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +51,43 @@ def fn_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+async def _score_one(pool: SyncPool | None, fn: Callable[..., Any], task: Mapping[str, Any], state: State) -> float:
+    """`fn(task, state)` as a float; an exception scores 0 and becomes the rollout's
+    error (a ScoringError caused by it) unless the rollout already has one."""
+    try:
+        return float(await call_user(pool, fn, task, state))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("v1 scoring function %s raised %s: %s (rollout scored 0)", fn_name(fn), type(exc).__name__, exc)
+        if state.get("error") is None:
+            err = ScoringError(f"scoring function {fn_name(fn)} raised {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            state._set("error", err)
+        return 0.0
+
+
 async def score_states(rewards: Sequence[Callable[..., Any]], metrics: Sequence[Callable[..., Any]],
-                       tasks: Sequence[Mapping[str, Any]], states: Sequence[State]) -> None:
-    """metrics[name] for every function; reward = sum of the rewards (0 for errored rollouts)."""
-    for task, state in zip(tasks, states):
+                       tasks: Sequence[Mapping[str, Any]], states: Sequence[State],
+                       pool: SyncPool | None = None) -> None:
+    """metrics[name] for every function; reward = sum of the rewards (0 for errored
+    rollouts). Sync functions run in `pool` (off the event loop), the rollouts of a
+    group concurrently; a function that raises scores that rollout 0 and records the
+    error on it (see `_score_one`), the others are scored as usual."""
+
+    async def one(task: Mapping[str, Any], state: State) -> None:
         values = state.get("metrics") or {}
         total = 0.0
         for fn in rewards:
-            v = 0.0 if state.get("error") is not None else float(await _maybe(fn(task, state)))
+            v = 0.0 if state.get("error") is not None else await _score_one(pool, fn, task, state)
             values[fn_name(fn)] = v
             total += v
         for fn in metrics:
-            values[fn_name(fn)] = float(await _maybe(fn(task, state)))
+            values[fn_name(fn)] = await _score_one(pool, fn, task, state)
         state["metrics"] = values
-        state["reward"] = (state.get("reward") or 0.0) + total
+        state["reward"] = 0.0 if state.get("error") is not None else (state.get("reward") or 0.0) + total
+
+    await asyncio.gather(*(one(t, s) for t, s in zip(tasks, states)))
 
 
 def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
@@ -67,18 +100,35 @@ def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
     return [dict(m) for m in system_prompt]
 
 
-def sandbox_bash(sandbox: Any, timeout: float) -> Callable[..., Any]:
+def sandbox_bash(sandbox: Any, config: SandboxConfig) -> Callable[..., Any]:
+    """The base loop's `bash` tool in the harness's sandbox: one exec per call, output
+    capped at `config.output_limit_bytes` (head and tail) and rendered as SandboxEnv does."""
+    timeout = config.timeout_per_command_seconds
+
     async def bash(command: str) -> str:
         """Run a shell command in the sandbox; returns its output and exit code.
 
         Args:
             command: The shell command.
         """
-        res = await sandbox.exec(["/bin/sh", "-c", command], timeout=timeout)
-        out = (res.stdout + res.stderr)[-8000:]
-        return out if res.exit_code == 0 else f"{out}\n[exit code {res.exit_code}{', timed out' if res.timed_out else ''}]"
+        return render_exec(await sandbox.exec(["/bin/sh", "-c", command], timeout=timeout),
+                           config.output_limit_bytes, timeout)
 
     return bash
+
+
+def rollout_error(state: State, exc: BaseException) -> BaseException:
+    """The error a rollout records when its program raised `exc`. A model call that
+    failed and was never followed by a successful one (`runtime["model_error"]`,
+    set by the interception endpoint) is the real cause whatever the program made of
+    it (an SDK status error, any exception of the program's, in process or in its
+    sandbox): the model error is recorded, so the row says "model" (transient ones
+    are retried), in every program form. An infrastructure error or a ModelError the
+    program raised itself is kept as raised."""
+    pending = state.runtime.get("model_error")
+    if pending is None or is_infra_error(exc) or isinstance(exc, ModelError):
+        return exc
+    return pending
 
 
 class Harness:
@@ -103,23 +153,25 @@ class Harness:
         config: HarnessConfig | Mapping[str, object] | None = None,
     ):
         cfg = HarnessConfig.from_config(config) if config is not None else HarnessConfig()
-        if user is not None or updates or advantages:
-            raise ConfigError("Harness: user=, updates= and advantages= are not implemented yet")
         self.program = resolve_ref(program if program is not None else cfg.program)
         self.kind = program_kind(self.program)
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
         sandbox = sandbox if sandbox is not None else cfg.sandbox
         self.sandbox = SandboxConfig.from_config(sandbox) if sandbox is not None else None
+        self.python: PythonProgram | None = None  # a callable / fn program run in the sandbox
         if self.sandbox is not None and self.kind in ("callable", "fn"):
-            raise ConfigError(f"Harness: a {self.kind} program cannot run in a sandbox yet (use a command program)")
+            self.python = python_program(self.program)
         self.client = client
+        self._client: Any = None  # the vf Client made from `client` once (closed at teardown when from a config)
         self.model = model or cfg.model
         self.sampling_args = {**cfg.sampling_args, **(sampling_args or {})}
         self.max_turns = max_turns if max_turns is not None else cfg.max_turns
         self.toolsets = list(toolsets or [])
         self.stops = [resolve_ref(f) for f in stops or []]
-        if self.stops and self.kind != "base":
-            raise ConfigError("Harness: stops= apply to the base tool loop only")
+        self.user = user_of(user)
+        self.updates = [resolve_ref(f) for f in updates or []]  # (task, state) after each base-loop turn
+        self.advantages = [resolve_ref(f) for f in advantages or []]  # (tasks, states) -> list[float], per group
+        self.check_stops()
         self.setups = [resolve_ref(f) for f in setups or []]
         self.metrics = [resolve_ref(f) for f in metrics or []]
         self.rewards = [resolve_ref(f) for f in rewards or []]
@@ -129,7 +181,42 @@ class Harness:
         self.isolation: str | None = None  # the run's isolation (set_isolation); None: the sandbox config's own
         self.backend_options: dict[str, Any] = {}
         self._backend: Any = None
-        self._owned_sandboxes: dict[int, Any] = {}
+        self._owned_sandboxes: dict[str, Any] = {}  # trajectory_id -> a sandbox this harness created
+        self._pooled_ids: set[str] = set()  # owned sandboxes that came from the warm pool
+        self._pool: Any = None
+        self._pool_lock: asyncio.Lock | None = None
+        self.concurrency: int | None = None  # the run's (set_concurrency); sizes the default warm pool
+        self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
+
+    def set_sync_pool(self, pool: SyncPool | None) -> None:
+        """Where sync user code (rewards, metrics, tools, handlers) runs; Env passes its own pool."""
+        self.sync_pool = pool
+        for ts in self.toolsets:
+            ts.sync_pool = pool
+
+    def check_stops(self) -> None:
+        """Stop conditions (the harness's, its toolsets') and a simulated user are the
+        base loop's: refused for any other program form."""
+        if self.kind != "base" and (self.stops or any(ts.stops for ts in self.toolsets)):
+            raise ConfigError(f"stops apply to the base tool loop only, not to a {self.kind} program "
+                              "(a program ends the rollout itself: state.stop(...))")
+        if self.kind != "base" and (self.updates or any(ts.updates for ts in self.toolsets)):
+            raise ConfigError(f"updates run after each turn of the base tool loop only, not in a {self.kind} program")
+        if self.kind != "base" and self.user is not None:
+            raise ConfigError(f"a simulated user talks to the base tool loop only, not to a {self.kind} program")
+
+    def all_stops(self) -> list[Callable[..., Any]]:
+        return [*self.stops, *(s for ts in self.toolsets for s in ts.stops)]
+
+    def all_updates(self) -> list[Callable[..., Any]]:
+        return [*self.updates, *(u for ts in self.toolsets for u in ts.updates)]
+
+    def _own_client(self) -> Any:
+        if self._client is None:
+            from ..clients import make_client
+
+            self._client = make_client(self.client)
+        return self._client
 
     # ---- configuration from the run
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
@@ -142,10 +229,14 @@ class Harness:
             self._backend = get_backend(name, **self.backend_options)
         return self._backend
 
-    def sandbox_spec(self, task: Mapping[str, Any]) -> SandboxSpec:
-        assert self.sandbox is not None
-        data = self.sandbox.model_dump(exclude={"backend"})
-        data.update(dict(task.get("sandbox") or {}))
+    def sandbox_spec(self, task: Mapping[str, Any], config: SandboxConfig | None = None) -> SandboxSpec:
+        """The spec of the program's sandbox for `task` (its `sandbox` overrides applied), or
+        of a sandboxed toolset's own sandbox (`config`); the run's isolation either way."""
+        config = config if config is not None else self.sandbox
+        assert config is not None
+        data = config.model_dump(exclude={"backend", "output_limit_bytes", "pool_size"})
+        if config is self.sandbox:
+            data.update(dict(task.get("sandbox") or {}))
         if self.isolation is not None:
             data["isolation"] = self.isolation
         data["name"] = "vf-v1"
@@ -153,6 +244,64 @@ class Harness:
             return SandboxSpec(**data)
         except ValueError as exc:
             raise ConfigError(f"invalid sandbox settings: {exc}") from exc
+
+    def set_sandbox_settings(self, **settings: Any) -> None:
+        """Change fields of the sandbox config (the run's `-x image=...`), validated; refused
+        once the warm pool started when they change the spec (its sandboxes have the old one)."""
+        if self.sandbox is None:
+            raise ConfigError(f"sandbox settings {sorted(settings)} given, but this harness has no sandbox")
+        try:
+            new = SandboxConfig.from_config({**self.sandbox.model_dump(), **settings})
+        except ValueError as exc:
+            raise ConfigError(f"invalid sandbox settings {settings}: {exc}") from exc
+        self._refuse_if_pooled(lambda: self.sandbox_spec({}, new), sorted(settings))
+        self.sandbox = new
+
+    def set_isolation(self, isolation: str) -> None:
+        old = self.isolation
+        self.isolation = isolation
+        if self.sandbox is not None:
+            try:
+                self._refuse_if_pooled(lambda: self.sandbox_spec({}), ["isolation"])
+            except ConfigError:
+                self.isolation = old
+                raise
+
+    def _refuse_if_pooled(self, new_spec: Callable[[], SandboxSpec], names: list[str]) -> None:
+        if self._pool is not None and new_spec() != self._pool.spec:
+            raise ConfigError(f"cannot change sandbox settings {names} after the warm pool was started")
+
+    # ---- warm pool (as SandboxEnv's)
+    max_default_pool_size = 32
+
+    def set_concurrency(self, concurrency: int) -> None:
+        self.concurrency = max(1, int(concurrency))
+
+    @property
+    def effective_pool_size(self) -> int:
+        if self.sandbox is None:
+            return 0
+        if self.sandbox.pool_size is not None:
+            return self.sandbox.pool_size
+        return min(self.concurrency, self.max_default_pool_size) if self.concurrency else 0
+
+    async def start_pool(self) -> None:
+        """Start filling the warm pool (Env does before the first rollout)."""
+        if self.effective_pool_size > 0:
+            await self._get_pool()
+
+    async def _get_pool(self) -> Any:
+        from sandboxes.pool import SandboxPool
+
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if self._pool is None:
+                size = self.effective_pool_size
+                self._pool = SandboxPool(self.sandbox_spec({}), size, backend=self.backend,
+                                         create_concurrency=max(4, size))
+                await self._pool.start()
+        return self._pool
 
     # ---- running
     async def run(self, task: Task | Mapping[str, Any], state: State | None = None) -> State:
@@ -162,9 +311,7 @@ class Harness:
         rt["task"] = task
         rt.setdefault("model", self.model)
         if self.client is not None and "client" not in rt:
-            from ..clients import make_client
-
-            rt["client"] = make_client(self.client)
+            rt["client"] = self._own_client()
         if not rt.get("client") or not rt.get("model"):
             raise UsageError("Harness.run needs a client and a model (Harness(client=, model=) or an Env run)")
         rt["sampling_args"] = {**self.sampling_args, **(rt.get("sampling_args") or {})}
@@ -172,6 +319,16 @@ class Harness:
         key = self.endpoint.register(Registration(state=state, client=rt["client"], model=rt["model"],
                                                   sampling_args=rt["sampling_args"]))
         rt["endpoint"] = {"base_url": base_url, "api_key": key}
+
+        async def sandbox_for() -> Any:  # a toolset with sandbox="program" runs its tools here
+            if rt.get("sandbox") is not None:
+                return rt["sandbox"]
+            if self.sandbox is None:
+                raise ConfigError('a toolset with sandbox="program" needs a harness with a sandbox')
+            return await self._sandbox_for(state, task)
+
+        rt["sandbox_for"] = sandbox_for
+        rt["new_sandbox"] = lambda config: self.backend.create(self.sandbox_spec(task, config))
         state["timing"].generation.start = state["timing"].generation.start or time.time()
         try:
             tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}
@@ -181,25 +338,29 @@ class Harness:
                 tools.update(callables)
                 defs.extend(tdefs)
             if self.kind == "base" and self.sandbox is not None:  # the base loop with a sandbox: a bash tool in it
-                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds)
+                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox)
                 tools["bash"] = bash
                 defs.append(convert_func_to_tool_def(bash))
             rt["tools"], rt["tool_defs"] = tools, defs
             state["tool_defs"] = [d.model_dump() for d in defs] or None
             for fn in self.setups:
-                await _maybe(fn(task, state))
+                await call_user(self.sync_pool, fn, task, state)
             for ts in self.toolsets:
                 await ts.setup(task, state)
             await self._run_program(task, state)
         except asyncio.CancelledError:
             raise
-        except Error as exc:
-            state._set("error", exc)
         except Exception as exc:  # the program crashed: the rollout's error, the run goes on
-            log.debug("v1 program failed", exc_info=True)
-            state._set("error", exc)
+            if not isinstance(exc, Error):
+                log.debug("v1 program failed", exc_info=True)
+            state._set("error", rollout_error(state, exc))
+        else:
+            pending = rt.get("model_error")
+            if pending is not None:  # the program survived a failed model call it never recovered from
+                state._set("error", pending)
         finally:
             self.endpoint.unregister(key)
+            await state.close_clients()
         if not state.get("is_completed"):
             state.stop("has_error" if state.get("error") is not None else "program_done")
         return state.finalize()
@@ -209,43 +370,63 @@ class Harness:
             program = self.program or {}
             await base_loop(task, state, system_messages(task.get("system_prompt") or self.system_prompt),
                             state.get_max_turns(program.get("max_turns", self.max_turns)
-                                                if isinstance(program, Mapping) else self.max_turns), self.stops)
+                                                if isinstance(program, Mapping) else self.max_turns), self.all_stops(),
+                            self.sync_pool, self.user, self.all_updates())
+        elif self.python is not None:
+            assert self.sandbox is not None
+            await run_sandboxed_python(self.python, task, state, self.program if isinstance(self.program, Mapping) else {},
+                                       await self._sandbox_for(state, task), self.sandbox.timeout_per_command_seconds,
+                                       self.sandbox.output_limit_bytes)
         elif self.kind == "callable":
-            await call_program(self.program, task, state)
+            await call_program(self.program, task, state, self.sync_pool)
         elif self.kind == "fn":
-            await call_program(self.program["fn"], task, state)
+            await call_program(self.program["fn"], task, state, self.sync_pool)
         elif self.sandbox is None:
             await run_local_command(task, state, self.program)
         else:
-            await run_sandboxed_command(task, state, self.program, await self._sandbox_for(state, task))
+            await run_sandboxed_command(task, state, self.program, await self._sandbox_for(state, task),
+                                        self.sandbox.timeout_per_command_seconds, self.sandbox.output_limit_bytes)
 
     async def _sandbox_for(self, state: State, task: Task) -> Any:
         sandbox = state.runtime.get("sandbox")
         if sandbox is not None:
             return sandbox
-        sandbox = await self.backend.create(self.sandbox_spec(task))
+        spec = self.sandbox_spec(task)
+        if self.effective_pool_size > 0 and spec == self.sandbox_spec({}):
+            sandbox = await (await self._get_pool()).acquire()
+            self._pooled_ids.add(sandbox.id)
+        else:
+            sandbox = await self.backend.create(spec, idempotency_key=state["trajectory_id"])
         state.runtime["sandbox"] = sandbox
-        self._owned_sandboxes[id(state)] = sandbox
+        self._owned_sandboxes[state["trajectory_id"]] = sandbox
         return sandbox
 
     async def score_group(self, tasks: list[Task], states: list[State]) -> list[State]:
-        await score_states(self.rewards, self.metrics, tasks, states)
+        await score_states(self.rewards, self.metrics, tasks, states, self.sync_pool)
         return states
 
     async def cleanup_group(self, tasks: list[Task], states: list[State]) -> None:
         for task, state in zip(tasks, states):
             try:
                 for fn in self.cleanups:
-                    await _maybe(fn(task, state))
+                    await call_user(self.sync_pool, fn, task, state)
                 for ts in self.toolsets:
                     await ts.cleanup(task, state)
             finally:
-                sandbox = self._owned_sandboxes.pop(id(state), None)
+                sandbox = self._owned_sandboxes.pop(state["trajectory_id"], None)
                 if sandbox is not None:
-                    try:
-                        await sandbox.delete()
-                    except Exception as exc:  # the sandbox is gone already: nothing leaks
-                        log.warning("deleting v1 sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
+                    await self._release(sandbox)
+
+    async def _release(self, sandbox: Any) -> None:
+        """Give back a sandbox this harness owns: to the pool it came from, else delete it."""
+        try:
+            if sandbox.id in self._pooled_ids and self._pool is not None:
+                self._pooled_ids.discard(sandbox.id)
+                await self._pool.release(sandbox)  # deleted in the background, never reused
+            else:
+                await sandbox.delete()
+        except Exception as exc:  # the sandbox is gone already: nothing leaks
+            log.warning("deleting v1 sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
 
     async def teardown(self) -> None:
         for sandbox in list(self._owned_sandboxes.values()):
@@ -254,9 +435,22 @@ class Harness:
             except Exception as exc:
                 log.warning("deleting v1 sandbox at teardown failed: %s", exc)
         self._owned_sandboxes.clear()
+        self._pooled_ids.clear()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await pool.close()  # deletes the ready sandboxes and waits for pending deletions
+            except Exception as exc:
+                log.warning("closing the v1 warm pool failed: %s", exc)
         for ts in self.toolsets:
             await ts.teardown()
         await self.endpoint.close()
+        client, self._client = self._client, None
+        if client is not None and isinstance(self.client, ClientConfig):  # a client instance given stays the caller's
+            try:
+                await client.close()
+            except Exception as exc:
+                log.warning("closing the harness's model client failed: %s", exc)
         if self._backend is not None and self._backend is not self.backend_name:  # ours to close, not a given instance
             close = getattr(self._backend, "close", None)
             if close is not None:

@@ -1,7 +1,8 @@
 """The program forms a v1 Harness runs: the base tool loop, a callable, an
-importable `{"fn": "pkg.module:run"}`, and `{"command": [...]}` locally or in a
-sandbox. Every form reaches the model through the state's interception
-endpoint (`state.get_client()` / OPENAI_BASE_URL)."""
+importable `{"fn": "pkg.module:run"}` (in process here; in a sandbox:
+`sandbox_python.py`), and `{"command": [...]}` locally or in a sandbox. Every
+form reaches the model through the state's interception endpoint
+(`state.get_client()` / OPENAI_BASE_URL)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import openai
-
 from sandboxes.errors import ConfigError
 
+from ..sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, cap_text
 from ..tool_schema import tool_message_content
 from .config import resolve_ref
+from .user import User, user_messages
+from .usercode import call_user
 
-OUTPUT_TAIL = 8000
+OUTPUT_LIMIT = DEFAULT_OUTPUT_LIMIT  # bytes of a command's stdout / stderr kept in program_result (head and tail)
 
 
 def program_kind(program: Any) -> str:
@@ -42,13 +44,12 @@ def program_kind(program: Any) -> str:
     raise ConfigError(f"a program is None, a callable or a mapping, not {type(program).__name__}")
 
 
-async def call_program(fn: Any, task: Any, state: Any) -> None:
+async def call_program(fn: Any, task: Any, state: Any, pool: Any = None) -> None:
+    """An in-process program: async on the loop, sync in the harness's thread pool."""
     fn = resolve_ref(fn)
     if not callable(fn):
         raise ConfigError(f"program {fn!r} is not callable")
-    result = fn(task, state)
-    if inspect.isawaitable(result):
-        await result
+    await call_user(pool, fn, task, state)
 
 
 def _openai_tool(tool: Any) -> dict[str, Any]:
@@ -59,14 +60,20 @@ def _openai_tool(tool: Any) -> dict[str, Any]:
 
 
 async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_turns: int,
-                    stops: list[Any]) -> None:
-    """The default endpoint-backed tool loop: ask, run the tools called, repeat."""
+                    stops: list[Any], pool: Any = None, user: User | None = None,
+                    updates: list[Any] | None = None) -> None:
+    """The default endpoint-backed tool loop: ask, run the tools called, repeat; with
+    a simulated `user`, an answer without tool calls gets the user's reply (user.py).
+    After each turn the `updates` run (`(task, state)`, `state["completion"]` current),
+    then the stop conditions are checked; the first that fires ends the loop."""
     client = state.get_client()
     tools = state.get_tools()
     tool_defs = state.runtime.get("tool_defs") or []
+    if not state["prompt"] and user is not None:  # the user opens the conversation
+        state["prompt"] = user_messages(await call_user(pool, user.fn, task, state, ""))
     messages: list[dict[str, Any]] = [*system, *state["prompt"]]
     start = len(messages)
-    turns = 0
+    turns = replies = 0
     try:
         while True:
             if turns >= max_turns:
@@ -84,24 +91,31 @@ async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_tur
                                       "function": {"name": c.function.name, "arguments": c.function.arguments}}
                                      for c in msg.tool_calls]
             messages.append(out)
-            if not msg.tool_calls:
+            if msg.tool_calls:
+                for call in msg.tool_calls:
+                    messages.append({"role": "tool", "tool_call_id": call.id,
+                                     "content": await _run_tool(tools, call.function.name, call.function.arguments)})
+            elif user is None or replies >= user.max_turns:
                 state.stop("no_tools_called")
                 break
-            for call in msg.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": await _run_tool(tools, call.function.name, call.function.arguments)})
+            else:
+                reply = user_messages(await call_user(pool, user.fn, task, state, msg.content or ""))
+                replies += 1
+                if not reply:
+                    state.stop("user_done")
+                    break
+                messages.extend(reply)
+            if updates:
+                state["completion"] = messages[start:]
+                for update in updates:
+                    await call_user(pool, update, task, state)
             for stop in stops:
-                result = stop(task, state)
-                if (await result if inspect.isawaitable(result) else result):
+                if await call_user(pool, stop, task, state):
                     state.stop(getattr(stop, "__name__", "stop"))
+                    break
             if state.get("is_completed"):
                 break
-    except openai.APIStatusError as exc:
-        errors = state.runtime.get("model_errors") or []
-        if errors:
-            raise errors[-1] from exc
-        raise
-    finally:
+    finally:  # a failed model call surfaces as the rollout's model error (harness.rollout_error)
         state["completion"] = messages[start:]
 
 
@@ -123,7 +137,8 @@ def command_env(state: Any, base_url: str, program: Mapping[str, Any], task: Map
     endpoint = state.get_endpoint_config()
     env = {
         "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": endpoint["api_key"], "OPENAI_MODEL": endpoint["model"],
-        "VF_TASK_JSON": json.dumps(dict(task), default=str),
+        "ANTHROPIC_BASE_URL": base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url,
+        "ANTHROPIC_API_KEY": endpoint["api_key"], "VF_TASK_JSON": json.dumps(dict(task), default=str),
     }
     env.update({k: str(v) for k, v in (program.get("env") or {}).items()})
     env.update({k: str(v) for k, v in ((task.get("program") or {}).get("env") or {}).items()})
@@ -135,10 +150,13 @@ def command_argv(program: Mapping[str, Any], task: Mapping[str, Any]) -> list[st
                              *((task.get("program") or {}).get("args") or [])]]
 
 
-def record_result(state: Any, exit_code: int | None, stdout: str, stderr: str, timed_out: bool = False) -> None:
+def record_result(state: Any, exit_code: int | None, stdout: str, stderr: str, timed_out: bool = False,
+                  limit: int = OUTPUT_LIMIT, completion_from_stdout: bool = True) -> None:
+    """`state["program_result"]` (outputs capped, head and tail); a command that never
+    called the model has its stdout as the completion."""
     state["program_result"] = {"exit_code": exit_code, "timed_out": timed_out,
-                               "stdout": stdout[-OUTPUT_TAIL:], "stderr": stderr[-OUTPUT_TAIL:]}
-    if not state["trajectory"] and stdout.strip():
+                               "stdout": cap_text(stdout, limit)[0], "stderr": cap_text(stderr, limit)[0]}
+    if completion_from_stdout and not state["trajectory"] and stdout.strip():
         state["completion"] = [{"role": "assistant", "content": stdout.strip()}]
 
 
@@ -160,7 +178,10 @@ async def run_local_command(task: Any, state: Any, program: Mapping[str, Any]) -
     record_result(state, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
-async def run_sandboxed_command(task: Any, state: Any, program: Mapping[str, Any], sandbox: Any) -> None:
+async def run_sandboxed_command(task: Any, state: Any, program: Mapping[str, Any], sandbox: Any,
+                                timeout: float = 600.0, limit: int = OUTPUT_LIMIT) -> None:
+    """`program.command` in `sandbox`, its model calls relayed over the sandbox's command
+    channel; `timeout` (the sandbox config's per-command timeout) unless the program sets one."""
     from .sandbox_relay import SandboxRelay
 
     files = {**(program.get("files") or {}), **((task.get("program") or {}).get("files") or {})}
@@ -168,5 +189,6 @@ async def run_sandboxed_command(task: Any, state: Any, program: Mapping[str, Any
         await sandbox.write_file(path, text)
     async with SandboxRelay(sandbox, state.get_endpoint_config()["base_url"]) as relay:
         res = await sandbox.exec(command_argv(program, task), env=command_env(state, relay.base_url, program, task),
-                                 cwd=program.get("cwd"), timeout=float(program.get("timeout", 600)))
-    record_result(state, res.exit_code, res.stdout, res.stderr, timed_out=bool(getattr(res, "timed_out", False)))
+                                 cwd=program.get("cwd"), timeout=float(program.get("timeout", timeout)))
+    record_result(state, res.exit_code, res.stdout, res.stderr, timed_out=bool(getattr(res, "timed_out", False)),
+                  limit=limit)

@@ -24,7 +24,7 @@ from .task import Task
 
 MANAGED_FIELDS = frozenset({"is_completed", "stop_condition", "is_truncated", "error"})
 BORROWABLE = frozenset({"model", "client", "sandbox", "tools", "endpoint"})
-APIS = ("chat_completions",)
+APIS = ("chat_completions", "responses", "anthropic_messages")
 
 
 class _HybridMethod:
@@ -115,15 +115,39 @@ class State(dict):
         endpoint = self.runtime.get("endpoint")
         if endpoint is None:
             raise UsageError("this state has no model endpoint: run it through a Harness")
-        return {"base_url": endpoint["base_url"], "api_key": endpoint["api_key"], "model": self.get_model()}
+        base = endpoint["base_url"]
+        if api == "anthropic_messages":  # the Anthropic SDK appends /v1/messages itself
+            base = base[: -len("/v1")] if base.endswith("/v1") else base
+        return {"base_url": base, "api_key": endpoint["api_key"], "model": self.get_model()}
 
     def get_client(self, api: str = "chat_completions", *, sync: bool = False) -> Any:
-        """An OpenAI SDK client on the interception endpoint (every call is recorded)."""
+        """An SDK client on the interception endpoint (every call is recorded): OpenAI's for
+        "chat_completions" and "responses", Anthropic's for "anthropic_messages"; one per
+        (api, sync) for the rollout, closed by the harness when the rollout ends."""
         cfg = self.get_endpoint_config(api)
         import openai
 
-        cls = openai.OpenAI if sync else openai.AsyncOpenAI
-        return cls(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
+        clients = self.runtime.setdefault("sdk_clients", {})
+        client = clients.get((api, sync))
+        if client is None:
+            if api == "anthropic_messages":
+                import anthropic
+
+                cls = anthropic.Anthropic if sync else anthropic.AsyncAnthropic
+            else:  # chat completions and Responses: the OpenAI SDK
+                cls = openai.OpenAI if sync else openai.AsyncOpenAI
+            client = clients[(api, sync)] = cls(base_url=cfg["base_url"], api_key=cfg["api_key"], max_retries=0)
+        return client
+
+    async def close_clients(self) -> None:
+        """Close the SDK clients `get_client` made (the harness does when the rollout ends)."""
+        for client in self.runtime.pop("sdk_clients", {}).values():
+            try:
+                result = client.close()
+                if hasattr(result, "__await__"):
+                    await result
+            except Exception:  # a client the program closed itself, or its loop is gone
+                pass
 
     def get_tools(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         return dict(self.runtime.get("tools") or {})

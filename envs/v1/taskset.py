@@ -3,17 +3,19 @@ setups, rewards, metrics, cleanups)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sandboxes.errors import ConfigError
 
+from ..sync_pool import SyncPool
 from .config import TasksetConfig, resolve_ref
 from .harness import score_states
 from .state import State
 from .task import Task
 from .toolset import Toolset
+from .user import user_of
+from .usercode import call_user
 
 
 def _load(source: Any) -> list[dict[str, Any]]:
@@ -48,18 +50,21 @@ class Taskset:
         config: TasksetConfig | Mapping[str, object] | None = None,
     ):
         cfg = TasksetConfig.from_config(config) if config is not None else TasksetConfig()
-        if (user if user is not None else cfg.user) is not None or stops or updates or advantages:
-            raise ConfigError("Taskset: user=, stops=, updates= and advantages= are not implemented yet")
+        self.user = user_of(user if user is not None else cfg.user)  # Env hands it to the base loop
         self.source = source if source is not None else cfg.source
         self.eval_source = eval_source if eval_source is not None else cfg.eval_source
         self.taskset_id = taskset_id or cfg.taskset_id
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
         self.toolsets = list(toolsets)
         self.setups = [resolve_ref(f) for f in setups]
+        self.stops = [resolve_ref(f) for f in stops]  # joined to the harness's by Env (base loop only)
+        self.updates = [resolve_ref(f) for f in updates]  # likewise
+        self.advantages = [resolve_ref(f) for f in advantages]  # run by Env after the group is scored
         self.metrics = [resolve_ref(f) for f in metrics]
         self.rewards = [resolve_ref(f) for f in rewards]
         self.cleanups = [resolve_ref(f) for f in cleanups]
         self._rows: list[dict[str, Any]] | None = None
+        self.sync_pool: SyncPool | None = None  # where sync user code runs (Env's pool; None: the default)
         self._eval_rows: list[dict[str, Any]] | None = None
 
     def rows(self) -> list[dict[str, Any]]:
@@ -106,17 +111,13 @@ class Taskset:
 
     async def setup(self, task: Task, state: State) -> None:
         for fn in self.setups:
-            result = fn(task, state)
-            if inspect.isawaitable(result):
-                await result
+            await call_user(self.sync_pool, fn, task, state)
 
     async def score_group(self, tasks: list[Task], states: list[State]) -> list[State]:
-        await score_states(self.rewards, self.metrics, tasks, states)
+        await score_states(self.rewards, self.metrics, tasks, states, self.sync_pool)
         return states
 
     async def cleanup_group(self, tasks: list[Task], states: list[State]) -> None:
         for task, state in zip(tasks, states):
             for fn in self.cleanups:
-                result = fn(task, state)
-                if inspect.isawaitable(result):
-                    await result
+                await call_user(self.sync_pool, fn, task, state)

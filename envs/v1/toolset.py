@@ -10,14 +10,23 @@ A Toolset packages callables (and MCP servers) with:
 - private objects: `objects={"db": factory}` built per scope (`"rollout"`
   default, `"group"` once per example, `"global"` once per toolset) and only
   reachable through `objects.*` bindings, never from state;
-- lifecycle handlers `setups` / `cleanups` `(task, state)` and `teardowns` `()`.
+- `sandbox`: `"program"` runs the tools in the harness's sandbox (the
+  program's), a SandboxConfig in a sandbox of the toolset's own per scope
+  (deleted with the rollout / at teardown); each call runs the module-level
+  function by reference there (its package uploaded, arguments and result
+  JSON, `sandbox_python.call_in_sandbox`); no MCPTool, no `objects.*`
+  bindings in a sandboxed toolset;
+- lifecycle handlers `setups` / `cleanups` `(task, state)` and `teardowns` `()`;
+- `stops` `(task, state) -> bool`: checked by the base tool loop after each
+  turn with the harness's and the taskset's (the first that fires names the
+  stop condition); `updates` `(task, state)`: run by the base loop after each
+  turn, before the stops; both refused under any other program form.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -26,14 +35,12 @@ from sandboxes.errors import ConfigError, InfraError, UsageError
 
 from ..tool_schema import convert_func_to_tool_def
 from ..types import Tool
-from .config import ToolsetConfig, resolve_ref
+from .config import SandboxConfig, ToolsetConfig, resolve_ref
+from .sandbox_python import PythonProgram, call_in_sandbox, install, python_program
+from .usercode import call_user
 
 Scope = Literal["rollout", "group", "global"]
 log = logging.getLogger(__name__)
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 def _field(obj: Any, *names: str) -> Any:
@@ -142,8 +149,8 @@ class Toolset:
         config: ToolsetConfig | Mapping[str, object] | None = None,
     ):
         cfg = ToolsetConfig.from_config(config) if config is not None else None
-        if sandbox is not None or write or stops or updates:
-            raise ConfigError("Toolset: sandbox=, write=, stops= and updates= are not implemented yet")
+        if write:
+            raise ConfigError("Toolset: write= is not implemented yet")
         self.tools: list[Any] = [resolve_ref(t) for t in [*(cfg.tools if cfg else []), *tools]]
         if cfg:
             self.tools += [MCPTool(m.command, m.args, m.env, m.cwd) for m in cfg.mcp]
@@ -155,7 +162,17 @@ class Toolset:
         self.bindings = dict(bindings or {})
         self.objects = dict(objects or {})
         self.setups, self.cleanups, self.teardowns = list(setups), list(cleanups), list(teardowns)
+        self.stops = [resolve_ref(f) for f in stops]  # (task, state) -> bool, checked by the base loop after each turn
+        self.updates = [resolve_ref(f) for f in updates]  # (task, state), run by the base loop after each turn
         self._scoped: dict[Any, dict[str, Any]] = {}
+        self.sync_pool: Any = None  # where sync tools / handlers run (the harness's pool; None: the default)
+        self.sandbox: SandboxConfig | str | None = None
+        self._programs: dict[str, PythonProgram] = {}  # tool name -> what runs in the sandbox
+        self._sandboxes: dict[Any, Any] = {}  # scope key -> this toolset's own sandbox
+        self._installed: set[str] = set()  # sandbox ids the tools' packages were uploaded to
+        self._sandbox_locks: dict[Any, asyncio.Lock] = {}
+        if sandbox is not None:
+            self._set_sandbox(sandbox)
         names = [getattr(t, "__name__", None) for t in self.tools if not isinstance(t, MCPTool)]
         for target, source in self.bindings.items():
             if "." not in target:
@@ -166,13 +183,65 @@ class Toolset:
             if isinstance(source, str) and not source.startswith(("task.", "state.", "objects.")):
                 raise ConfigError(f"Toolset binding {target!r}: string sources are framework paths "
                                   "(task.*, state.*, objects.*); bind a literal through a callable")
+            if self.sandbox is not None and isinstance(source, str) and source.startswith("objects."):
+                raise ConfigError(f"Toolset binding {target!r}: private objects live on the host and cannot "
+                                  "reach a sandboxed tool (its arguments are JSON)")
+
+    def _set_sandbox(self, sandbox: Any) -> None:
+        """`sandbox="program"`: the tools run in the harness's sandbox (its program's);
+        a SandboxConfig / mapping: in a sandbox of the toolset's own, one per scope."""
+        if isinstance(sandbox, str):
+            if sandbox != "program":
+                raise ConfigError(f'Toolset sandbox must be "program" or a SandboxConfig, not {sandbox!r}')
+            self.sandbox = sandbox
+        else:
+            self.sandbox = SandboxConfig.from_config(sandbox)
+            if self.sandbox.backend is not None:
+                raise ConfigError("a sandboxed toolset's sandboxes come from the run's backend; drop sandbox.backend")
+        for tool in self.tools:
+            if isinstance(tool, MCPTool):
+                raise ConfigError("an MCPTool cannot run in a sandboxed toolset yet (give it a toolset of its own)")
+            self._programs[tool.__name__] = python_program(tool)
+
+    async def _tool_sandbox(self, task: Mapping[str, Any], state: Any) -> Any:
+        """The sandbox this call runs in, its packages uploaded (once per sandbox; one
+        lock per rollout / scope, so rollouts never wait on each other's creations)."""
+        key = ("program", state["trajectory_id"]) if self.sandbox == "program" else self._scope_key(task, state)
+        lock = self._sandbox_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if self.sandbox == "program":
+                getter = state.runtime.get("sandbox_for")
+                if getter is None:
+                    raise ConfigError('a toolset with sandbox="program" runs under a Harness with a sandbox')
+                sandbox = await getter()
+            else:
+                sandbox = self._sandboxes.get(key)
+                if sandbox is None:
+                    sandbox = self._sandboxes[key] = await state.runtime["new_sandbox"](self.sandbox)
+            if sandbox.id not in self._installed:
+                for prog in {p.root: p for p in self._programs.values()}.values():
+                    await install(sandbox, prog)
+                self._installed.add(sandbox.id)
+        return sandbox
+
+    async def _delete_sandbox(self, key: Any) -> None:
+        sandbox = self._sandboxes.pop(key, None)
+        if sandbox is not None:
+            self._installed.discard(sandbox.id)
+            try:
+                await sandbox.delete()
+            except Exception as exc:
+                log.warning("deleting a toolset sandbox failed: %s", exc)
 
     # ---- objects by scope
+    def _scope_key(self, task: Mapping[str, Any], state: Any) -> tuple[Any, ...]:
+        return {"rollout": ("rollout", state["trajectory_id"]), "group": ("group", task.get("example_id")),
+                "global": ("global",)}[self.scope]
+
     async def _objects_for(self, task: Mapping[str, Any], state: Any) -> dict[str, Any]:
-        key = {"rollout": ("rollout", id(state)), "group": ("group", task.get("example_id")),
-               "global": ("global",)}[self.scope]
+        key = self._scope_key(task, state)
         if key not in self._scoped:
-            self._scoped[key] = {n: await _maybe_await(f()) for n, f in self.objects.items()}
+            self._scoped[key] = {n: await call_user(self.sync_pool, f) for n, f in self.objects.items()}
         return self._scoped[key]
 
     def _source(self, source: Any, task: Mapping[str, Any], state: Any, objects: dict[str, Any]) -> Any:
@@ -220,27 +289,40 @@ class Toolset:
 
     def _bind(self, fn: Callable[..., Any], bound: dict[str, Any], task: Mapping[str, Any], state: Any,
               objects: dict[str, Any]) -> Callable[..., Awaitable[Any]]:
+        prog = self._programs.get(fn.__name__)
+
         async def call(**kwargs: Any) -> Any:
             for arg, source in bound.items():
                 kwargs[arg] = self._source(source, task, state, objects)
-            return await _maybe_await(fn(**kwargs))
+            if prog is not None:  # a sandboxed toolset: the call runs in its sandbox
+                timeout = self.sandbox.timeout_per_command_seconds if isinstance(self.sandbox, SandboxConfig) else 600.0
+                return await call_in_sandbox(prog, await self._tool_sandbox(task, state), kwargs, timeout)
+            return await call_user(self.sync_pool, fn, **kwargs)
 
         call.__name__ = fn.__name__
         return call
 
     async def setup(self, task: Mapping[str, Any], state: Any) -> None:
         for fn in self.setups:
-            await _maybe_await(fn(task, state))
+            await call_user(self.sync_pool, fn, task, state)
 
     async def cleanup(self, task: Mapping[str, Any], state: Any) -> None:
         for fn in self.cleanups:
-            await _maybe_await(fn(task, state))
-        self._scoped.pop(("rollout", id(state)), None)
+            await call_user(self.sync_pool, fn, task, state)
+        self._scoped.pop(("rollout", state["trajectory_id"]), None)
+        await self._delete_sandbox(("rollout", state["trajectory_id"]))
+        if self.sandbox == "program" and state.runtime.get("sandbox") is not None:
+            self._installed.discard(state.runtime["sandbox"].id)  # the harness deletes it after this
+        self._sandbox_locks.pop(("program", state["trajectory_id"]), None)
+        self._sandbox_locks.pop(("rollout", state["trajectory_id"]), None)
 
     async def teardown(self) -> None:
         for fn in self.teardowns:
-            await _maybe_await(fn())
+            await call_user(self.sync_pool, fn)
         for tool in self.tools:
             if isinstance(tool, MCPTool):
                 await tool.close()
         self._scoped.clear()
+        for key in list(self._sandboxes):
+            await self._delete_sandbox(key)
+        self._sandbox_locks.clear()

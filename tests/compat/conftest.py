@@ -24,8 +24,12 @@ _ALIASES = {
     "verifiers.utils.logging_utils": "envs.logging_utils",
     "verifiers.clients": "envs.clients",
     "verifiers.clients.client": "envs.clients.base",
+    "verifiers.clients.openai_chat_completions_client": "envs.clients.openai_clients",
+    "verifiers.clients.openai_chat_completions_token_client": "envs.clients.openai_token_client",
     "verifiers.envs.env_group": "envs.env_group",
     "verifiers.utils.save_utils": "envs.outputs",
+    "verifiers.rubrics": "envs.rubrics",
+    "verifiers.rubrics.math_rubric": "envs.rubrics.math_rubric",
 }
 
 
