@@ -105,6 +105,7 @@ class CellSandbox(AgentSandbox):
         super().__init__(connection, **kwargs)
         self.host = host
         self.cell_id = connection.cell_id
+        self.init_pid: int | None = None
         self.created_at = time.time()
         self.labels = {**{k: str(v) for k, v in self.spec.labels.items()}, **lifecycle_labels(self.spec)}
 
@@ -186,10 +187,13 @@ class CellHost:
             self.open -= 1
             raise
         host_conn = self.sandbox.connection
+        self.last_open_ms = reply.get("ms")  # where the open's time went in the host (zygote, setup, agent)
         conn = CellConnection(host_conn, n, reply.get("hello") or {})
         host_conn.cells[n] = conn
-        return CellSandbox(conn, host=self, id=f"{self.sandbox.id}{CELL_MARK}{n}", name=name, spec=spec,
+        cell = CellSandbox(conn, host=self, id=f"{self.sandbox.id}{CELL_MARK}{n}", name=name, spec=spec,
                            backend_name=self.sandbox.backend_name)
+        cell.init_pid = reply.get("pid")  # the cell's PID 1 (its agent) as the host sandbox sees it
+        return cell
 
     async def close_cell(self, cell_id: int) -> None:
         conn = self.sandbox.connection.cells.get(cell_id)

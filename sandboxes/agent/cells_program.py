@@ -17,9 +17,9 @@ Processes (all stdlib, Python 3.7+):
       zygote       forked before any thread: single-threaded, so it can fork and
                    unshare safely; owns the cgroup mounts
         watcher    the cell init's parent (outside the cell): kills it on request
-          cell init    PID 1 of the cell's PID namespace; kills the cell at its lifetime;
-                       when it dies the kernel kills every process of the cell
-            cell agent   `main()` of program.py over the cell's socket
+          cell agent   PID 1 of the cell's PID namespace: `main()` of program.py over
+                       the cell's socket, reaping the cell's orphans; exits at the cell's
+                       lifetime; when it ends the kernel kills every process of the cell
 
 Only the host agent and the zygote hold privilege; it is dropped in the cell
 before the cell agent runs.
@@ -408,10 +408,11 @@ def keep_only_fds(keep):
         os.closerange(lo + 1, hi)
 
 
-def cell_first_child(conf, sock_fd, report):
+def cell_first_child(conf, sock_fd, report, alive):
     """Runs in a fresh child of the zygote: cgroup, namespaces, filesystem; then forks
-    the cell's PID 1 and reports its pid (as seen by the host agent)."""
-    keep_only_fds([sock_fd, report])
+    the cell's PID 1 and reports its pid (as seen by the host agent). It holds `alive`
+    open until the cell is gone (EOF there tells the host agent so)."""
+    keep_only_fds([sock_fd, report, alive])
     join_cgroups(conf["cgroups"])
     unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
     make_private()
@@ -419,6 +420,7 @@ def cell_first_child(conf, sock_fd, report):
     pid = os.fork()
     if pid:
         watch_cell(pid, sock_fd, report)
+    os.close(alive)
     cell_init(conf, sock_fd, report, root)
 
 
@@ -455,8 +457,9 @@ def watch_cell(init, sock_fd, report):
 
 
 def cell_init(conf, sock_fd, report, root):
-    """PID 1 of the cell: finish the filesystem, drop privilege, start the cell's agent,
-    reap orphans; exit (taking the whole cell down) when the agent ends or at the lifetime."""
+    """PID 1 of the cell: finish the filesystem, drop privilege, then serve as the cell's
+    agent (one process less to fork per cell); exit (taking the whole cell down) when
+    the agent ends or at the lifetime."""
     mount_proc(root)
     enter_root(root)
     socket.sethostname(conf["hostname"])
@@ -472,46 +475,67 @@ def cell_init(conf, sock_fd, report, root):
     os.chdir(workdir)
     os.write(report, b"ok\n")
     os.close(report)
-    agent = os.fork()
-    if agent == 0:
-        os.dup2(sock_fd, 0)
-        os.dup2(sock_fd, 1)
-        os.closerange(3, 65536)
-        for sig in (signal.SIGALRM, signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        try:
-            main()
-        finally:
-            os._exit(0)
-    os.close(sock_fd)
+    os.dup2(sock_fd, 0)
+    os.dup2(sock_fd, 1)
+    os.closerange(3, 65536)
     # a PID 1 ignores signals it has no handler for: exit at the lifetime (the kernel then kills the cell)
     signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
     signal.alarm(max(1, int(conf["lifetime"])))
+    threading.Thread(target=reap_orphans, daemon=True).start()
+    try:
+        main()  # the cell's agent is its PID 1: when it ends, for whatever reason, the cell ends
+    finally:
+        os._exit(0)
+
+
+def agent_children():
+    """Pids the agent itself waits for (its commands and background processes)."""
+    with _procs_lock:
+        pids = set(_procs)
+    return pids | set(_groups)
+
+
+def reap_orphans(interval=0.2):
+    """As the cell's PID 1 the agent inherits every orphan of the cell: reap the zombies
+    that are not its own children (peeked at with WNOWAIT, so a command's status is never
+    taken from the code that waits for it)."""
     while True:
-        try:
-            pid, _ = os.wait()
-        except ChildProcessError:
-            os._exit(0)
-        except InterruptedError:
-            continue
-        if pid == agent:
-            os._exit(0)
+        time.sleep(interval)
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                break
+            if info is None or info.si_pid in agent_children():
+                break  # none, or the agent's own: reaped where it is waited for
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                pass
 
 
 # ------------------------------------------------------------------ zygote
 def _recv(sock):
-    """One request line and at most one passed fd (None, None at EOF)."""
+    """One message line and the fds passed with it: (message, [fd, ...]); (None, []) at EOF."""
     fds = array.array("i")
     data = b""
     while not data.endswith(b"\n"):
-        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(fds.itemsize))
+        msg, anc, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * fds.itemsize))
         if not msg:
-            return None, None
+            return None, []
         data += msg
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return json.loads(data), (fds[0] if fds else None)
+    return json.loads(data), list(fds)
+
+
+def _send(sock, msg, fds=()):
+    data = (json.dumps(msg) + "\n").encode()
+    if fds:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", list(fds)))])
+    else:
+        sock.sendall(data)
 
 
 def _reap(cells):
@@ -548,22 +572,23 @@ def zygote_main(sock):
         problem = "cannot prepare cells: %s (the host sandbox needs CAP_SYS_ADMIN)" % exc
     cells = {}  # cell id -> (watcher pid, cgroup dirs)
     while True:
-        ready, _, _ = select.select([sock], [], [], 1.0)
+        ready, _, _ = select.select([sock], [], [], 0.1)
         _reap(cells)
         if not ready:
             continue
         try:
-            req, fd = _recv(sock)
+            req, fds = _recv(sock)
         except (OSError, ValueError):
-            req, fd = None, None
+            req, fds = None, []
         if req is None:
             break
-        out_fd = None
+        fd = fds[0] if fds else None
+        out_fds = []
         try:
             if req["op"] == "open":
                 if problem:
                     raise CellsUnsupported(problem)
-                reply, out_fd = _open_cell(req, fd, cgroups, cells)
+                reply, out_fds = _open_cell(req, fd, cgroups, cells)
             else:
                 reply = _close_cell(req["cell"], cells)
         except Exception as exc:
@@ -571,38 +596,39 @@ def zygote_main(sock):
         finally:
             if fd is not None:
                 os.close(fd)
-        data = (json.dumps(reply) + "\n").encode()
-        if out_fd is None:
-            sock.sendall(data)
-        else:
-            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_fd]))])
+        _send(sock, reply, out_fds)
+        for out_fd in out_fds:
             os.close(out_fd)
-    for cell in list(cells):
-        _close_cell(cell, cells)
+    for cell, (watcher, paths) in list(cells.items()):  # the host agent is gone: so are its cells
+        _kill_wait(watcher)
+        _free(cell, paths)
     os._exit(0)
 
 
 def _open_cell(req, fd, cgroups, cells):
-    """Fork the cell's watcher and return at once: ({"watcher": pid}, the read end of its
-    report pipe). The host agent's request thread reads the report (cells are built in
-    parallel; the zygote only forks)."""
+    """Fork the cell's watcher and return at once: ({"watcher": pid}, [the read end of its
+    report pipe, the read end of a pipe the watcher holds until the cell is gone]). The
+    host agent's request threads read them (cells are built and torn down in parallel;
+    the zygote only forks and signals)."""
     conf = req["conf"]
     cell = int(req["cell"])
     conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
     conf["stage"] = "%s/%d" % (STAGE, cell)
     os.makedirs(conf["stage"], exist_ok=True)
     r, w = os.pipe()
+    alive_r, alive_w = os.pipe()
     try:
         pid = os.fork()
     except OSError:
-        os.close(r)
-        os.close(w)
+        for x in (r, w, alive_r, alive_w):
+            os.close(x)
         remove_cgroups(conf["cgroups"])
         raise
     if pid == 0:
         try:
             os.close(r)
-            cell_first_child(conf, fd, w)
+            os.close(alive_r)
+            cell_first_child(conf, fd, w, alive_w)
         except BaseException as exc:
             try:
                 os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
@@ -611,8 +637,9 @@ def _open_cell(req, fd, cgroups, cells):
         finally:
             os._exit(1)
     os.close(w)
+    os.close(alive_w)
     cells[cell] = (pid, conf["cgroups"])
-    return {"watcher": pid}, r
+    return {"watcher": pid}, [r, alive_r]
 
 
 def read_report(fd, timeout):
@@ -648,12 +675,15 @@ def _kill_wait(watcher):
 
 
 def _close_cell(cell, cells):
-    entry = cells.pop(int(cell), None)
+    """Signal the cell's watcher and answer at once (the host agent waits for the cell
+    to be gone on its own pipe; `_reap` frees what is left once the watcher exits)."""
+    entry = cells.get(int(cell))
     if entry is None:
         return {"closed": False}
-    watcher, paths = entry
-    _kill_wait(watcher)
-    _free(cell, paths)
+    try:
+        os.kill(entry[0], signal.SIGTERM)  # not reaped yet: the pid is still the watcher's
+    except ProcessLookupError:
+        pass
     return {"closed": True}
 
 
@@ -673,11 +703,26 @@ _cells_lock = threading.Lock()
 
 
 class Cell(object):
-    def __init__(self, cid, sock):
+    def __init__(self, cid, sock, alive):
         self.cid = cid
         self.sock = sock
+        self.alive = alive  # EOF once every process of the cell is gone
         self.closing = False
         self.prefix = ('{"cell":%d,' % cid).encode()
+
+    def wait_gone(self, timeout=30.0):
+        """Block until the cell's watcher (and so every process of the cell) is gone."""
+        fd, self.alive = self.alive, None
+        if fd is None:
+            return
+        try:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                if select.select([fd], [], [], max(0.0, end - time.monotonic()))[0] and not os.read(fd, 64):
+                    return
+            log("cells: cell %s still winding down after %.0fs" % (self.cid, timeout))
+        finally:
+            os.close(fd)
 
     def pump(self, reader):
         """Forward the cell agent's replies, tagged with the cell, to the host."""
@@ -695,14 +740,10 @@ class Cell(object):
 
 
 def zygote_call(req, fd=None):
-    """One request to the zygote (one at a time): (reply, the fd it passed back or None)."""
+    """One request to the zygote (one at a time): (reply, [the fds it passed back])."""
     z = _zygote
     with z["lock"]:
-        data = (json.dumps(req) + "\n").encode()
-        if fd is None:
-            z["sock"].sendall(data)
-        else:
-            z["sock"].sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        _send(z["sock"], req, [fd] if fd is not None else ())
         reply, passed = _recv(z["sock"])
     if reply is None:
         raise CellSetupError("the cell zygote died")
@@ -715,20 +756,24 @@ def op_cell_open(req, ctx):
     cid = int(req["cell_id"])
     ours, theirs = socket.socketpair()
     timeout = float(req.get("hello_timeout") or 30)
+    t0 = time.monotonic()
     try:
-        _, report = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
+        _, (report, alive) = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
     except Exception:
         ours.close()
         raise
     finally:
         theirs.close()
+    cell = Cell(cid, ours, alive)
+    t1 = time.monotonic()
     try:
         init = read_report(report, timeout)
     except Exception:
         ours.close()
         zygote_call({"op": "close", "cell": cid})
+        cell.wait_gone()
         raise
-    cell = Cell(cid, ours)
+    t2 = time.monotonic()
     reader = ours.makefile("rb")
     ours.settimeout(timeout)
     try:
@@ -739,11 +784,14 @@ def op_cell_open(req, ctx):
     if not hello:
         ours.close()
         zygote_call({"op": "close", "cell": cid})
+        cell.wait_gone()
         raise CellSetupError("the cell's agent did not start")
     with _cells_lock:
         _cells[cid] = cell
     threading.Thread(target=cell.pump, args=(reader,), daemon=True).start()
-    return {"pid": init, "hello": json.loads(hello)}
+    t3 = time.monotonic()
+    return {"pid": init, "hello": json.loads(hello),
+            "ms": {"zygote": (t1 - t0) * 1e3, "setup": (t2 - t1) * 1e3, "agent": (t3 - t2) * 1e3}}
 
 
 def op_cell_close(req, ctx):
@@ -754,6 +802,7 @@ def op_cell_close(req, ctx):
         cell.closing = True
     reply, _ = zygote_call({"op": "close", "cell": cid})
     if cell is not None:
+        cell.wait_gone()
         try:
             cell.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
