@@ -123,18 +123,12 @@ def _run(spec: HostedJobSpec, logs: Path) -> int:
     os.environ["VF_RUNS_DB"] = str(Path(cfg.output_dir or ".") / "runs.db")  # the cluster side's own record
     log.info("hosted run %s (Ray job %s): %s, model %s, results in %s", spec.run_id, spec.job_id, cfg.env_id,
              cfg.model, cfg.output_dir)
-    from sandboxes.labels import run_id as sandbox_run_id
-
-    from . import ray_workers
-
-    ray_workers.prestart(cfg, sandbox_run_id())  # their start-up overlaps the checks below and the runner's
     try:
         from .setup import load_run_env
 
         env = load_run_env(cfg)  # before any rollout: bad environments and missing permissions fail here
         check_permissions(cfg, env)
     except (UsageError, ConfigError) as exc:
-        ray_workers.discard_prestarted()
         print(f"error: {exc}", flush=True)
         _write_failure(cfg, str(exc))
         return 1

@@ -21,7 +21,9 @@ on the runner's environment (a stand-in worker with the whole `-c`); then it
 takes no more and the actors take its share of the concurrency as its
 groups finish (the dispatcher's `limit`), so the run never holds more
 groups than its actors would. Actors that are not ready when the run ends
-are killed without waiting for them.
+are killed without waiting for them. The actors are started with the
+groups, not earlier: on the head node their start-up takes the CPU the job's
+process needs to get its first rows out.
 
 Stopping (the job gets SIGTERM from `ray job stop` / `vf-sandbox runs stop`,
 or the run times out): every live actor cancels its rollouts and tears its
@@ -82,9 +84,6 @@ def alive_nodes() -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
-_PRESTARTED: list[tuple[str, list[Any]]] = []  # (sandbox run id, actors) started before the runner needs them
-
-
 def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
     """`max(-w, alive nodes)` worker actors, round-robin over the alive nodes (they load
     the environment in the background; `ready()` answers once they have)."""
@@ -103,20 +102,6 @@ def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
             .remote(cfg_json, sandbox_run_id, n) for i in range(n)]
 
 
-def prestart(cfg: EvalConfig, sandbox_run_id: str) -> None:
-    """Start the run's actors now (the job does, while it checks the run), so that
-    their start-up overlaps the runner's; `generate_on_ray` takes them."""
-    _PRESTARTED.append((sandbox_run_id, start_actors(cfg, sandbox_run_id)))
-
-
-def discard_prestarted() -> None:
-    import ray
-
-    while _PRESTARTED:
-        for a in _PRESTARTED.pop()[1]:
-            ray.kill(a)
-
-
 LOCAL = "local"  # the job's own process, standing in for the actors until they are ready
 
 
@@ -128,9 +113,7 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
     from ray.exceptions import (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
                                 RuntimeEnvSetupError)
 
-    prestarted = [a for rid, a in _PRESTARTED if rid == sandbox_run_id]
-    _PRESTARTED.clear()
-    started = prestarted[0] if prestarted else start_actors(cfg, sandbox_run_id)
+    started = start_actors(cfg, sandbox_run_id)  # they start in the background, while `local` runs groups
     n = len(started)
     share = per_worker_concurrency(cfg, n)
     groups = GroupDispatcher(inputs, share)
