@@ -7,7 +7,8 @@ sandboxes, close its clients).
 Served over a pipe by `-w` worker processes (`envs.eval.workers`), as a Ray
 actor by hosted runs (`envs.eval.ray_workers`), and by a hosted job's own
 process on the runner's environment until its actors are ready (`owned=False`:
-the runner tears that environment down and closes those clients itself).
+the runner closes those clients itself; `release()` deletes that environment's
+sandboxes, its warm pool on the head node, once the actors have taken over).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class GroupRunner:
         finally:
             self._tasks.discard(task)
         return [state_to_output(s, cfg.state_columns) for s in states]
+
+    async def release(self) -> None:
+        """This worker runs no more groups: its environment's sandboxes (a warm pool
+        included) are deleted now, even when it is not `owned` (teardown is once-only:
+        the owner's own call later does nothing)."""
+        await asyncio.shield(self.env.teardown())
 
     async def close(self) -> None:
         """Cancel the groups in flight; an owned environment deletes its sandboxes

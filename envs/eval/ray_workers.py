@@ -20,7 +20,9 @@ environment). Until every actor is ready the job's own process runs groups
 on the runner's environment (a stand-in worker with the whole `-c`); then it
 takes no more and the actors take its share of the concurrency as its
 groups finish (the dispatcher's `limit`), so the run never holds more
-groups than its actors would. Actors that are not ready when the run ends
+groups than its actors would; once its last group is in, the sandboxes of
+its environment (its warm pool on the head node) are deleted. Actors that
+are not ready when the run ends
 are killed without waiting for them. The actors are started with the
 groups, not earlier: on the head node their start-up takes the CPU the job's
 process needs to get its first rows out.
@@ -142,6 +144,7 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
                 pending[asyncio.ensure_future(run)] = (i, gid)
 
     standing_in = [local is not None]
+    released: list[asyncio.Future[None]] = []
 
     def settled(i: Any) -> None:  # actor i is ready or dead
         unready.discard(i)
@@ -179,11 +182,15 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
                 elif groups.finished(i, gid):
                     await on_group(fut.result())
             feed()
+            if local is not None and not standing_in[0] and not groups.held.get(LOCAL) and not released:
+                # its last group is in: the stand-in's sandboxes (its warm pool on the head) go, meanwhile
+                released.append(asyncio.ensure_future(local.release()))
     finally:
         for fut in pending:
             fut.cancel()
         if local is not None:
             await local.close()
+            await asyncio.gather(*(asyncio.shield(r) for r in released), return_exceptions=True)
         await _shut_down([a for i, a in actors.items() if i not in unready], [a for i, a in actors.items() if i in unready])
 
 
