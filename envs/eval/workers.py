@@ -3,8 +3,9 @@
 The runner's process keeps everything a run has once: the run definition,
 the results writer, the registry entry, the display. Each worker is a
 process forked from a clean fork server (spawned where there is none) with
-its own event loop, environment and model clients,
-built from the same run definition (`envs.eval.setup`). The runner hands out
+its own event loop and a `GroupRunner` (`envs.eval.group_runner`, as a
+hosted run's Ray actors): environment and model clients built from the same
+run definition. The runner hands out
 groups (one example's rollouts) a few at a time, so a fast worker takes more;
 a worker sends back the finished rows of each group and the runner writes
 them, so there is still one writer and no torn group. The hand-out, hold and
