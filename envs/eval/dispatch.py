@@ -45,7 +45,7 @@ def per_worker_concurrency(cfg: EvalConfig, workers: int | None = None) -> int:
 class GroupDispatcher:
     """The queue of groups and what each worker holds."""
 
-    def __init__(self, inputs: list[dict[str, Any]], share: int, limit: int | None = None):
+    def __init__(self, inputs: list[dict[str, Any]], share: int):
         groups: dict[Any, list[dict[str, Any]]] = {}
         for inp in inputs:
             groups.setdefault(inp["example_id"], []).append(inp)
@@ -53,7 +53,7 @@ class GroupDispatcher:
         self.remaining = len(self.queue)
         group_size = max((len(g) for g in groups.values()), default=1)
         self.depth = max(1, (share if share > 0 else len(inputs)) // group_size + 1)  # groups in flight per worker
-        self.limit = limit  # groups held by all workers together (None: only `depth` per worker)
+        self.limit: int | None = None  # groups held by all workers together (None: only `depth` per worker)
         self.held: dict[Hashable, dict[int, list[dict[str, Any]]]] = {}
         self._ready: set[Hashable] = set()
         self._depths: dict[Hashable, int] = {}
