@@ -27,7 +27,7 @@ Targets (issue 13): submit-to-first-row <= 5 s; hosted throughput >= 0.8x
 local; 2 workers vs 1 >= 1.6x.
 
     .venv/bin/python benchmarks/bench_hosted.py [--examples 100] [--rollouts-per-example 10] [--concurrency 256]
-        [--repeats 3] [--scale-examples 500]
+        [--repeats 3] [--scale-examples 1000]
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--rollouts-per-example", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--scale-examples", type=int, default=500)
+    ap.add_argument("--scale-examples", type=int, default=1000)
     a = ap.parse_args()
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "compute"],
