@@ -356,24 +356,41 @@ def test_hosted_without_ray_says_how_to_install_it(tmp_path):
 def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
     """Last in the module: the second node's raylet is killed (by pid) while its actor holds
     groups; they go to the head's actor, the run completes, every rollout written once."""
-    # 40 rollouts of 0.6 s, 2 at a time per actor (each holds 2 groups while any are queued): when 8 rows
-    # are written, >= 12 groups are still queued (>= 3.6 s of work), so the node-1 actor surely holds groups
+    import asyncio
+    import threading
+
+    # The job's process runs groups itself until the actors are ready: the model answers nothing
+    # until both are (the gate), so the actors get the run's groups. Then 40 rollouts of 0.6 s,
+    # 2 at a time per actor (each holds 2 groups while any are queued): when 8 rows are written,
+    # >= 12 groups are still queued (>= 3.6 s of work), so the node-1 actor surely holds groups
     # when it is killed, however fast the machine
-    with ModelServer(stall(0.6, compute())).run_in_thread() as srv:
+    gate = threading.Event()
+    slow = stall(0.6, compute())
+
+    async def gated(req: PolicyRequest) -> Reply:
+        while not gate.is_set():
+            await asyncio.sleep(0.05)
+        return await slow(req)
+
+    with ModelServer(gated).run_in_thread() as srv:
         p = vf(tmp_path, cluster, *eval_args("math-single", srv.base_url, "-n", "20", "-r", "2", "-c", "4", "-w", "2"))
         assert p.returncode == 0, p.stderr[-3000:]
         (run,) = runs_json(tmp_path, cluster)
         rid = run["id"]
+        job_log = head_logs(cluster) / f"job-driver-vf-{rid}.log"
         deadline = time.time() + 120
-        while time.time() < deadline:  # both actors ready and groups written
-            job_log = head_logs(cluster) / f"job-driver-vf-{rid}.log"
+        while time.time() < deadline:  # both actors ready, then groups written
             log = job_log.read_text(errors="replace") if job_log.exists() else ""
-            if log.count("ready on") >= 2 and cluster_rows(cluster, rid) >= 8:
+            if not gate.is_set() and log.count("ready on") >= 2:
                 nodes = set(re.findall(r"worker actor \d+ ready on \S+ \(node (\w+)\)", log))
-                assert len(nodes) == 2, log[-3000:]  # the groups are running on both nodes
+                assert len(nodes) == 2, log[-3000:]  # the groups are going to run on both nodes
+                assert "the job's process runs no more groups" in log, log[-3000:]
+                gate.set()
+            if gate.is_set() and cluster_rows(cluster, rid) >= 8:
                 break
             time.sleep(0.3)
         else:
+            gate.set()
             pytest.fail("the run did not get going on both nodes within 120 s")
         cluster.kill_raylet(1)
         follow = vf(tmp_path, cluster, "runs", "logs", rid, "--follow", "--poll-interval", "0.5")

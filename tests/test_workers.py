@@ -140,3 +140,31 @@ def test_eval_writes_a_junit_report_for_ci(tmp_path, server):
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
     expect = {f"example {r['example_id']}" for r in rows if r["reward"] < meta["pass_threshold"]}
     assert failed == expect == {"example 0", "example 3"}
+
+
+def test_dispatcher_stand_in_hands_over_to_the_workers_within_the_limit():
+    """A hosted job's own process stands in for its actors (envs.eval.ray_workers): it may
+    hold every group the actors would, a ready actor gets only what the stand-in leaves of
+    that limit, and once retired the stand-in gets nothing while its groups still count."""
+    from envs.eval.dispatch import GroupDispatcher
+
+    inputs = [{"example_id": e, "rollout": r} for e in range(10) for r in range(2)]
+    d = GroupDispatcher(inputs, share=2)  # 2 rollouts per worker: 2 groups of 2 held each
+    assert d.depth == 2
+    d.limit = 2 * d.depth  # two actors
+    d.add("a"), d.add("b"), d.add("local", depth=d.limit)
+    d.ready("local")
+    assert [g for g, _ in d.take("local")] == [0, 1, 2, 3] and d.take("a") == []  # a not ready
+    d.ready("a")
+    assert d.take("a") == []  # the stand-in holds the whole limit
+    d.retire("local")
+    assert d.finished("local", 1) and [g for g, _ in d.take("a")] == [4]  # a gets what local frees
+    assert d.take("local") == []  # retired: nothing more
+    assert d.finished("local", 0) and [g for g, _ in d.take("a")] == [5]
+    assert d.finished("local", 2) and d.take("a") == []  # a holds its depth; b is not ready
+    d.ready("b")
+    assert [g for g, _ in d.take("b")] == [6]
+    assert d.lost("a") == [4, 5] and [g for g, _ in d.take("b")] == [4]  # a's groups go back first
+    assert not d.finished("a", 4)  # never written twice
+    assert d.finished("local", 3) and d.finished("b", 6) and d.finished("b", 4)
+    assert d.remaining == 10 - 6 and [g for g, _ in d.take("b")] == [5, 7]

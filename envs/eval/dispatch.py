@@ -8,8 +8,15 @@ first return of a group counts, so no rollout is ever written twice. A
 worker that is lost gives its held groups back to the front of the queue
 for the others; when no worker is left the run fails (`WorkerFailed`).
 
+A stand-in worker (a hosted job's own process, running groups until its
+actors are ready) is added with a depth of its own and `retire`d when they
+are: it gets no more groups and finishes those it holds. `limit` caps the
+groups held by all workers together, so the actors take over the stand-in's
+share of the run's concurrency only as its groups finish.
+
 The transport calls: `add(worker)`, `ready(worker)`, `take(worker)` (what to
-send it now), `finished(worker, gid)` (write the rows?), `lost(worker)`.
+send it now), `finished(worker, gid)` (write the rows?), `lost(worker)`,
+`retire(worker)`.
 """
 
 from __future__ import annotations
@@ -46,14 +53,26 @@ class GroupDispatcher:
         self.remaining = len(self.queue)
         group_size = max((len(g) for g in groups.values()), default=1)
         self.depth = max(1, (share if share > 0 else len(inputs)) // group_size + 1)  # groups in flight per worker
+        self.limit: int | None = None  # groups held by all workers together (None: only `depth` per worker)
         self.held: dict[Hashable, dict[int, list[dict[str, Any]]]] = {}
         self._ready: set[Hashable] = set()
+        self._depths: dict[Hashable, int] = {}
 
-    def add(self, worker: Hashable) -> None:
+    def add(self, worker: Hashable, depth: int | None = None) -> None:
         self.held[worker] = {}
+        if depth is not None:
+            self._depths[worker] = depth
 
     def ready(self, worker: Hashable) -> None:
         self._ready.add(worker)
+
+    def retire(self, worker: Hashable) -> None:
+        """`worker` takes no more groups; it still finishes (or loses) those it holds."""
+        self._ready.discard(worker)
+
+    @property
+    def holding(self) -> int:
+        return sum(len(h) for h in self.held.values())
 
     @property
     def alive(self) -> list[Hashable]:
@@ -65,7 +84,10 @@ class GroupDispatcher:
         out: list[Group] = []
         if held is None or worker not in self._ready:
             return out
-        while self.queue and len(held) < self.depth:
+        depth = self._depths.get(worker, self.depth)
+        room = self.limit - self.holding if self.limit is not None else len(self.queue)
+        while self.queue and len(held) < depth and room > 0:
+            room -= 1
             gid, group = self.queue.popleft()
             held[gid] = group
             out.append((gid, group))

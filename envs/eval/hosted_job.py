@@ -11,7 +11,9 @@ environment uses sandboxes needs `--allow-sandbox-access`; one that would
 create instances or pods, the `kubernetes` and `prime` backends, also needs
 `--allow-instances-access`): a missing one fails the job at once with a
 "missing permission" error and no rollout. Then it is the ordinary runner
-(`run_evals`) with the run's groups on Ray actors (`envs.eval.ray_workers`).
+(`run_evals`, on the environment loaded for that check) with the run's
+groups on Ray actors (`envs.eval.ray_workers`), and on this process until
+they are ready.
 The results go to `<Ray logs dir of the head node>/vf-sandbox/<job id>/`,
 the one place Ray serves files from over its HTTP API: the submitting
 machine (`--follow`, `vf-sandbox runs pull`) fetches them from there.
@@ -24,7 +26,6 @@ their values.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -37,6 +38,7 @@ from sandboxes.errors import ConfigError, UsageError
 
 from ..runs.hosted import RESULTS_SUBDIR  # under the head node's Ray logs directory; pulled back from there
 from .config import EvalConfig
+from .writer import ResultsWriter, env_model_dir
 
 SPEC_FILE = ".vf-run.json"
 RESUME_DIR = "resume"
@@ -93,7 +95,7 @@ def prepare(spec: HostedJobSpec, results_root: Path) -> EvalConfig:
                                  "resume": False, "resume_path": None}
     shipped = Path(RESUME_DIR)
     if spec.resume and (shipped / "results.jsonl").exists() and (shipped / "metadata.json").exists():
-        run_dir = base / "evals" / f"{cfg.env_id}--{cfg.model.replace('/', '--')}" / spec.run_id[:8]
+        run_dir = env_model_dir(base, cfg.env_id, cfg.model) / spec.run_id[:8]
         run_dir.mkdir(parents=True, exist_ok=True)
         for name in ("results.jsonl", "metadata.json"):
             shutil.copyfile(shipped / name, run_dir / name)
@@ -104,28 +106,29 @@ def prepare(spec: HostedJobSpec, results_root: Path) -> EvalConfig:
 def main() -> int:
     from ..logging_utils import setup_logging
 
-    setup_logging("INFO", stream=sys.stdout)
+    # milliseconds: the job's log is how its start-up and hand-over are timed (benchmarks/bench_hosted.py)
+    setup_logging("INFO", stream=sys.stdout, log_format="%(asctime)s.%(msecs)03d - %(name)s - %(levelname)s - %(message)s")
     spec = HostedJobSpec.model_validate_json(Path(SPEC_FILE).read_text(encoding="utf-8"))
     import ray
 
     ray.init(log_to_driver=True)
-    logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # the dir Ray's log API serves
+    try:
+        return _run(spec, Path(ray._private.worker._global_node.get_logs_dir_path()))  # the dir Ray's log API serves
+    finally:
+        ray.shutdown()  # now: at interpreter exit Ray first sleeps 0.5 s for log lines (the actors are gone by then)
+
+
+def _run(spec: HostedJobSpec, logs: Path) -> int:
     cfg = prepare(spec, logs / RESULTS_SUBDIR)
     os.environ["VF_RUNS_DB"] = str(Path(cfg.output_dir or ".") / "runs.db")  # the cluster side's own record
     log.info("hosted run %s (Ray job %s): %s, model %s, results in %s", spec.run_id, spec.job_id, cfg.env_id,
              cfg.model, cfg.output_dir)
-    from sandboxes.labels import run_id as sandbox_run_id
-
-    from . import ray_workers
-
-    ray_workers.prestart(cfg, sandbox_run_id())  # their start-up overlaps the checks below and the runner's
     try:
         from .setup import load_run_env
 
-        probe = load_run_env(cfg)  # before any rollout: bad environments and missing permissions fail here
-        check_permissions(cfg, probe)
+        env = load_run_env(cfg)  # before any rollout: bad environments and missing permissions fail here
+        check_permissions(cfg, env)
     except (UsageError, ConfigError) as exc:
-        ray_workers.discard_prestarted()
         print(f"error: {exc}", flush=True)
         _write_failure(cfg, str(exc))
         return 1
@@ -134,8 +137,8 @@ def main() -> int:
     from .runner import run_evals
 
     display = make_display(True, False)
-    with display:
-        (res,) = asyncio.run(run_evals([cfg], display))
+    with display:  # the runner uses `env` (loaded once) and runs groups on it until the actors are ready
+        (res,) = asyncio.run(run_evals([cfg], display, loaded_envs=[env]))
     if res.metadata:
         print_summary(res.metadata, res.rows, abbreviated=True, plain=True)
     print(f"run {spec.run_id}: {res.status}" + (f": {res.error}" if res.error else ""), flush=True)
@@ -144,13 +147,13 @@ def main() -> int:
 
 def _write_failure(cfg: EvalConfig, error: str) -> None:
     """A run that failed before the runner started still leaves a metadata.json saying why."""
-    run_dir = Path(cfg.output_dir or ".") / "evals" / f"{cfg.env_id}--{cfg.model.replace('/', '--')}" / "not-started"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.jsonl").write_text("")
-    (run_dir / "metadata.json").write_text(json.dumps({
+    writer = ResultsWriter(env_model_dir(cfg.output_dir, cfg.env_id, cfg.model) / "not-started")
+    writer.open()  # an empty results.jsonl
+    writer.close()
+    writer.write_metadata({
         "env_id": cfg.env_id, "model": cfg.model, "status": "failed", "error": error, "completed_rollouts": 0,
         "num_examples": cfg.num_examples, "rollouts_per_example": cfg.rollouts_per_example,
-        "eval_config": cfg.public_args()}, indent=2))
+        "eval_config": cfg.public_args()})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,18 @@ Placement: `max(-w, number of alive nodes)` actors, placed round-robin on
 the alive nodes (hard node affinity, 0 CPUs reserved: an actor is mostly
 waiting on the model and the sandboxes), each with its share of `-c`.
 
+Start-up: an actor takes seconds to start (a worker process, then the
+environment). Until every actor is ready the job's own process runs groups
+on the runner's environment (a stand-in worker with the whole `-c`); then it
+takes no more and the actors take its share of the concurrency as its
+groups finish (the dispatcher's `limit`), so the run never holds more
+groups than its actors would; once its last group is in, the sandboxes of
+its environment (its warm pool on the head node) are deleted. Actors that
+are not ready when the run ends
+are killed without waiting for them. The actors are started with the
+groups, not earlier: on the head node their start-up takes the CPU the job's
+process needs to get its first rows out.
+
 Stopping (the job gets SIGTERM from `ray job stop` / `vf-sandbox runs stop`,
 or the run times out): every live actor cancels its rollouts and tears its
 environment down (deleting its sandboxes on its node) before it is killed.
@@ -24,12 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .config import EvalConfig
 from .dispatch import GroupDispatcher, WorkerFailed, per_worker_concurrency
+from .group_runner import GroupRunner
 
 log = logging.getLogger("envs.eval.ray_workers")
 
@@ -38,28 +50,15 @@ SHUTDOWN_SECONDS = 60.0
 
 
 class GroupWorker:
-    """One worker of a hosted run (a Ray actor; see `_actor_class`)."""
+    """One worker of a hosted run (a Ray actor; see `_actor_class`): a `GroupRunner`
+    on its node."""
 
     def __init__(self, cfg_json: str, sandbox_run_id: str, workers: int):
         import socket
 
-        from sandboxes import labels
-
-        from .setup import load_run_env, make_run_clients
-
-        labels.set_run_id(sandbox_run_id)
-        self.cfg = EvalConfig.model_validate_json(cfg_json)
-        share = per_worker_concurrency(self.cfg, workers)
-        self.share = share
-        self.env = load_run_env(self.cfg, concurrency=share if share > 0 else None)
-        self.clients = make_run_clients(self.cfg, self.env, check=False)  # the runner checked the endpoints once
-        scoring = self.cfg.max_concurrent_scoring or self.cfg.max_concurrent
-        self.scoring_share = max(1, math.ceil(scoring / workers)) if scoring > 0 else -1
-        self.sem: asyncio.Semaphore | None = None
-        self.scoring_sem: asyncio.Semaphore | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
         import ray
 
+        self.runner = GroupRunner.build(EvalConfig.model_validate_json(cfg_json), workers, sandbox_run_id)
         self.where = f"{socket.gethostname()} (node {ray.get_runtime_context().get_node_id()[:12]})"
 
     def ready(self) -> str:
@@ -67,34 +66,11 @@ class GroupWorker:
         return self.where
 
     async def run_group(self, gid: int, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from ..outputs import state_to_output
-
-        if self.sem is None:  # made on the actor's event loop
-            self.sem = asyncio.Semaphore(self.share) if self.share > 0 else None
-            self.scoring_sem = asyncio.Semaphore(self.scoring_share) if self.scoring_share > 0 else None
-        cfg = self.cfg
-        task = asyncio.ensure_future(self.env.run_group(
-            inputs, self.clients[gid % len(self.clients)], cfg.model, cfg.sampling_args, sem=self.sem,
-            max_retries=cfg.max_retries, independent_scoring=cfg.independent_scoring, score=True,
-            scoring_sem=self.scoring_sem))
-        self.tasks.add(task)
-        try:
-            states = await task
-        finally:
-            self.tasks.discard(task)
-        return [state_to_output(s, cfg.state_columns) for s in states]
+        return await self.runner.run(gid, inputs)
 
     async def shutdown(self) -> None:
         """Cancel the rollouts in flight and delete this worker's sandboxes."""
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.env.teardown()
-        for c in self.clients:
-            try:
-                await c.close()
-            except Exception:  # noqa: BLE001
-                pass
+        await self.runner.close()
 
 
 def _actor_class() -> Any:
@@ -108,9 +84,6 @@ def alive_nodes() -> list[str]:
     import ray
 
     return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-
-
-_PRESTARTED: list[tuple[str, list[Any]]] = []  # (sandbox run id, actors) started before the runner needs them
 
 
 def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
@@ -131,49 +104,57 @@ def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
             .remote(cfg_json, sandbox_run_id, n) for i in range(n)]
 
 
-def prestart(cfg: EvalConfig, sandbox_run_id: str) -> None:
-    """Start the run's actors now (the job does, while it checks the run), so that
-    their start-up overlaps the runner's; `generate_on_ray` takes them."""
-    _PRESTARTED.append((sandbox_run_id, start_actors(cfg, sandbox_run_id)))
-
-
-def discard_prestarted() -> None:
-    import ray
-
-    while _PRESTARTED:
-        for a in _PRESTARTED.pop()[1]:
-            ray.kill(a)
+LOCAL = "local"  # the job's own process, standing in for the actors until they are ready
 
 
 async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
-                          sandbox_run_id: str) -> None:
+                          sandbox_run_id: str, local: GroupRunner | None = None) -> None:
     """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
-    awaiting `on_group(rows)` here for every finished group."""
+    awaiting `on_group(rows)` here for every finished group; `local` (the runner's
+    environment) runs groups in this process until every actor is ready."""
     from ray.exceptions import (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
                                 RuntimeEnvSetupError)
 
-    prestarted = [a for rid, a in _PRESTARTED if rid == sandbox_run_id]
-    _PRESTARTED.clear()
-    started = prestarted[0] if prestarted else start_actors(cfg, sandbox_run_id)
+    started = start_actors(cfg, sandbox_run_id)  # they start in the background, while `local` runs groups
     n = len(started)
     share = per_worker_concurrency(cfg, n)
     groups = GroupDispatcher(inputs, share)
+    groups.limit = n * groups.depth  # what the actors hold together; the stand-in never adds to it
     actors: dict[int, Any] = dict(enumerate(started))
-    pending: dict[asyncio.Future[Any], tuple[int, int | None]] = {}  # future -> (worker, group id or None = ready)
+    unready = set(actors)
+    pending: dict[asyncio.Future[Any], tuple[Any, int | None]] = {}  # future -> (worker, group id or None = ready)
     if not groups.remaining:
-        await _shut_down(started)
+        await _shut_down([], started)
         return
     for i in actors:
         groups.add(i)
         pending[asyncio.ensure_future(_awaitable(actors[i].ready.remote()))] = (i, None)
     log.info("%d worker actor(s) over %d node(s), %s concurrent rollouts each", n, len(alive_nodes()),
              share if share > 0 else "unlimited")
+    if local is not None:
+        groups.add(LOCAL, depth=groups.limit)
+        groups.ready(LOCAL)
+        log.info("running groups in the job's process until the worker actors are ready")
 
-    def feed(i: int) -> None:
-        for gid, group in groups.take(i):
-            pending[asyncio.ensure_future(_awaitable(actors[i].run_group.remote(gid, group)))] = (i, gid)
+    def feed() -> None:
+        for i in groups.alive:
+            for gid, group in groups.take(i):
+                run = local.run(gid, group) if i == LOCAL and local is not None else \
+                    _awaitable(actors[i].run_group.remote(gid, group))
+                pending[asyncio.ensure_future(run)] = (i, gid)
+
+    standing_in = [local is not None]
+    released: list[asyncio.Future[None]] = []
+
+    def settled(i: Any) -> None:  # actor i is ready or dead
+        unready.discard(i)
+        if not unready and standing_in[0]:
+            standing_in[0] = False
+            groups.retire(LOCAL)
+            log.info("the worker actors are ready: the job's process runs no more groups")
 
     try:
+        feed()
         while groups.remaining:
             if not pending:
                 raise WorkerFailed("no worker actor left to run the remaining groups")
@@ -181,31 +162,36 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
             for fut in done:
                 i, gid = pending.pop(fut)
                 exc = fut.exception()
-                if isinstance(exc, (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
-                                    RuntimeEnvSetupError)):
+                if i != LOCAL and isinstance(exc, (ActorDiedError, ActorUnavailableError, ActorUnschedulableError,
+                                                   RayActorError, RuntimeEnvSetupError)):
+                    settled(i)
                     if i not in groups.held:
                         continue
                     lost = groups.lost(i)
                     actors.pop(i, None)
                     log.warning("worker actor %d died (%s); %d unfinished group(s) go to the other workers",
                                 i, type(exc).__name__, len(lost))
-                    if not groups.alive:
+                    if not [x for x in groups.alive if x != LOCAL]:
                         raise WorkerFailed(f"every worker actor died; last: actor {i}: {exc}")
-                    for x in groups.alive:
-                        feed(x)
                 elif exc is not None:
                     raise exc
                 elif gid is None:
                     log.info("worker actor %d ready on %s", i, fut.result())
                     groups.ready(i)
-                    feed(i)
+                    settled(i)
                 elif groups.finished(i, gid):
                     await on_group(fut.result())
-                    feed(i)
+            feed()
+            if local is not None and not standing_in[0] and not groups.held.get(LOCAL) and not released:
+                # its last group is in: the stand-in's sandboxes (its warm pool on the head) go, meanwhile
+                released.append(asyncio.ensure_future(local.release()))
     finally:
         for fut in pending:
             fut.cancel()
-        await _shut_down(list(actors.values()))
+        if local is not None:
+            await local.close()
+            await asyncio.gather(*(asyncio.shield(r) for r in released), return_exceptions=True)
+        await _shut_down([a for i, a in actors.items() if i not in unready], [a for i, a in actors.items() if i in unready])
 
 
 def _awaitable(ref: Any) -> Awaitable[Any]:
@@ -215,19 +201,19 @@ def _awaitable(ref: Any) -> Awaitable[Any]:
     return get()
 
 
-async def _shut_down(actors: list[Any]) -> None:
-    """Every live actor tears down its environment (its sandboxes), then is killed."""
+async def _shut_down(actors: list[Any], unready: list[Any] | None = None) -> None:
+    """Every ready actor tears down its environment (its sandboxes), then is killed;
+    an actor still starting (it was never handed a group) is killed at once."""
     import ray
 
-    if not actors:
-        return
-    try:
-        await asyncio.wait_for(asyncio.shield(asyncio.gather(*(_awaitable(a.shutdown.remote()) for a in actors),
-                                                             return_exceptions=True)), SHUTDOWN_SECONDS)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        log.warning("worker actors did not finish their teardown in %.0fs (the reaper removes what they left)",
-                    SHUTDOWN_SECONDS)
-    for a in actors:
+    if actors:
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*(_awaitable(a.shutdown.remote()) for a in actors),
+                                                                 return_exceptions=True)), SHUTDOWN_SECONDS)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            log.warning("worker actors did not finish their teardown in %.0fs (the reaper removes what they left)",
+                        SHUTDOWN_SECONDS)
+    for a in [*actors, *(unready or [])]:
         try:
             ray.kill(a)
         except Exception:  # noqa: BLE001 - already dead

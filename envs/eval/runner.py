@@ -143,8 +143,9 @@ async def heartbeat(url: str, interval: float = 30.0) -> None:
             await asyncio.sleep(interval)
 
 
-async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int) -> EvalResult:
-    """Run one eval to completion (or until cancelled); never raises except CancelledError."""
+async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int, loaded_env: Any = None) -> EvalResult:
+    """Run one eval to completion (or until cancelled); never raises except CancelledError.
+    `loaded_env`: the run's environment when the caller already loaded it (`load_run_env`)."""
     result = EvalResult(config=cfg)
     progress = display.evals[idx]
     env = None
@@ -189,7 +190,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             from .workers import warm_up_workers
 
             warm_up_workers(cfg)  # the workers' start-up overlaps this process loading its env
-        env = load_run_env(cfg)
+        env = loaded_env if loaded_env is not None else load_run_env(cfg)
         clients = make_run_clients(cfg, env)
         if getattr(env, "requires_model", True):
             log.info("%s: model %s at %s (client retries per request: %d, --client-max-retries; "
@@ -259,9 +260,11 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if todo and cfg.hosted:  # this process is the Ray job of a hosted run: groups go to actors
             from sandboxes.labels import run_id as sandbox_run_id
 
+            from .group_runner import GroupRunner
             from .ray_workers import generate_on_ray
 
-            gen = generate_on_ray(cfg, todo, on_group, sandbox_run_id())
+            # this process runs groups on its own environment until the actors are ready
+            gen = generate_on_ray(cfg, todo, on_group, sandbox_run_id(), local=GroupRunner(cfg, env, clients, 1, owned=False))
         elif todo and cfg.num_workers > 1:
             from sandboxes.labels import run_id as sandbox_run_id
 
@@ -348,13 +351,16 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     return result
 
 
-async def run_evals(configs: list[EvalConfig], display: PlainDisplay | RichDisplay) -> list[EvalResult]:
-    """Run every eval concurrently; SIGINT / SIGTERM stop them all gracefully."""
+async def run_evals(configs: list[EvalConfig], display: PlainDisplay | RichDisplay,
+                    loaded_envs: list[Any] | None = None) -> list[EvalResult]:
+    """Run every eval concurrently; SIGINT / SIGTERM stop them all gracefully.
+    `loaded_envs`: their environments, when the caller already loaded them."""
     for cfg in configs:
         label = cfg.name or cfg.env_id
         display.add(EvalProgress(label=label, model=cfg.model))
     loop = asyncio.get_running_loop()
-    tasks = [asyncio.ensure_future(run_eval(cfg, display, i)) for i, cfg in enumerate(configs)]
+    envs = loaded_envs or [None] * len(configs)
+    tasks = [asyncio.ensure_future(run_eval(cfg, display, i, envs[i])) for i, cfg in enumerate(configs)]
     received: list[int] = []
 
     def on_signal(signum: int) -> None:

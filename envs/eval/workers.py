@@ -3,8 +3,9 @@
 The runner's process keeps everything a run has once: the run definition,
 the results writer, the registry entry, the display. Each worker is a
 process forked from a clean fork server (spawned where there is none) with
-its own event loop, environment and model clients,
-built from the same run definition (`envs.eval.setup`). The runner hands out
+its own event loop and a `GroupRunner` (`envs.eval.group_runner`, as a
+hosted run's Ray actors): environment and model clients built from the same
+run definition. The runner hands out
 groups (one example's rollouts) a few at a time, so a fast worker takes more;
 a worker sends back the finished rows of each group and the runner writes
 them, so there is still one writer and no torn group. The hand-out, hold and
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -118,21 +118,12 @@ def worker_main(cfg_json: str, sandbox_run_id: str, conn: Connection) -> None:
 
 
 async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection, send_lock: threading.Lock) -> None:
-    from sandboxes import labels
+    from .group_runner import GroupRunner
 
-    from ..outputs import state_to_output
-    from .setup import load_run_env, make_run_clients
-
-    labels.set_run_id(sandbox_run_id)
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
     loop.add_signal_handler(signal.SIGTERM, me.cancel)  # type: ignore[union-attr]
-    share = per_worker_concurrency(cfg)
-    env = load_run_env(cfg, concurrency=share if share > 0 else None)
-    clients = make_run_clients(cfg, env, check=False)  # the runner checked the endpoints once
-    sem = asyncio.Semaphore(share) if share > 0 else None
-    scoring_limit = cfg.max_concurrent_scoring or cfg.max_concurrent
-    scoring_sem = asyncio.Semaphore(max(1, math.ceil(scoring_limit / cfg.num_workers))) if scoring_limit > 0 else None
+    runner = GroupRunner.build(cfg, cfg.num_workers, sandbox_run_id)
     inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
     def on_readable() -> None:
@@ -150,11 +141,7 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection, send_lo
         await asyncio.to_thread(send_locked, dumps(msg).encode())
 
     async def run_group(gid: int, inputs: list[dict[str, Any]]) -> None:
-        states = await env.run_group(
-            inputs, clients[gid % len(clients)], cfg.model, cfg.sampling_args, sem=sem, max_retries=cfg.max_retries,
-            independent_scoring=cfg.independent_scoring, score=True, scoring_sem=scoring_sem,
-        )
-        await send({"group": gid, "rows": [state_to_output(s, cfg.state_columns) for s in states]})
+        await send({"group": gid, "rows": await runner.run(gid, inputs)})
 
     tasks: set[asyncio.Task[None]] = set()
     loop.add_reader(conn.fileno(), on_readable)
@@ -174,12 +161,7 @@ async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection, send_lo
         for t in list(tasks):
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.shield(env.teardown())  # deletes this worker's sandboxes before its clients close
-        for c in clients:
-            try:
-                await c.close()
-            except Exception:  # noqa: BLE001
-                pass
+        await asyncio.shield(runner.close())  # deletes this worker's sandboxes before its clients close
 
 
 # --------------------------------------------------------------------------- the runner's side
@@ -196,7 +178,7 @@ def worker_context(cfg: EvalConfig) -> Any:
 
         ctx = multiprocessing.get_context("forkserver")
         clients = sorted({client_module(c.client_type) for c in cfg.client_config.replicas()})
-        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.setup", "envs.outputs", "envs.clients", *clients])
+        ctx.set_forkserver_preload(["envs.eval.workers", "envs.eval.group_runner", "envs.eval.setup", "envs.outputs", "envs.clients", *clients])
         return ctx
     return multiprocessing.get_context("spawn")
 

@@ -45,6 +45,7 @@ INSTALL_HINT = "hosted runs need Ray on this machine: pip install 'vf-sandbox[ra
 RESULTS_SUBDIR = "vf-sandbox"
 RESULT_FILES = ("results.jsonl", "metadata.json")
 CLEANUP_ENTRYPOINT = "python -m envs.runs.hosted_cleanup"
+ENDING_POLL = 0.1  # s between status polls once the job has printed its last line
 
 
 def address_of(rec: RunRecord) -> str:
@@ -236,7 +237,9 @@ def follow(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = Non
                 _record(rec, pull(rec, client, logs=False))
             except Exception:  # noqa: BLE001 - results not written yet / a transient error
                 pass
-        time.sleep(poll_interval)
+        # the job's last line ("run ID: status") is out: its process is exiting, the end is a moment away
+        ending = f"\nrun {rec.id}: " in text[-2000:]
+        time.sleep(min(poll_interval, ENDING_POLL) if ending else poll_interval)
     return refresh(registry.get_run(rec.id) or rec, client)
 
 
