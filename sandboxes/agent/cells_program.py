@@ -27,6 +27,7 @@ before the cell agent runs.
 
 import array
 import ctypes
+import selectors
 import fcntl
 import pwd
 import grp
@@ -724,19 +725,91 @@ class Cell(object):
         finally:
             os.close(fd)
 
-    def pump(self, reader):
-        """Forward the cell agent's replies, tagged with the cell, to the host."""
-        try:
-            while True:
-                line = reader.readline()
-                if not line:
-                    break
-                with _out_lock:
-                    write_all(_out, self.prefix + line[1:])
-        except (OSError, ValueError):
-            pass
-        if not self.closing:
-            send({"cell": self.cid, "id": 0, "ev": "gone"})
+
+
+class Pump(object):
+    """One thread forwards every cell's replies to the host, each line tagged with its
+    cell (a selector over the cells' sockets: no thread per cell contending for the GIL)."""
+
+    def __init__(self):
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.added = queue.SimpleQueue()
+        self.bufs = {}
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def add(self, cell, pending=b""):
+        self.added.put((cell, pending))
+        os.write(self.wake_w, b"x")
+
+    def forward(self, cell, data):
+        buf = self.bufs[cell]
+        buf += data
+        end = buf.rfind(b"\n")
+        if end < 0:
+            return
+        lines = bytes(buf[:end]).split(b"\n")
+        del buf[: end + 1]
+        out = b"".join(cell.prefix + line[1:] + b"\n" for line in lines if line)
+        with _out_lock:
+            write_all(_out, out)
+
+    def run(self):
+        while True:
+            for key, _ in self.sel.select():
+                cell = key.data
+                if cell is None:
+                    os.read(self.wake_r, 4096)
+                    while True:
+                        try:
+                            cell, pending = self.added.get_nowait()
+                        except queue.Empty:
+                            break
+                        self.bufs[cell] = bytearray()
+                        self.sel.register(cell.sock, selectors.EVENT_READ, cell)
+                        if pending:
+                            self.forward(cell, pending)
+                    continue
+                try:
+                    data = cell.sock.recv(65536)  # ready: does not block
+                except OSError:
+                    data = b""
+                if data:
+                    self.forward(cell, data)
+                    continue
+                self.sel.unregister(cell.sock)
+                self.bufs.pop(cell, None)
+                cell.sock.close()
+                if not cell.closing:
+                    send({"cell": cell.cid, "id": 0, "ev": "gone"})
+
+
+_pump = []
+
+
+def pump():
+    if not _pump:
+        _pump.append(Pump())
+    return _pump[0]
+
+
+def read_hello(sock, timeout):
+    """The cell agent's hello line and whatever followed it (b"" at EOF or timeout)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\n" not in data:
+            piece = sock.recv(4096)
+            if not piece:
+                return b"", b""
+            data += piece
+    except OSError:
+        return b"", b""
+    finally:
+        sock.settimeout(None)
+    line, _, rest = data.partition(b"\n")
+    return line, rest
 
 
 def zygote_call(req, fd=None):
@@ -774,13 +847,7 @@ def op_cell_open(req, ctx):
         cell.wait_gone()
         raise
     t2 = time.monotonic()
-    reader = ours.makefile("rb")
-    ours.settimeout(timeout)
-    try:
-        hello = reader.readline()
-    except OSError:
-        hello = b""
-    ours.settimeout(None)
+    hello, pending = read_hello(ours, timeout)
     if not hello:
         ours.close()
         zygote_call({"op": "close", "cell": cid})
@@ -788,7 +855,7 @@ def op_cell_open(req, ctx):
         raise CellSetupError("the cell's agent did not start")
     with _cells_lock:
         _cells[cid] = cell
-    threading.Thread(target=cell.pump, args=(reader,), daemon=True).start()
+    pump().add(cell, pending)
     t3 = time.monotonic()
     return {"pid": init, "hello": json.loads(hello),
             "ms": {"zygote": (t1 - t0) * 1e3, "setup": (t2 - t1) * 1e3, "agent": (t3 - t2) * 1e3}}
@@ -804,10 +871,9 @@ def op_cell_close(req, ctx):
     if cell is not None:
         cell.wait_gone()
         try:
-            cell.sock.shutdown(socket.SHUT_RDWR)
+            cell.sock.shutdown(socket.SHUT_RDWR)  # the pump sees EOF, forgets the cell, closes its socket
         except OSError:
             pass
-        cell.sock.close()
     return reply
 
 
