@@ -273,6 +273,7 @@ def load_environment(
     rollout_isolation: str | None = None,
     backend: str | None = None,
     namespace: str | None = None,
+    registry: str | None = None,
     push_to: str | None = None,
     keep_images: int | None = None,
     dataset_format: str | None = None,
@@ -284,7 +285,8 @@ def load_environment(
 
     Images: a row's `image_name` (pulled when absent), else with `namespace` the
     SWE-bench name `{namespace}/sweb.eval.{arch}.{id}` (pulled; built from `source`
-    when it cannot be), else built from `source`; `push_to` pushes built images to that
+    when it cannot be), else built from `source`; `registry` (host[:port]) puts that name
+    on a registry: `{registry}/{namespace}/sweb.eval...`, namespace default `swebench`; `push_to` pushes built images to that
     registry. Registry credentials come from VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD
     or the Docker config, never from arguments (so never from results or metadata).
     `keep_images`: of the images this run pulled or built, keep only that many (least
@@ -300,7 +302,8 @@ def load_environment(
         path = DEFAULT_OUT / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
     try:
-        report = load_instances(dataset, split=split, named_images=bool(namespace), dataset_format=dataset_format)
+        report = load_instances(dataset, split=split, named_images=bool(namespace or registry),
+                                dataset_format=dataset_format)
     except ValueError as exc:  # an unknown --dataset-format
         raise UsageError(str(exc)) from None
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
@@ -323,12 +326,12 @@ def load_environment(
                          for i in patchless]
         selected = [i for i in selected if i.patch.strip()]
     builder = None
-    if namespace or push_to or keep_images is not None:
+    if namespace or registry or push_to or keep_images is not None:
         from sandboxes.images import RegistryAuth
 
         from .images import ImageBuilder
 
-        builder = ImageBuilder(namespace=namespace, push_to=push_to, auth=RegistryAuth.from_env(),
+        builder = ImageBuilder(namespace=namespace, registry=registry, push_to=push_to, auth=RegistryAuth.from_env(),
                                keep_images=keep_images)
     taskset = SWETaskSet(selected, name=dataset_name(dataset), builder=builder)
     return SWEDebugEnv(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.errors import ConfigError, ImageNotFound, InfraError
+from sandboxes.errors import ConfigError, ImageNotFound, InfraError, UsageError
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
@@ -85,6 +85,35 @@ def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest", s
     (`host:port/ns`)."""
     key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", IMAGE_SCHEMES[scheme])
     return f"{namespace.rstrip('/')}/{key}:{tag}"
+
+
+DEFAULT_NAMESPACE = "swebench"
+"""The SWE-bench harness's namespace (Docker Hub's `swebench/sweb.eval.*`): what `--registry`
+alone puts its images under."""
+
+
+def has_registry_host(name: str) -> bool:
+    """Whether an image name or namespace starts with a registry host (Docker's rule: a first
+    component with a `.` or `:`, or `localhost`)."""
+    first, sep, _ = name.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost")
+
+
+def image_namespace(registry: str | None, namespace: str | None) -> str | None:
+    """Where SWE-bench-named images live: `{registry}/{namespace}` (namespace default
+    `swebench` when only a registry is given), the namespace alone (Docker Hub, or one
+    that already names its host), or None. UsageError when both name a registry host."""
+    if not registry:
+        return namespace or None
+    registry = registry.strip().rstrip("/")
+    if "/" in registry or not registry:
+        raise UsageError(f"--registry is a registry host[:port] (e.g. registry.example:5000), got {registry!r}; "
+                         "put the path under it in --namespace")
+    ns = (namespace or DEFAULT_NAMESPACE).strip("/")
+    if has_registry_host(ns + "/"):
+        raise UsageError(f"--namespace {namespace!r} already names a registry host; give either --registry "
+                         f"{registry} with a plain namespace, or the namespace with its host alone")
+    return f"{registry}/{ns}"
 
 
 class ImageBuildError(ConfigError):
@@ -178,6 +207,7 @@ class ImageBuilder:
         salt: str = "",
         no_cache: bool = False,
         namespace: str | None = None,
+        registry: str | None = None,
         push_to: str | None = None,
         auth: RegistryAuth | None = None,
         pull_concurrency: int = 2,
@@ -188,7 +218,8 @@ class ImageBuilder:
         self.keep_images = keep_images
         self._held: dict[str, int] = {}  # image -> rollouts holding it
         self._owned: dict[str, float] = {}  # images pulled/built here -> last use (monotonic)
-        self.namespace = namespace  # rows without an image field: the SWE-bench name under it
+        # rows without an image field: the SWE-bench name under `registry/namespace`
+        self.namespace = image_namespace(registry, namespace)
         self.push_to = push_to  # built instance images are pushed to `push_to/<repository>:<tag>`
         self.auth = auth  # registry credentials (else the engine's Docker config)
         self.pull_concurrency = max(1, pull_concurrency)
