@@ -127,6 +127,7 @@ class SWEDebugEnv(Environment):
     def backend(self) -> Any:
         if self._backend is None:
             self._backend = get_backend(self.sandbox_backend, **self.sandbox_backend_options)
+            self.taskset.use_backend(self._backend)  # e.g. whether its images are this engine's
         return self._backend
 
     # sandbox settings (`-x` / extra_env_kwargs); the image is the instance's own
@@ -191,7 +192,7 @@ class SWEDebugEnv(Environment):
     async def verify(self, inst: Any) -> dict[str, Any]:
         """The verdict on one instance: image, optional run without the patch, then
         `repeat` runs of the debug step and tests. Raises InfraError (sandbox trouble)."""
-        opts, live = self.options, self._live
+        opts, live, backend = self.options, self._live, self.backend  # the backend first: prepare depends on it
         t_img = time.perf_counter()
         try:  # the image (host side) once per rollout; a broken build is the instance's fault
             prepared = await self.taskset.prepare(inst)
@@ -204,9 +205,9 @@ class SWEDebugEnv(Environment):
         before: DebugOutcome | None = None
         try:
             if self.check_fails_before:
-                before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared,
+                before = await run_debug(self.taskset, inst, backend, opts, step="none", prepared=prepared,
                                          live=live)
-            outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
+            outcomes = [await run_debug(self.taskset, inst, backend, opts, prepared=prepared, live=live)
                         for _ in range(self.repeat)]
         finally:
             await asyncio.shield(self.taskset.release(inst, prepared))  # the image may go (keep_images)
