@@ -72,6 +72,7 @@ def run(
     cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).")] = None,
     memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).")] = None,
     namespace: Annotated[Optional[str], typer.Option("--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD or the Docker config.")] = None,
+    registry: Annotated[Optional[str], typer.Option("--registry", help="Registry host[:port] of SWE-bench instance images: rows without an image field run {registry}/{namespace}/sweb.eval.<arch>.<id> (--namespace default: swebench). Rows naming their image are used as named.")] = None,
     push_to: Annotated[Optional[str], typer.Option("--push-to", help="Push instance images built here to this registry (host:port or host:port/ns), so other machines, Kubernetes and Ray nodes pull them by name.")] = None,
     keep_images: Annotated[Optional[int], typer.Option("--keep-images", min=0, help="Disk bound: of the images this run pulls or builds, keep at most N (least recently used removed first; never an image in use or one the run did not make). Default: keep all.")] = None,
     rollout_isolation: Annotated[Optional[str], typer.Option("--rollout-isolation", help="Each instance in a new container (`container`) or in a cell of a pooled container of its image (`namespace`: private overlay, namespaces, cgroup limits; see README) \\[default: container].")] = None,
@@ -96,7 +97,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "debug_timeout": a["debug_timeout"], "test_timeout": a["test_timeout"], "timeout_seconds": a["timeout_seconds"],
         "check_fails_before": a["check_fails_before"], "repeat": a["repeat"], "run_setup": not a["no_setup"],
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
-        "memory_gb": a["memory_gb"], "namespace": a["namespace"], "push_to": a["push_to"],
+        "memory_gb": a["memory_gb"], "namespace": a["namespace"], "registry": a.get("registry"), "push_to": a["push_to"],
         "keep_images": a["keep_images"], "dataset_format": a.get("dataset_format"),
         "rollout_isolation": a.get("rollout_isolation"),
     }

@@ -127,6 +127,7 @@ class SWEDebugEnv(Environment):
     def backend(self) -> Any:
         if self._backend is None:
             self._backend = get_backend(self.sandbox_backend, **self.sandbox_backend_options)
+            self.taskset.use_backend(self._backend)  # e.g. whether its images are this engine's
         return self._backend
 
     # sandbox settings (`-x` / extra_env_kwargs); the image is the instance's own
@@ -191,7 +192,7 @@ class SWEDebugEnv(Environment):
     async def verify(self, inst: Any) -> dict[str, Any]:
         """The verdict on one instance: image, optional run without the patch, then
         `repeat` runs of the debug step and tests. Raises InfraError (sandbox trouble)."""
-        opts, live = self.options, self._live
+        opts, live, backend = self.options, self._live, self.backend  # the backend first: prepare depends on it
         t_img = time.perf_counter()
         try:  # the image (host side) once per rollout; a broken build is the instance's fault
             prepared = await self.taskset.prepare(inst)
@@ -204,9 +205,9 @@ class SWEDebugEnv(Environment):
         before: DebugOutcome | None = None
         try:
             if self.check_fails_before:
-                before = await run_debug(self.taskset, inst, self.backend, opts, step="none", prepared=prepared,
+                before = await run_debug(self.taskset, inst, backend, opts, step="none", prepared=prepared,
                                          live=live)
-            outcomes = [await run_debug(self.taskset, inst, self.backend, opts, prepared=prepared, live=live)
+            outcomes = [await run_debug(self.taskset, inst, backend, opts, prepared=prepared, live=live)
                         for _ in range(self.repeat)]
         finally:
             await asyncio.shield(self.taskset.release(inst, prepared))  # the image may go (keep_images)
@@ -273,6 +274,7 @@ def load_environment(
     rollout_isolation: str | None = None,
     backend: str | None = None,
     namespace: str | None = None,
+    registry: str | None = None,
     push_to: str | None = None,
     keep_images: int | None = None,
     dataset_format: str | None = None,
@@ -284,7 +286,8 @@ def load_environment(
 
     Images: a row's `image_name` (pulled when absent), else with `namespace` the
     SWE-bench name `{namespace}/sweb.eval.{arch}.{id}` (pulled; built from `source`
-    when it cannot be), else built from `source`; `push_to` pushes built images to that
+    when it cannot be), else built from `source`; `registry` (host[:port]) puts that name
+    on a registry: `{registry}/{namespace}/sweb.eval...`, namespace default `swebench`; `push_to` pushes built images to that
     registry. Registry credentials come from VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD
     or the Docker config, never from arguments (so never from results or metadata).
     `keep_images`: of the images this run pulled or built, keep only that many (least
@@ -300,7 +303,8 @@ def load_environment(
         path = DEFAULT_OUT / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
     try:
-        report = load_instances(dataset, split=split, named_images=bool(namespace), dataset_format=dataset_format)
+        report = load_instances(dataset, split=split, named_images=bool(namespace or registry),
+                                dataset_format=dataset_format)
     except ValueError as exc:  # an unknown --dataset-format
         raise UsageError(str(exc)) from None
     ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
@@ -323,12 +327,12 @@ def load_environment(
                          for i in patchless]
         selected = [i for i in selected if i.patch.strip()]
     builder = None
-    if namespace or push_to or keep_images is not None:
+    if namespace or registry or push_to or keep_images is not None:
         from sandboxes.images import RegistryAuth
 
         from .images import ImageBuilder
 
-        builder = ImageBuilder(namespace=namespace, push_to=push_to, auth=RegistryAuth.from_env(),
+        builder = ImageBuilder(namespace=namespace, registry=registry, push_to=push_to, auth=RegistryAuth.from_env(),
                                keep_images=keep_images)
     taskset = SWETaskSet(selected, name=dataset_name(dataset), builder=builder)
     return SWEDebugEnv(

@@ -15,8 +15,11 @@ Python and platform; every build runs with networking off. An instance that
 names a prebuilt `image_name` that exists locally uses it as is.
 
 Images are built through a backend's image-build capability
-(`sandboxes.images.image_builder`, the Docker backend by default): this module
-imports no backend and runs no engine CLI.
+(`sandboxes.images.image_builder`: the run's backend when it has one, else the
+Docker backend): this module imports no backend and runs no engine CLI. When
+the run's backend pulls images itself (kubernetes, prime), a row's named image
+is handed to it unchecked and no engine is asked anything (only a row built
+here and pushed with `push_to` needs one).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandboxes.errors import ConfigError, ImageNotFound, InfraError
+from sandboxes.errors import ConfigError, ImageNotFound, InfraError, UsageError
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
 
 from .instances import EnvironmentSpec, SWEInstance
@@ -65,6 +68,7 @@ class ImageRef(BaseModel):
     env_tag: str | None = None  # the environment layer under it
     seconds: float = 0.0
     pushed: str | None = None  # where --push-to put it (`registry/repository:tag`)
+    local: str | None = None  # the local name when `tag` is another (a remote backend runs the pushed name)
 
 
 class ImagePullFailed(InfraError):
@@ -85,6 +89,35 @@ def swebench_image_name(namespace: str, instance_id: str, tag: str = "latest", s
     (`host:port/ns`)."""
     key = f"sweb.eval.{host_arch().swebench}.{instance_id.lower()}".replace("__", IMAGE_SCHEMES[scheme])
     return f"{namespace.rstrip('/')}/{key}:{tag}"
+
+
+DEFAULT_NAMESPACE = "swebench"
+"""The SWE-bench harness's namespace (Docker Hub's `swebench/sweb.eval.*`): what `--registry`
+alone puts its images under."""
+
+
+def has_registry_host(name: str) -> bool:
+    """Whether an image name or namespace starts with a registry host (Docker's rule: a first
+    component with a `.` or `:`, or `localhost`)."""
+    first, sep, _ = name.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost")
+
+
+def image_namespace(registry: str | None, namespace: str | None) -> str | None:
+    """Where SWE-bench-named images live: `{registry}/{namespace}` (namespace default
+    `swebench` when only a registry is given), the namespace alone (Docker Hub, or one
+    that already names its host), or None. UsageError when both name a registry host."""
+    if not registry:
+        return namespace or None
+    registry = registry.strip().rstrip("/")
+    if "/" in registry or not registry:
+        raise UsageError(f"--registry is a registry host[:port] (e.g. registry.example:5000), got {registry!r}; "
+                         "put the path under it in --namespace")
+    ns = (namespace or DEFAULT_NAMESPACE).strip("/")
+    if has_registry_host(ns + "/"):
+        raise UsageError(f"--namespace {namespace!r} already names a registry host; give either --registry "
+                         f"{registry} with a plain namespace, or the namespace with its host alone")
+    return f"{registry}/{ns}"
 
 
 class ImageBuildError(ConfigError):
@@ -173,11 +206,12 @@ class ImageBuilder:
         base_image: str = BASE_IMAGE,
         cache_dir: Path | str = CACHE_DIR,
         recipes: Path | str = RECIPES,
-        backend: object | str = "docker",
+        backend: object | str | None = None,
         build_timeout: float = 1800,
         salt: str = "",
         no_cache: bool = False,
         namespace: str | None = None,
+        registry: str | None = None,
         push_to: str | None = None,
         auth: RegistryAuth | None = None,
         pull_concurrency: int = 2,
@@ -188,7 +222,8 @@ class ImageBuilder:
         self.keep_images = keep_images
         self._held: dict[str, int] = {}  # image -> rollouts holding it
         self._owned: dict[str, float] = {}  # images pulled/built here -> last use (monotonic)
-        self.namespace = namespace  # rows without an image field: the SWE-bench name under it
+        # rows without an image field: the SWE-bench name under `registry/namespace`
+        self.namespace = image_namespace(registry, namespace)
         self.push_to = push_to  # built instance images are pushed to `push_to/<repository>:<tag>`
         self.auth = auth  # registry credentials (else the engine's Docker config)
         self.pull_concurrency = max(1, pull_concurrency)
@@ -199,7 +234,10 @@ class ImageBuilder:
         self.base_image = base_image
         self.cache_dir = Path(cache_dir)
         self.recipes = Path(recipes)
-        self.backend = backend  # a backend name or instance with the SupportsImageBuild capability
+        # where images are checked, pulled and built: a backend name or instance with the
+        # SupportsImageBuild capability; None = the run's backend when it has it, else docker
+        self.backend = backend
+        self.run_backend: object | None = None  # the run's sandbox backend (`use_backend`)
         self.build_timeout = build_timeout
         self._builder = None
         self._locks: dict[str, asyncio.Lock] = {}
@@ -209,11 +247,31 @@ class ImageBuilder:
 
     # ------------------------------------------------------------------ the build capability
 
+    def use_backend(self, backend: object) -> None:
+        """The run's sandboxes are made by `backend` (an instance). One with the image-build
+        capability (docker) sees this engine's images: it checks, pulls and builds them
+        (with its own options). One without it (kubernetes, prime) pulls images by name
+        itself: then named images are passed on unchecked and nothing here talks to an
+        engine, except to build a row's image and push it (`push_to`)."""
+        self.run_backend = backend
+        if self.backend is None:
+            self._builder = None
+
+    @property
+    def remote(self) -> bool:
+        """Whether the run's backend pulls images itself (no SupportsImageBuild: kubernetes, prime)."""
+        from sandboxes.interface import SupportsImageBuild
+
+        return self.run_backend is not None and not isinstance(self.run_backend, SupportsImageBuild)
+
     @property
     def builder(self):
         """The backend's image-build capability (UsageError naming it when the backend has none)."""
         if self._builder is None:
-            self._builder = image_builder(self.backend)
+            target = self.backend
+            if target is None:
+                target = self.run_backend if self.run_backend is not None and not self.remote else "docker"
+            self._builder = image_builder(target)
         return self._builder
 
     async def image_id(self, tag: str) -> str | None:
@@ -373,6 +431,14 @@ class ImageBuilder:
         instance layer (pushed to `push_to` when set). Pulls run `pull_concurrency` at a time."""
         t0 = time.perf_counter()
         name = self.remote_image(inst)
+        if self.remote:
+            if name:  # the run's backend pulls it (its pull errors are the rollout's infra errors)
+                return ImageRef(tag=name, layer="prebuilt", seconds=time.perf_counter() - t0)
+            if inst.source is None or not self.push_to:
+                raise ImageNotFound(
+                    f"{inst.instance_id}: the {getattr(self.run_backend, 'name', 'run')!r} backend runs images by "
+                    f"name and builds none: name the image (image_name, or --namespace / --registry for SWE-bench "
+                    f"names), or build it on this machine's Docker engine and push it (--push-to REGISTRY)")
         if name and await self.image_id(name):
             return ImageRef(tag=name, layer="prebuilt", seconds=time.perf_counter() - t0)
         # pull a named image when nothing can build it, or when the registry scheme names it
@@ -401,6 +467,9 @@ class ImageBuilder:
         if not image.cached:
             built.append("instance")
         pushed = await self.push(image.name) if self.push_to else None
+        if self.remote:  # the run's backend pulls what was pushed
+            return ImageRef(tag=pushed or image.name, local=image.name, layer="instance", built=built, env_tag=env_tag,
+                            pushed=pushed, seconds=time.perf_counter() - t0)
         return ImageRef(tag=image.name, layer="instance", built=built, env_tag=env_tag, pushed=pushed,
                         seconds=time.perf_counter() - t0)
 
@@ -409,20 +478,22 @@ class ImageBuilder:
     def hold(self, ref: ImageRef) -> None:
         """A rollout uses `ref`; the builder owns it when this call pulled it or built
         its instance layer (a new environment layer under a cached instance is not that)."""
-        self._held[ref.tag] = self._held.get(ref.tag, 0) + 1
+        key = ref.local or ref.tag
+        self._held[key] = self._held.get(key, 0) + 1
         if {"pull", "instance"} & set(ref.built):
-            self._owned[ref.tag] = time.monotonic()
+            self._owned[key] = time.monotonic()
 
     async def release(self, ref: ImageRef) -> list[str]:
         """The rollout is done with `ref`; past `keep_images`, remove the least recently used
         owned images nobody holds. Returns the images removed."""
-        n = self._held.get(ref.tag, 0) - 1
+        key = ref.local or ref.tag
+        n = self._held.get(key, 0) - 1
         if n > 0:
-            self._held[ref.tag] = n
+            self._held[key] = n
         else:
-            self._held.pop(ref.tag, None)
-        if ref.tag in self._owned:
-            self._owned[ref.tag] = time.monotonic()
+            self._held.pop(key, None)
+        if key in self._owned:
+            self._owned[key] = time.monotonic()
         if self.keep_images is None or len(self._owned) <= self.keep_images:
             return []
         idle = sorted((t, img) for img, t in self._owned.items() if img not in self._held)

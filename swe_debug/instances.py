@@ -168,7 +168,7 @@ class SWEInstance(BaseModel):
     def _runnable(self, info: ValidationInfo):
         if not self.image_name and not self.source and not (info.context or {}).get("named_images"):
             raise ValueError("needs `image_name` (a prebuilt image) or `source` (to build one), "
-                             "or --namespace to run the SWE-bench image of that name")
+                             "or --namespace / --registry to run the SWE-bench image of that name")
         return self
 
     @model_validator(mode="before")

@@ -102,6 +102,10 @@ class SandboxTaskSet(abc.ABC, Generic[T]):
         """JSON-able per-instance metadata for result rows."""
         return {"instance_id": self.instance_id(inst)}
 
+    def use_backend(self, backend: Any) -> None:
+        """The run's sandboxes come from `backend` (an instance): host-side work may depend
+        on it (e.g. whether images are local to it)."""
+
     async def prepare(self, inst: T) -> Any:
         """Host-side work before a sandbox can be created (build or check its image)."""
         return None
@@ -209,6 +213,9 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
 
     def fail_to_pass(self, inst: SWEInstance) -> list[str]:
         return inst.FAIL_TO_PASS
+
+    def use_backend(self, backend: Any) -> None:
+        self.builder.use_backend(backend)
 
     async def prepare(self, inst: SWEInstance) -> ImageRef:
         ref = await self.builder.ensure(inst)

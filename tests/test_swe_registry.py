@@ -127,6 +127,72 @@ def test_cli_namespace_run_keeps_the_password_out_of_everything(instances, regis
     _untag(name)
 
 
+def test_registry_option_names_the_host_of_swebench_images(instances, registry, tmp_path):
+    """vf-swe-debug --registry HOST --namespace NS runs HOST/NS/sweb.eval.<arch>.<id> (pulled from
+    the real registry); --registry alone means the harness's namespace `swebench`; a namespace that
+    already names a host beside --registry is bad usage (exit 2, before anything runs)."""
+    from sandboxes.images import image_builder, run_sync
+    from swe_debug.images import ImageBuilder, image_namespace, swebench_image_name
+
+    assert image_namespace(registry.url, None) == f"{registry.url}/swebench"
+    assert image_namespace(None, "xingyaoww") == "xingyaoww"
+    assert ImageBuilder(registry=registry.url, namespace="team").namespace == f"{registry.url}/team"
+    name = swebench_image_name(f"{registry.url}/team", IDNA)
+    local = run_sync(lambda: ImageBuilder().ensure(instances[IDNA])).tag
+    run_sync(lambda: image_builder("docker").push_image(local, name, _auth(registry)))
+    _untag(name)
+    ds = tmp_path / "published.jsonl"
+    ds.write_text(json.dumps(_bare_row(instances[IDNA])) + "\n")
+    env = {**os.environ, "VF_RUNS_DB": str(tmp_path / "runs.db"), "VF_REGISTRY_USERNAME": registry.username,
+           "VF_REGISTRY_PASSWORD": registry.password}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "swe_debug.cli", str(ds), *args, "-q"], capture_output=True,
+                              text=True, cwd=ROOT, env=env, timeout=600)
+
+    bad = cli("--registry", registry.url, "--namespace", f"{registry.url}/team", "-o", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "already names a registry host" in bad.stderr, bad.stdout + bad.stderr
+    res = cli("--registry", registry.url, "--namespace", "team", "-o", str(tmp_path / "out"))
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        (row,) = [json.loads(x) for x in next((tmp_path / "out").rglob("results.jsonl")).read_text().splitlines()]
+        v = row["info"]["verdict"]
+        assert v["valid"] and v["image"] == name and v["images_built"] == ["pull"], v
+    finally:
+        _untag(name)
+
+
+async def test_a_row_built_here_runs_on_kubernetes_under_its_pushed_name(instances, registry, tmp_path):
+    """--backend kubernetes --push-to REG over a row that only has a `source`: the instance
+    image is built on this engine, pushed to the real registry, and the cluster is asked
+    for the pushed name (the Kubernetes fake runs no image: its pod gets a stand-in
+    filesystem, so the verdict is not the point; the pod's image and the registry's copy are)."""
+    from backends.kubernetes import KubernetesBackend
+    from fakes.k8s_server import FakeKubernetes
+    from sandboxes.images import image_builder
+    from swe_debug.images import ImageBuilder
+    from swe_debug.taskset import SWETaskSet
+
+    local = (await ImageBuilder().ensure(instances[IDNA])).tag
+    pushed = f"{registry.url}/k8s/{local}"
+    stand_in = tmp_path / "fs"
+    (stand_in / "testbed").mkdir(parents=True)
+    async with FakeKubernetes(images={pushed: stand_in}) as k8s:
+        be = KubernetesBackend(kubeconfig=str(k8s.write_kubeconfig(tmp_path / "kc")), context="fake",
+                               namespace=k8s.namespace, runtime_class_name=None, poll_interval=0.05)
+        rows = await _run(instances, [], backend=be, max_retries=0, taskset=SWETaskSet(
+            [instances[IDNA]], builder=ImageBuilder(push_to=f"{registry.url}/k8s", auth=_auth(registry))))
+        created = list(k8s.created_images)
+    r = rows[IDNA]
+    assert created == [pushed] and r["image"] == pushed and r["image_pushed"] == pushed, (created, r)
+    assert r["reason"] == "setup_failed"  # the stand-in has no git tree: the fake cannot run the real image
+    _untag(pushed)
+    docker = image_builder("docker")
+    assert await docker.image_id(pushed) is None
+    await docker.pull_image(pushed, _auth(registry))  # the registry really holds it
+    _untag(pushed)
+
+
 async def test_keep_images_removes_only_what_the_run_pulled_least_recent_first(instances, registry):
     """--keep-images 1 over two instances pulled from the registry: the first pulled image
     goes after its rollout, the last stays, and the local build both came from (an image

@@ -19,7 +19,12 @@ started in it (inside bubblewrap when usable, with the directory as `/`), so
 commands really execute. Test hooks make pods fail the way real ones do:
 special image names (`...imagepullbackoff...`, `...unschedulable...`,
 `...crashloop...`) and `evict()`, `oom_kill()`, `drop_exec_streams()`; `fail_next(n, status | reset=True)`
-makes the next REST requests fail transiently.
+makes the next REST requests fail transiently. Images: by default any name
+runs (the host's /usr, /etc, /opt); `FakeKubernetes(images={name: dir})` makes
+the fake's "registry" hold exactly those images: a pod of one starts with the
+directory's tree copied into its root (its filesystem), any other name fails
+to pull (`ErrImagePull`) as on a cluster. `created_images` lists the image of
+every pod created.
 """
 
 from __future__ import annotations
@@ -150,7 +155,8 @@ class FakeKubernetes(FakeServer):
     """An in-process fake API server on 127.0.0.1. `async with FakeKubernetes() as k8s:`"""
 
     def __init__(self, namespace: str = "default", token: str = "fake-token", start_delay: float = 0.05,
-                 use_bwrap: bool = True, protocols: tuple[str, ...] = ("v5.channel.k8s.io", "v4.channel.k8s.io")) -> None:
+                 use_bwrap: bool = True, protocols: tuple[str, ...] = ("v5.channel.k8s.io", "v4.channel.k8s.io"),
+                 images: dict[str, str | Path] | None = None) -> None:
         super().__init__("vf-fake-k8s-")
         self.namespace = namespace
         self.protocols = protocols  # exec subprotocols offered, in order of preference (older servers: v4 only)
@@ -165,6 +171,8 @@ class FakeKubernetes(FakeServer):
         self.create_times: list[float] = []  # monotonic time of each pod create request
         self.delete_bodies: list[dict[str, Any]] = []  # DeleteOptions received
         self._rv = itertools.count(1)
+        self.images = None if images is None else {k: Path(v) for k, v in images.items()}
+        self.created_images: list[str] = []  # the image of every pod created, in order
 
     # lifecycle (start, stop, `async with`: FakeServer) ----------------------------
     def _boxes(self) -> list[FakePod]:
@@ -262,6 +270,10 @@ class FakeKubernetes(FakeServer):
                     namespace=self.namespace)
         root = self._dir / name
         prepare_root(root)
+        image = containers[0]["image"]
+        self.created_images.append(image)
+        if self.images is not None and image in self.images:  # the image's filesystem
+            shutil.copytree(self.images[image], root, symlinks=True, dirs_exist_ok=True)
         pod = FakePod(body, root, self.bwrap)
         pod.manifest["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
                                   "containerStatuses": [container_status(containers[0], {"waiting": {"reason": "ContainerCreating"}})]}
@@ -274,7 +286,9 @@ class FakeKubernetes(FakeServer):
         if pod is None:
             return
         image = pod.container["image"].lower()
-        if "imagepullbackoff" in image:
+        if self.images is not None and pod.container["image"] not in self.images:
+            pod.set_waiting("ErrImagePull", f'failed to pull and unpack image "{pod.container["image"]}": not found')
+        elif "imagepullbackoff" in image:
             pod.set_waiting("ImagePullBackOff", f'Back-off pulling image "{pod.container["image"]}"')
         elif "unschedulable" in image:
             pod.manifest["status"] = {"phase": "Pending", "conditions": [{
