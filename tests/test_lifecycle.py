@@ -138,7 +138,8 @@ def test_cli_reports_daemon_down(monkeypatch):
     assert out.exit_code == 1 and "/tmp/vf-no-daemon-here.sock" in out.output
 
 
-def test_cleanup_all_runs_every_remover_once():
+def test_cleanup_all_runs_every_remover_once(monkeypatch):
+    monkeypatch.setattr(lifecycle, "_live", {})  # this process's earlier tests may still track sandboxes
     removed = []
     lifecycle.track("a", lambda: removed.append("a"))
     lifecycle.track("b", lambda: removed.append("b"))

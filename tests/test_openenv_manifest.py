@@ -219,7 +219,8 @@ def test_committed_template_is_what_openenv_init_generates(tmp_path):
     skip = {"uv.lock", ".build.json"}
     ours = {p.relative_to(ECHO) for p in ECHO.rglob("*") if p.is_file() and "__pycache__" not in p.parts
             and p.name not in skip}
-    theirs = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and p.name not in skip}
+    theirs = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+              and p.name not in skip}  # bytecode caches are not part of a template
     assert ours == theirs
     for rel in ours:
         a, b = (ECHO / rel).read_text(), (fresh / rel).read_text()
