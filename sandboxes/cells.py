@@ -22,7 +22,6 @@ reaper and `vf-sandbox` cleanup see them like any other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time

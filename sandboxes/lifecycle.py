@@ -163,6 +163,24 @@ def reap_due(info: SandboxInfo, now: float, max_age_seconds: float | None = None
             or (max_age_seconds is not None and info.created_at is not None and now - info.created_at > max_age_seconds))
 
 
+async def delete_run_sandboxes(backend: str | None, options: dict | None, run_id: str,
+                               only: Callable[[SandboxInfo], bool] | None = None) -> int:
+    """Delete the sandboxes of run `run_id` (its run-id label) on the backend named
+    `backend` (made with `options`, closed after); `only` filters them. Returns how many."""
+    from .labels import RUN_ID
+    from .registry import get_backend
+
+    be = get_backend(backend, **(options or {}))
+    try:
+        infos = await be.list({MANAGED: "true", RUN_ID: run_id})
+        ids = [i.id for i in infos if only is None or only(i)]
+        if ids:
+            await be.delete_many(ids=ids)
+        return len(ids)
+    finally:
+        await be.close()
+
+
 async def reap(backend=None, *, dry_run: bool = False, include_expired: bool = True) -> list[tuple[SandboxInfo, str]]:
     """Remove managed sandboxes whose owner process is dead or that expired, and those
     the backend lost ("engine-lost", backends with `reap_orphans`).

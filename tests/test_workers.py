@@ -168,3 +168,54 @@ def test_dispatcher_stand_in_hands_over_to_the_workers_within_the_limit():
     assert not d.finished("a", 4)  # never written twice
     assert d.finished("local", 3) and d.finished("b", 6) and d.finished("b", 4)
     assert d.remaining == 10 - 6 and [g for g, _ in d.take("b")] == [5, 7]
+
+
+def _ignores_sigterm(conn) -> None:
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn.send_bytes(b"{}")
+    time.sleep(600)
+
+
+@pytest.mark.docker
+async def test_a_worker_that_does_not_stop_is_killed_and_the_runner_deletes_its_sandboxes():
+    """A worker stuck past the stop deadline is killed (never left running), and the
+    sandboxes it could not delete are deleted by the runner through the run's label."""
+    import asyncio
+    import multiprocessing
+    import types
+    import uuid
+
+    from conftest import DEFAULT_TEST_IMAGE, require_docker
+    from envs.eval.dispatch import GroupDispatcher
+    from envs.eval.workers import _delete_left_behind, _shut_down, _Worker
+    from sandboxes import SandboxSpec, labels
+    from sandboxes.registry import get_backend
+
+    require_docker()
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_ignores_sigterm, args=(child,), daemon=True)
+    proc.start()
+    assert parent.poll(60) and parent.recv_bytes() == b"{}"  # it runs, ignoring SIGTERM
+    worker = _Worker(0, proc, parent)
+    groups = GroupDispatcher([{"example_id": 0}], 1)
+    groups.add(worker)
+    old, rid = labels.run_id(), "w-" + uuid.uuid4().hex[:10]
+    labels.set_run_id(rid)  # what a worker does: its sandboxes carry the run's id
+    be = get_backend("docker")
+    try:
+        sb = await be.create(SandboxSpec(image=DEFAULT_TEST_IMAGE, labels={"vf-sandbox.test": "1"}))
+        assert (await be.list({labels.RUN_ID: rid}))[0].id == sb.id
+        killed = await _shut_down([worker], groups, asyncio.Queue(), None, stopping=True, stop_seconds=1)
+        assert killed and not proc.is_alive()
+        await _delete_left_behind(types.SimpleNamespace(backend="docker", backend_options={}), rid)
+        assert await be.list({labels.RUN_ID: rid}) == []
+    finally:
+        labels.set_run_id(old)
+        await be.delete_many(labels={labels.RUN_ID: rid})
+        await be.close()
+        if proc.is_alive():
+            proc.kill()

@@ -273,7 +273,9 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
             if not w.gone:
                 _send(w, {"stop": True})
     finally:
-        await _shut_down(workers, groups, events, on_group, stopping=groups.remaining > 0)
+        killed = await _shut_down(workers, groups, events, on_group, stopping=groups.remaining > 0)
+        if killed:  # a worker that did not stop could not delete its sandboxes: the runner does
+            await asyncio.shield(_delete_left_behind(cfg, sandbox_run_id))
 
 
 def _send(w: _Worker, msg: dict[str, Any]) -> bool:
@@ -285,16 +287,29 @@ def _send(w: _Worker, msg: dict[str, Any]) -> bool:
         return False
 
 
+async def _delete_left_behind(cfg: EvalConfig, sandbox_run_id: str) -> None:
+    from sandboxes.lifecycle import delete_run_sandboxes
+
+    try:
+        n = await delete_run_sandboxes(cfg.backend, cfg.backend_options, sandbox_run_id)
+        if n:
+            log.warning("deleted %d sandbox(es) a killed worker left behind", n)
+    except Exception as exc:  # noqa: BLE001 - best effort: the reaper gets the rest
+        log.warning("could not delete the sandboxes a killed worker left (the reaper will): %s", exc)
+
+
 async def _shut_down(workers: list[_Worker], groups: GroupDispatcher, events: asyncio.Queue, on_group: GroupSink,
-                     stopping: bool) -> None:
+                     stopping: bool, stop_seconds: float = 60) -> bool:
     """Stop the workers (SIGTERM when the run is being stopped), write the groups they
-    still finish, wait for their sandbox teardown, and never leave a process behind."""
+    still finish, wait (up to `stop_seconds`) for their sandbox teardown, and never leave
+    a process behind: True when a worker had to be killed (its sandboxes may remain)."""
     loop = asyncio.get_running_loop()
     if stopping:
         for w in workers:
             if w.proc.is_alive():
                 os.kill(w.proc.pid, signal.SIGTERM)
-    deadline = loop.time() + 120
+    deadline = loop.time() + stop_seconds
+    killed = False
     while any(not w.gone for w in workers) and loop.time() < deadline:
         try:
             w, msg = await asyncio.wait_for(asyncio.shield(events.get()), timeout=max(0.1, deadline - loop.time()))
@@ -311,7 +326,9 @@ async def _shut_down(workers: list[_Worker], groups: GroupDispatcher, events: as
             pass
         w.proc.join(timeout=1)
         if w.proc.is_alive():
-            log.warning("worker %d did not stop; killing it (the reaper removes what it left)", w.index)
+            log.warning("worker %d did not stop; killing it", w.index)
             w.proc.kill()
             w.proc.join(timeout=5)
+            killed = True
         w.conn.close()
+    return killed

@@ -311,11 +311,9 @@ def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> i
     """Delete the sandboxes this run created whose owner process is gone (found
     by the run-id label every sandbox carries). Live owners' sandboxes are kept."""
     import asyncio
-
     import socket
 
-    from sandboxes.labels import MANAGED, OWNER_HOST, OWNER_PID, OWNER_START, RUN_ID
-    from sandboxes.registry import get_backend
+    from sandboxes.labels import OWNER_HOST, OWNER_PID, OWNER_START
 
     from .registry import pid_alive
 
@@ -336,18 +334,9 @@ def remove_orphaned_sandboxes(rec: "RunRecord", backend: str | None = None) -> i
     options = rec.args.get("backend_options") if name == recorded and isinstance(rec.args.get("backend_options"), dict) else {}
     options = {k: v for k, v in options.items() if v != "***"}
 
-    async def go() -> int:
-        be = get_backend(name, **options)
-        try:
-            infos = await be.list({MANAGED: "true", RUN_ID: rec.sandbox_run_id})
-            ids = [i.id for i in infos if orphaned(i.labels)]
-            if ids:
-                await be.delete_many(ids=ids)
-            return len(ids)
-        finally:
-            await be.close()
+    from sandboxes.lifecycle import delete_run_sandboxes
 
-    return asyncio.run(go())
+    return asyncio.run(delete_run_sandboxes(name, options, rec.sandbox_run_id, only=lambda i: orphaned(i.labels)))
 
 
 def _job_id(rec: "RunRecord") -> str:

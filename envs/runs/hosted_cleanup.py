@@ -14,20 +14,9 @@ import sys
 def _delete_here(label: str, backend: str, options: dict) -> tuple[str, int]:
     import socket
 
-    from sandboxes.labels import MANAGED, RUN_ID
-    from sandboxes.registry import get_backend
+    from sandboxes.lifecycle import delete_run_sandboxes
 
-    async def go() -> int:
-        be = get_backend(backend, **options)
-        try:
-            infos = await be.list({MANAGED: "true", RUN_ID: label})
-            if infos:
-                await be.delete_many(ids=[i.id for i in infos])
-            return len(infos)
-        finally:
-            await be.close()
-
-    return socket.gethostname(), asyncio.run(go())
+    return socket.gethostname(), asyncio.run(delete_run_sandboxes(backend, options, label))
 
 
 def main(argv: list[str]) -> int:
