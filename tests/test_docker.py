@@ -389,3 +389,29 @@ def test_lost_sandbox_reaper_finds_the_containerd_of_a_local_dockerd_only(tmp_pa
         s.listen(1)
         assert orphans.containerd_address(f"unix://{tmp_path}/fake.sock") is None
     assert orphans.containerd_address(f"unix://{tmp_path}/none.sock") is None
+
+
+def test_a_slow_lost_sandbox_pass_never_holds_a_cli_exit():
+    """The start-up reaper's containerd pass runs `ctr` off the loop; a slow one must not
+    keep a CLI from exiting (a SIGTERMed run once did not end while it ran)."""
+    import subprocess
+    import sys
+
+    from conftest import require_docker
+
+    require_docker()
+    script = (
+        "import time\n"
+        "from backends.docker import orphans\n"
+        "orphans.containerd_address = lambda url: '/run/vf-test-no-containerd.sock'\n"
+        "orphans.held = lambda address: time.sleep(30) or set()  # a containerd that answers slowly\n"
+        "from sandboxes.lifecycle import reap_in_background\n"
+        "reap_in_background('docker')\n"
+        "time.sleep(1.5)\n"
+        "print('main done', flush=True)\n"
+    )
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert out.returncode == 0 and "main done" in out.stdout, out.stderr[-2000:]
+    assert took < 15, f"the process took {took:.1f}s to exit (the reaper's pass held it)"

@@ -28,6 +28,7 @@ finds and removes them through containerd itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -36,9 +37,11 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -200,27 +203,52 @@ def remove(address: str, cid: str) -> None:
 # ---------------------------------------------------------------- the whole pass
 
 
+async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a daemon thread. Not asyncio.to_thread: the default executor's
+    threads are joined at interpreter exit, so a slow `ctr` in the start-up reaper's
+    background pass would hold a CLI's exit (seen: a SIGTERMed run that did not end)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+
+    def settle(setter: Callable[[Any], None], value: Any) -> None:
+        if not fut.done():
+            setter(value)
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(settle, fut.set_exception, exc)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, fut.set_result, result)
+
+    threading.Thread(target=run, name="vf-orphans", daemon=True).start()
+    return await fut
+
+
 async def reap(url: str, engine_ids: Callable[[], Awaitable[set[str]]], *, dry_run: bool = False) -> list[str]:
     """Remove (unless `dry_run`) our sandboxes the engine at `url` lost; their ids.
     `engine_ids` lists every container id the engine knows (any label, any state)."""
-    address = await asyncio.to_thread(containerd_address, url)
+    address = await _off_loop(containerd_address, url)
     if address is None:
         return []
     try:
-        before = await asyncio.to_thread(held, address)
+        before = await _off_loop(held, address)
         if not before:
             return []
         listed = await engine_ids()
         if not before - listed:
             return []
-        after = await asyncio.to_thread(held, address)
+        after = await _off_loop(held, address)
     except (OSError, subprocess.TimeoutExpired) as exc:  # e.g. no `ctr` installed: said once per process
         (log.debug if _warned else log.warning)(
             "cannot look for sandboxes the Docker engine at %s lost (containerd %s): %s", url, address, exc)
         _warned.append(url)
         return []
-    lost = [cid for cid in sorted((before & after) - listed) if await asyncio.to_thread(is_ours, address, cid)]
+    lost = [cid for cid in sorted((before & after) - listed) if await _off_loop(is_ours, address, cid)]
     if not dry_run:
         for cid in lost:
-            await asyncio.to_thread(remove, address, cid)
+            await _off_loop(remove, address, cid)
     return lost
