@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .agent.client import AgentConnection, AgentSandbox
-from .errors import AgentError, InfraError, SandboxNotRunning
+from .errors import AgentError, ConfigError, InfraError, SandboxNotRunning
 from .labels import lifecycle_labels
 from .results import SandboxInfo
 from .spec import SandboxSpec
@@ -122,6 +122,17 @@ class CellSandbox(AgentSandbox):
             self.host.owner.released(self)
 
 
+def refuse_in_cells(spec: SandboxSpec) -> None:
+    """A cell has only loopback networking and a fresh /dev without devices: refuse a
+    spec asking for a network or GPUs rather than run without them."""
+    if spec.network:
+        raise ConfigError("network=True is not available with rollout_isolation='namespace' (a cell has only "
+                          "loopback); use rollout_isolation='container'")
+    if spec.gpu_count:
+        raise ConfigError("gpu_count is not available with rollout_isolation='namespace' (a cell has no "
+                          "devices); use rollout_isolation='container'")
+
+
 def cell_conf(spec: SandboxSpec, name: str) -> dict[str, Any]:
     """What the host agent needs to build one cell of `spec`."""
     return {
@@ -186,7 +197,6 @@ class CellHost:
             self.open -= 1
             raise
         host_conn = self.sandbox.connection
-        self.last_open_ms = reply.get("ms")  # where the open's time went in the host (zygote, setup, agent)
         conn = CellConnection(host_conn, n, reply.get("hello") or {})
         host_conn.cells[n] = conn
         cell = CellSandbox(conn, host=self, id=f"{self.sandbox.id}{CELL_MARK}{n}", name=name, spec=spec,
@@ -231,7 +241,9 @@ class CellHosts:
         return next((h for h in self._hosts.get(key, []) if h.admits), None)
 
     async def create(self, spec: SandboxSpec) -> CellSandbox:
-        """A new cell of `spec` (a new host first when none has room)."""
+        """A new cell of `spec` (a new host first when none has room). ConfigError for what
+        a cell cannot give (never accepted and silently dropped)."""
+        refuse_in_cells(spec)
         key = self.key(spec)
         host = self._admitting(key)
         if host is None:

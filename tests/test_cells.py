@@ -209,6 +209,17 @@ async def test_the_cell_runs_as_the_specs_user(backend):
     await cell.delete()
 
 
+async def test_what_a_cell_cannot_give_is_refused():
+    from backends.docker import DockerBackend
+
+    be = DockerBackend(url="unix:///tmp/vf-no-engine-needed.sock")  # refused before any engine call
+    for spec, what in ((SandboxSpec(rollout_isolation="namespace", network=True), "network=True"),
+                       (SandboxSpec(rollout_isolation="namespace", gpu_count=1), "gpu_count")):
+        with pytest.raises(ConfigError, match=what):
+            await be.create(spec)
+    await be.close()
+
+
 async def test_other_backends_refuse_namespace_mode():
     from backends.local import LocalBackend
 

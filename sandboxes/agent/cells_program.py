@@ -829,7 +829,6 @@ def op_cell_open(req, ctx):
     cid = int(req["cell_id"])
     ours, theirs = socket.socketpair()
     timeout = float(req.get("hello_timeout") or 30)
-    t0 = time.monotonic()
     try:
         _, (report, alive) = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
     except Exception:
@@ -838,7 +837,6 @@ def op_cell_open(req, ctx):
     finally:
         theirs.close()
     cell = Cell(cid, ours, alive)
-    t1 = time.monotonic()
     try:
         init = read_report(report, timeout)
     except Exception:
@@ -846,7 +844,6 @@ def op_cell_open(req, ctx):
         zygote_call({"op": "close", "cell": cid})
         cell.wait_gone()
         raise
-    t2 = time.monotonic()
     hello, pending = read_hello(ours, timeout)
     if not hello:
         ours.close()
@@ -856,9 +853,7 @@ def op_cell_open(req, ctx):
     with _cells_lock:
         _cells[cid] = cell
     pump().add(cell, pending)
-    t3 = time.monotonic()
-    return {"pid": init, "hello": json.loads(hello),
-            "ms": {"zygote": (t1 - t0) * 1e3, "setup": (t2 - t1) * 1e3, "agent": (t3 - t2) * 1e3}}
+    return {"pid": init, "hello": json.loads(hello)}
 
 
 def op_cell_close(req, ctx):
