@@ -70,6 +70,26 @@ class _RetryRollout(Exception):
     whose state holds a retryable error (InfraError or transient model error)."""
 
 
+RECANCEL_SECONDS = 5.0
+
+
+async def cancel_and_settle(tasks: Iterable[asyncio.Future]) -> None:
+    """Cancel `tasks` and wait for them to end. One still running a few seconds later
+    swallowed its cancellation (a library bug, e.g. Python 3.11's `wait_for`) and is
+    cancelled again, so a stopped run never waits on a 10-minute model call."""
+    tasks = list(tasks)
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_SECONDS)
+        if pending:
+            log.warning("%d task(s) ignored a cancellation; cancelling again", len(pending))
+    for t in tasks:  # retrieve every outcome (no "exception was never retrieved")
+        if not t.cancelled():
+            t.exception()
+
+
 async def gather_or_cancel(coros: Iterable[Awaitable[Any]]) -> list[Any]:
     """Like asyncio.gather, but the first exception cancels the other tasks (then propagates)."""
     tasks = [asyncio.ensure_future(c) for c in coros]
@@ -78,14 +98,10 @@ async def gather_or_cancel(coros: Iterable[Awaitable[Any]]) -> list[Any]:
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_settle(tasks)
         raise
     if pending:
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await cancel_and_settle(pending)
     first: BaseException | None = None
     for t in tasks:
         if t.done() and not t.cancelled():

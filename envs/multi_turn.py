@@ -212,7 +212,8 @@ class MultiTurnEnv(Environment):
 
         try:
             if self.timeout_seconds:
-                await asyncio.wait_for(loop(), timeout=self.timeout_seconds)
+                async with asyncio.timeout(self.timeout_seconds):
+                    await loop()
             else:
                 await loop()
         except asyncio.TimeoutError:

@@ -54,7 +54,8 @@ class SandboxPool:
         if self._filler is None:
             self._filler = asyncio.create_task(self._fill_loop())
         if wait:
-            await asyncio.wait_for(self._wait_full(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._wait_full()
         return self
 
     async def _wait_full(self) -> None:
@@ -126,7 +127,8 @@ class SandboxPool:
                 cold = True
                 self._wake.set()
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                born, sb = await asyncio.wait_for(self._ready.get(), left)
+                async with asyncio.timeout(left):
+                    born, sb = await self._ready.get()
             else:
                 born, sb = self._ready.get_nowait()
             if time.monotonic() - born <= self.max_idle:

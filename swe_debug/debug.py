@@ -213,7 +213,8 @@ async def run_debug(
         out.timings.create_s = clock.lap()
         log.info("%s: sandbox %s created (%.2fs); step %s", iid, sandbox.id, out.timings.create_s, step)
         try:
-            await asyncio.wait_for(_body(taskset, inst, sandbox, opts, step, out, clock), opts.timeout_seconds)
+            async with asyncio.timeout(opts.timeout_seconds):
+                await _body(taskset, inst, sandbox, opts, step, out, clock)
         except asyncio.TimeoutError:
             out.valid, out.reason = False, "timeout"
             out.detail = f"rollout exceeded timeout_seconds={opts.timeout_seconds:g}"

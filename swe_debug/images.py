@@ -153,7 +153,8 @@ async def _run(*argv: str, cwd: str | None = None, env: dict[str, str] | None = 
         *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate()
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()

@@ -73,7 +73,8 @@ async def run_exec(container, argv: list[str], *, timeout: float, stdin: bytes |
                     await on_chunk(OutputChunk(stream="stdout" if msg.stream == 1 else "stderr", data=msg.data))
 
         try:
-            await asyncio.wait_for(pump(), None if timeout == float("inf") else timeout + HOST_GRACE)
+            async with asyncio.timeout(None if timeout == float("inf") else timeout + HOST_GRACE):
+                await pump()
         except asyncio.TimeoutError:
             timed_out = True
     info = await ex.inspect()

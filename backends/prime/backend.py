@@ -116,7 +116,8 @@ class PrimeAgentChannel(AgentChannel):
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.proc.aclose(), 15)
+            async with asyncio.timeout(15):
+                await self.proc.aclose()
         self._log_task.cancel()
 
     def describe(self) -> str:

@@ -204,15 +204,24 @@ def _awaitable(ref: Any) -> Awaitable[Any]:
 async def _shut_down(actors: list[Any], unready: list[Any] | None = None) -> None:
     """Every ready actor tears down its environment (its sandboxes), then is killed;
     an actor still starting (it was never handed a group) is killed at once."""
+
+    try:
+        if actors:
+            async with asyncio.timeout(SHUTDOWN_SECONDS):
+                await asyncio.shield(asyncio.gather(*(_awaitable(a.shutdown.remote()) for a in actors),
+                                                    return_exceptions=True))
+    except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+        log.warning("worker actors did not finish their teardown %s (the reaper removes what they left)",
+                    f"in {SHUTDOWN_SECONDS:.0f}s" if isinstance(exc, asyncio.TimeoutError) else "(stopped)")
+        if isinstance(exc, asyncio.CancelledError):
+            _kill(actors, unready)
+            raise
+    _kill(actors, unready)
+
+
+def _kill(actors: list[Any], unready: list[Any] | None) -> None:
     import ray
 
-    if actors:
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.gather(*(_awaitable(a.shutdown.remote()) for a in actors),
-                                                                 return_exceptions=True)), SHUTDOWN_SECONDS)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            log.warning("worker actors did not finish their teardown in %.0fs (the reaper removes what they left)",
-                        SHUTDOWN_SECONDS)
     for a in [*actors, *(unready or [])]:
         try:
             ray.kill(a)

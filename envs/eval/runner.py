@@ -287,7 +287,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             )
         if todo:
             try:
-                await asyncio.wait_for(gen, timeout=cfg.timeout_minutes * 60)
+                async with asyncio.timeout(cfg.timeout_minutes * 60):
+                    await gen
             except asyncio.TimeoutError:
                 raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
         status, error = "completed", None

@@ -312,7 +312,8 @@ async def _shut_down(workers: list[_Worker], groups: GroupDispatcher, events: as
     killed = False
     while any(not w.gone for w in workers) and loop.time() < deadline:
         try:
-            w, msg = await asyncio.wait_for(asyncio.shield(events.get()), timeout=max(0.1, deadline - loop.time()))
+            async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                w, msg = await events.get()
         except asyncio.TimeoutError:
             break
         if msg is None:

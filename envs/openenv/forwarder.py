@@ -183,14 +183,16 @@ class LocalChannel(Channel):
     async def read_frame(self, marker: str, timeout: float) -> str:
         assert self.proc.stdout is not None
         try:
-            data = await asyncio.wait_for(self.proc.stdout.readuntil(marker.encode()), timeout)
+            async with asyncio.timeout(timeout):
+                data = await self.proc.stdout.readuntil(marker.encode())
         except asyncio.TimeoutError:
             raise ForwardTimeout(f"relay gave no answer within {timeout:.0f}s") from None
         except asyncio.IncompleteReadError as exc:
             err = b""
             if self.proc.stderr is not None:
                 try:
-                    err = await asyncio.wait_for(self.proc.stderr.read(), 2)
+                    async with asyncio.timeout(2):
+                        err = await self.proc.stderr.read()
                 except asyncio.TimeoutError:
                     pass
             raise RelayDied(f"relay exited; stderr tail:\n{err.decode('utf-8', 'replace')[-ERR_TAIL:]}") from exc
@@ -201,7 +203,8 @@ class LocalChannel(Channel):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
             try:
-                await asyncio.wait_for(self.proc.wait(), 2)
+                async with asyncio.timeout(2):
+                    await self.proc.wait()
             except asyncio.TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()

@@ -122,10 +122,9 @@ class MathRubric(Rubric):
             return 0.0
         loop = asyncio.get_running_loop()
         try:
-            reward, elapsed = await asyncio.wait_for(
-                loop.run_in_executor(self._pool(), verify_response, response, str(answer), self.max_verify_chars,
-                                     int(self.timeout_seconds)),
-                timeout=self.HARD_TIMEOUT_SECONDS)
+            async with asyncio.timeout(self.HARD_TIMEOUT_SECONDS):
+                reward, elapsed = await loop.run_in_executor(self._pool(), verify_response, response, str(answer),
+                                                             self.max_verify_chars, int(self.timeout_seconds))
         except asyncio.TimeoutError:
             log.warning("math verification hung past %.0fs (answer %r): its workers are replaced",
                         self.HARD_TIMEOUT_SECONDS, response[:200])

@@ -62,7 +62,8 @@ def render_exec(result: "ExecResult", limit: int, timeout_s: float) -> str:
 async def guarded(awaitable: Awaitable, seconds: float, what: str):
     """Await with a host-side deadline; past it the sandbox is declared unresponsive (InfraError)."""
     try:
-        return await asyncio.wait_for(awaitable, seconds)
+        async with asyncio.timeout(seconds):
+            return await awaitable
     except asyncio.TimeoutError:
         raise AgentError(f"the sandbox did not answer {what} within {seconds:.0f}s") from None
 

@@ -110,7 +110,8 @@ class LocalProcess(BackgroundProcess):
                 if remaining is not None and remaining <= 0:
                     break
                 try:
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await self._changed.wait()
                 except asyncio.TimeoutError:
                     break
             cut = len(self._out.data)
@@ -152,7 +153,8 @@ class LocalProcess(BackgroundProcess):
 
     async def wait(self, timeout: float | None = None) -> ProcessStatus:
         try:
-            await asyncio.wait_for(asyncio.shield(self._proc.wait()), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._proc.wait())
         except asyncio.TimeoutError:
             pass
         return self._status()

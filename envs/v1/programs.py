@@ -166,7 +166,8 @@ async def run_local_command(task: Any, state: Any, program: Mapping[str, Any]) -
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                 start_new_session=True)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=float(program.get("timeout", 600)))
+        async with asyncio.timeout(float(program.get("timeout", 600))):
+            out, err = await proc.communicate()
     except asyncio.TimeoutError:
         proc.kill()
         out, err = await proc.communicate()

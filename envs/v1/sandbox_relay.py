@@ -57,8 +57,7 @@ class SandboxRelay:
     async def __aexit__(self, *exc: Any) -> None:
         if self._pump is not None:
             self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
+            await asyncio.wait([self._pump])  # never raises: the pump's end is not the caller's cancellation
         for t in list(self._inflight):
             t.cancel()
         if self.proc is not None:

@@ -54,14 +54,16 @@ class ProcessChannel(AgentChannel):
         if self.proc.stdin is not None and not self.proc.stdin.is_closing():
             self.proc.stdin.close()
         try:
-            await asyncio.wait_for(self.proc.wait(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self.proc.wait()
         except asyncio.TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await self.proc.wait()
         if self._log_task is not None:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._log_task, 1.0)
+            # asyncio.wait: neither raises on the timeout nor swallows the caller's own cancellation
+            await asyncio.wait([self._log_task], timeout=1.0)
+            self._log_task.cancel()
 
     def describe(self) -> str:
         return f"{type(self).__name__}({self.label})"

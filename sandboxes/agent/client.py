@@ -101,7 +101,8 @@ class AgentConnection:
         """Start reading and wait for the agent's hello."""
         self._reader = asyncio.create_task(self._read_loop())
         try:
-            self.hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+            async with asyncio.timeout(timeout):
+                self.hello = await asyncio.shield(self._hello)
         except asyncio.TimeoutError:
             await self.close()
             raise AgentError(f"agent did not start within {timeout:.0f}s on {self.channel.describe()}{self._log()}") from None
