@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from source_tree import parse_file
 
 from sandboxes.agent.client import AgentChannel, AgentConnection
 
@@ -39,7 +40,7 @@ def test_no_cancellation_swallowing_calls_in_the_source():
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(), filename=str(path))
+            tree = parse_file(path)
             for call in _calls(tree):
                 name = _dotted(call.func)
                 rel = f"{path.relative_to(ROOT)}:{call.lineno}"

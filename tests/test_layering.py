@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from source_tree import parse_file
+
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -40,7 +42,7 @@ def dynamic_backend_imports() -> list[str]:
             rel = path.relative_to(ROOT)
             if rel == REGISTRY:
                 continue
-            tree = ast.parse(path.read_text(encoding="utf-8"), str(rel))
+            tree = parse_file(path, str(rel))
             for node in ast.walk(tree):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and BACKEND_PATH.match(node.value):
                     found.append(f"{rel}:{node.lineno}: {node.value!r}")
