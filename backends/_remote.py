@@ -86,9 +86,10 @@ async def shielded_create(make: Awaitable[T], fallback: Callable[[], Awaitable[A
 
 
 async def _discard(task: asyncio.Future, fallback: Callable[[], Awaitable[Any]] | None) -> None:
-    with contextlib.suppress(BaseException):
-        await task.result().delete()
-        return
+    if not task.cancelled() and task.exception() is None:
+        with contextlib.suppress(Exception):
+            await task.result().delete()
+            return
     if fallback is not None:
         with contextlib.suppress(Exception):
             await fallback()

@@ -37,6 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from sandboxes.cancel import cancel_and_settle
 from sandboxes.retry import RetryPolicy, is_retryable
 
 from .clients.base import Client, ModelAuthError
@@ -68,26 +69,6 @@ GroupCallback = Callable[[list[RolloutOutput]], "Awaitable[None] | None"]
 class _RetryRollout(Exception):
     """Raised internally (from the state's error) to make tenacity retry a rollout
     whose state holds a retryable error (InfraError or transient model error)."""
-
-
-RECANCEL_SECONDS = 5.0
-
-
-async def cancel_and_settle(tasks: Iterable[asyncio.Future]) -> None:
-    """Cancel `tasks` and wait for them to end. One still running a few seconds later
-    swallowed its cancellation (a library bug, e.g. Python 3.11's `wait_for`) and is
-    cancelled again, so a stopped run never waits on a 10-minute model call."""
-    tasks = list(tasks)
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for t in pending:
-            t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=RECANCEL_SECONDS)
-        if pending:
-            log.warning("%d task(s) ignored a cancellation; cancelling again", len(pending))
-    for t in tasks:  # retrieve every outcome (no "exception was never retrieved")
-        if not t.cancelled():
-            t.exception()
 
 
 async def gather_or_cancel(coros: Iterable[Awaitable[Any]]) -> list[Any]:

@@ -365,6 +365,18 @@ class SandboxEnv(StatefulToolEnv):
             return 0
         return min(self.concurrency, self.max_default_pool_size)
 
+    async def warm_up(self, concurrency: int | None = None, timeout: float | None = 300.0) -> int:
+        """Fill the warm pool before the first rollout asks (an RL trainer's first step,
+        a benchmark's clock) and return how many sandboxes are ready; with
+        `rollout_isolation="namespace"` that also starts the cell host. 0 without a pool."""
+        if concurrency and not self._concurrency_known:
+            self.set_concurrency(concurrency)
+        if self.effective_pool_size <= 0:
+            return 0
+        pool = await self._get_pool(self.sandbox_spec)
+        await pool.start(wait=True, timeout=timeout)
+        return pool.ready
+
     async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
                        max_concurrent: int = -1, **kwargs: Any) -> Any:
         """As `Environment.generate`; a `max_concurrent` sizes the default warm pool

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from .cancel import cancel_and_settle
 from .interface import Sandbox, SandboxBackend
 from .registry import get_backend
 from .spec import SandboxSpec
@@ -166,9 +167,7 @@ class SandboxPool:
         self._closed = True
         self._wake.set()
         if self._filler is not None:
-            self._filler.cancel()
-            with contextlib.suppress(BaseException):
-                await self._filler
+            await cancel_and_settle([self._filler])
         doomed = []
         while not self._ready.empty():
             doomed.append(self._ready.get_nowait()[1])

@@ -17,9 +17,17 @@ what this process still tracks), and containers carry the label
 from __future__ import annotations
 
 import os
+import signal
 from functools import lru_cache
 
 import pytest
+
+# A suite started in the background by a non-interactive shell (`make test &`, `nohup ... &`)
+# inherits SIGINT ignored, and every process the tests start inherits that too: bash
+# then cannot interrupt a timed-out command and Ctrl-C-like tests see no
+# KeyboardInterrupt. Give the suite the disposition an interactive run has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 DEFAULT_TEST_IMAGE = "vf-sandbox/python:3.11"
 TEST_LABELS = {"vf-sandbox.test": "1"}

@@ -34,9 +34,9 @@ def _dotted(node: ast.AST) -> str:
 
 
 def test_no_cancellation_swallowing_calls_in_the_source():
-    """`asyncio.wait_for` (swallows a cancel on 3.11) and `suppress(... CancelledError ...)`
-    (swallows the caller's own cancel too) are not used; `asyncio.timeout` and
-    `asyncio.wait([task])` do those jobs."""
+    """`asyncio.wait_for` (swallows a cancel on 3.11) and `suppress(CancelledError or
+    BaseException)` (swallows the caller's own cancel too) are not used;
+    `asyncio.timeout` and `sandboxes.cancel.cancel_and_settle` do those jobs."""
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -46,8 +46,10 @@ def test_no_cancellation_swallowing_calls_in_the_source():
                 rel = f"{path.relative_to(ROOT)}:{call.lineno}"
                 if name.endswith("wait_for") and name.split(".")[0] == "asyncio":
                     found.append(f"{rel}: asyncio.wait_for (use `async with asyncio.timeout(...)`)")
-                if name.endswith("suppress") and any(_dotted(a).endswith("CancelledError") for a in call.args):
-                    found.append(f"{rel}: suppress(CancelledError) (use asyncio.wait([task]) to wait for a task's end)")
+                if name.endswith("suppress") and any(_dotted(a).endswith(("CancelledError", "BaseException"))
+                                                     for a in call.args):
+                    found.append(f"{rel}: suppress({', '.join(map(_dotted, call.args))}) swallows the caller's "
+                                 "cancellation too (use sandboxes.cancel.cancel_and_settle([task]))")
     assert not found, "\n".join(found)
 
 
@@ -96,8 +98,9 @@ async def test_a_rollout_that_swallows_its_cancel_is_cancelled_again(monkeypatch
     """Defence in depth: a task that ignores the first cancel (as a rollout did under
     3.11's wait_for) is cancelled again, so a stopped group ends in seconds."""
     import envs.environment as environment
+    import sandboxes.cancel
 
-    monkeypatch.setattr(environment, "RECANCEL_SECONDS", 0.1)
+    monkeypatch.setattr(sandboxes.cancel, "RECANCEL_SECONDS", 0.1)
     swallowed = []
 
     async def stubborn():

@@ -6,7 +6,6 @@ Background processes need the agent and are refused with a clear error."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import posixpath
 import stat
@@ -19,6 +18,7 @@ from pathlib import Path
 import aiodocker
 
 from sandboxes.agent.client import extract_tar, tree_size
+from sandboxes.cancel import cancel_and_settle
 from sandboxes.errors import ConfigError, PathError, SandboxNotRunning, TransferTooLarge
 from sandboxes.interface import BackgroundProcess, Command, Sandbox
 from sandboxes.results import ExecResult, OutputChunk
@@ -150,10 +150,7 @@ class ExecSandbox(Sandbox):
                     getter.cancel()
             yield await task
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            await cancel_and_settle([task])
 
     async def start_process(self, cmd: Command, *, env=None, cwd=None) -> BackgroundProcess:
         raise ConfigError(f"image {self.spec.image} has no python3 >= 3.7: background processes need the agent")

@@ -5,13 +5,13 @@ bounded head+tail text, the guard that turns a silent sandbox into an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from sandboxes.cancel import cancel_and_settle
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess
 from sandboxes.results import ExecResult, ProcessStatus
@@ -137,9 +137,7 @@ async def send_and_read(proc: BackgroundProcess, data: str, until: str, timeout:
     try:
         out, _ = await guarded(proc.read_output(until=until, timeout=timeout), timeout + GUARD_SECONDS, what)
     except BaseException:
-        writer.cancel()
-        with contextlib.suppress(BaseException):
-            await writer
+        await cancel_and_settle([writer])
         raise
     await guarded(writer, GUARD_SECONDS, what)
     return out

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from sandboxes.cancel import cancel_and_settle
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess, Sandbox
 
@@ -56,8 +57,7 @@ class SandboxRelay:
 
     async def __aexit__(self, *exc: Any) -> None:
         if self._pump is not None:
-            self._pump.cancel()
-            await asyncio.wait([self._pump])  # never raises: the pump's end is not the caller's cancellation
+            await cancel_and_settle([self._pump])
         for t in list(self._inflight):
             t.cancel()
         if self.proc is not None:

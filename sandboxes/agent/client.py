@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ..cancel import cancel_and_settle
 from ..errors import AgentError, ConfigError, PathError, SandboxNotRunning, TransferTooLarge
 from ..interface import BackgroundProcess, Command, Sandbox
 from ..results import ExecResult, OutputChunk, ProcessStatus
@@ -115,9 +116,7 @@ class AgentConnection:
         with contextlib.suppress(Exception):
             await self.channel.close()
         if self._reader is not None and not self._reader.done():
-            self._reader.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reader
+            await cancel_and_settle([self._reader])
         self._fail(SandboxNotRunning("the agent connection was closed (sandbox deleted)"))
 
     @property
