@@ -178,3 +178,26 @@ def test_renderer_client_without_the_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "renderers", None)  # `import renderers` raises ImportError
     with pytest.raises(ConfigError, match=r"vf-sandbox\[renderers\]"):
         make_client(vf.ClientConfig(client_type="renderer", api_key_var="VF_TEST_KEY"))
+
+
+async def test_renderer_client_behind_the_v1_interception_endpoint(tokenizer_dir, template):
+    """A v1 harness's model calls go through the endpoint to the renderer client with the
+    rollout's state: turn 2 extends turn 1's sampled ids, and the steps record them."""
+    from envs.v1 import Harness, Toolset
+
+    tokenizer, renderer = template
+
+    def mul(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    async with ModelServer(tool_script([("mul", {"a": 2, "b": 3})]), renderer=renderer, tokenizer=tokenizer) as srv:
+        harness = Harness(client=config(srv, tokenizer_dir), model="m", toolsets=[Toolset(tools=[mul])])
+        state = await harness.run({"prompt": "2 * 3?"})
+        assert state["error"] is None, state["error"]
+        assert state["completion"][-1]["content"] == "6" and [r.api for r in srv.requests] == ["generate"] * 2
+        t0, t1 = (step["tokens"] for step in state["trajectory"])
+        assert [g["token_ids"] for g in srv.generated] == [t0["prompt_ids"], t1["prompt_ids"]]
+        assert t1["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["completion_ids"])] == (
+            t0["prompt_ids"] + t0["completion_ids"])
+        await harness.teardown()
