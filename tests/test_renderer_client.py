@@ -201,3 +201,27 @@ async def test_renderer_client_behind_the_v1_interception_endpoint(tokenizer_dir
         assert t1["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["completion_ids"])] == (
             t0["prompt_ids"] + t0["completion_ids"])
         await harness.teardown()
+
+
+async def test_chat_template_kwargs_reach_the_renderer_and_renderers_are_shared(tokenizer_dir, template, tmp_path):
+    """`chat_template_kwargs` in extra_body configure the renderer (Qwen3's enable_thinking=False
+    prefills an empty think block), never the engine; instances share built renderers; an
+    unloadable tokenizer is a ConfigError."""
+    tokenizer, _ = template
+    no_thinking = renderers.create_renderer(tokenizer, renderers.Qwen3RendererConfig(enable_thinking=False))
+    async with ModelServer(lambda req: Reply(content="ok"), renderer=no_thinking, tokenizer=tokenizer) as srv:
+        a, b = make_client(config(srv, tokenizer_dir)), make_client(config(srv, tokenizer_dir))
+        args = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+        resp = await a.get_response([{"role": "user", "content": "hi"}], "m", args)
+        assert resp.message.content == "ok"
+        assert tokenizer.decode(srv.generated[0]["token_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert "chat_template_kwargs" not in srv.requests[0].body["sampling_params"]
+        with pytest.raises(vf.ModelError, match="400"):  # without them: the template's thinking prompt
+            await b.get_response([{"role": "user", "content": "hi"}], "m", {})
+        assert await a.renderer_for("m") is await b.renderer_for("m")
+        assert await a.renderer_for("m", {"enable_thinking": False}) is not await a.renderer_for("m")
+        missing = make_client(config(srv, str(tmp_path / "no-tokenizer-here")))
+        with pytest.raises(ConfigError, match="cannot load the tokenizer"):
+            await missing.get_response([{"role": "user", "content": "hi"}], "m", {})
+        for client in (a, b, missing):
+            await client.close()

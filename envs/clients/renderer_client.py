@@ -34,7 +34,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from sandboxes.errors import ConfigError
 
@@ -162,6 +162,11 @@ class RendererClient(OpenAIChatCompletionsClient):
     """Client-side tokenization with a renderer, token-in generation (see the module docstring)."""
 
     wants_state = True
+    _shared: ClassVar[dict[tuple[str, str, str | None], Any]] = {}
+    """Renderers by (tokenizer, renderer config, template kwargs), shared by every instance
+    of the process (the clients of an endpoint's replicas, of several envs): a tokenizer
+    is loaded once."""
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, client_or_config: Any, renderer: Any = None) -> None:
         require_renderers()
@@ -173,29 +178,34 @@ class RendererClient(OpenAIChatCompletionsClient):
             renderer_config(config)  # a bad renderer_config fails here, not at the first request
         super().__init__(client_or_config)
         self._renderer = renderer
-        self._renderers: dict[tuple[str, str | None], Any] = {}
-        self._lock = threading.Lock()
 
     # ---- the renderer
-    def _build_renderer(self, model: str, chat_template_kwargs: Mapping[str, Any] | None) -> Any:
-        key = (model, json.dumps(chat_template_kwargs, sort_keys=True) if chat_template_kwargs else None)
-        with self._lock:  # one build per model (loading a tokenizer takes seconds)
-            if key not in self._renderers:
+    def _renderer_key(self, model: str, chat_template_kwargs: Mapping[str, Any] | None) -> tuple[str, str, str | None]:
+        name = (self.config.renderer_model_name if self.config is not None else None) or model
+        return (name, renderer_config(self.config).model_dump_json(),
+                json.dumps(chat_template_kwargs, sort_keys=True) if chat_template_kwargs else None)
+
+    def _build_renderer(self, key: tuple[str, str, str | None], chat_template_kwargs: Mapping[str, Any] | None) -> Any:
+        name = key[0]
+        with self._shared_lock:  # one build per key (loading a tokenizer takes seconds)
+            if key not in self._shared:
                 renderers = require_renderers()
                 from renderers.base import load_tokenizer
 
-                name = (self.config.renderer_model_name if self.config is not None else None) or model
                 try:
                     tokenizer = load_tokenizer(name)
                 except ImportError as exc:
                     raise ConfigError(f"loading the tokenizer of {name!r} needs transformers: install "
                                       f"vf-sandbox[{EXTRA}] ({exc})") from exc
+                except OSError as exc:  # not a local directory, and the hub did not serve it
+                    raise ConfigError(f"cannot load the tokenizer {name!r} (renderer_model_name: a Hugging "
+                                      f"Face name or a local directory with tokenizer.json): {exc}") from exc
                 try:
-                    self._renderers[key] = renderers.create_renderer(
-                        tokenizer, renderer_config(self.config), chat_template_kwargs=chat_template_kwargs)
+                    self._shared[key] = renderers.create_renderer(tokenizer, renderer_config(self.config),
+                                                                  chat_template_kwargs=chat_template_kwargs)
                 except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
                     raise ConfigError(f"cannot build a renderer for {name!r}: {exc}") from exc
-            return self._renderers[key]
+            return self._shared[key]
 
     async def renderer_for(self, model: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> Any:
         """The renderer of `model` (the one passed in, else built once, in a thread)."""
@@ -204,7 +214,9 @@ class RendererClient(OpenAIChatCompletionsClient):
                 raise ConfigError("chat_template_kwargs configure the renderer the client builds; "
                                   "a renderer passed in is used as it is")
             return self._renderer
-        return await asyncio.to_thread(self._build_renderer, model, chat_template_kwargs)
+        key = self._renderer_key(model, chat_template_kwargs)
+        built = self._shared.get(key)
+        return built if built is not None else await asyncio.to_thread(self._build_renderer, key, chat_template_kwargs)
 
     # ---- conversions
     def to_native_prompt(self, messages: Messages) -> tuple[Any, dict[str, Any]]:
