@@ -22,7 +22,8 @@ longest earlier step whose messages prefix this prompt are kept exactly as
 sampled and only the new messages (tool results, then possibly one user
 message) are rendered after them (`Renderer.bridge_to_next_turn`); when the
 renderer cannot extend them (its thinking-retention policy at a new user
-turn, a truncated turn, anything else) the prompt is rendered in full.
+turn, a truncated turn, a multimodal renderer, anything else) the prompt is
+rendered in full.
 Rendering runs in a worker thread, never on the event loop. The response's
 `tokens` carry the prompt and completion ids and the completion logprobs.
 The client needs the rollout's state (its trajectory): `wants_state`.
@@ -227,6 +228,8 @@ class RendererClient(OpenAIChatCompletionsClient):
         """The next turn's prompt (renderers' RenderedTokens) extending the latest earlier step
         whose messages prefix `prompt`; None when there is none or the renderer cannot extend it."""
         trajectory = (state.get("trajectory") if state is not None else None) or []
+        if require_renderers().is_multimodal(renderer):
+            return None  # its bridge needs the earlier turns' media data, which steps do not keep: render in full
         target = _comparable(prompt)
         for step in reversed(list(trajectory)):
             ids = _step_ids(step)
