@@ -203,7 +203,8 @@ async def test_renderer_client_behind_the_v1_interception_endpoint(tokenizer_dir
         await harness.teardown()
 
 
-async def test_chat_template_kwargs_reach_the_renderer_and_renderers_are_shared(tokenizer_dir, template, tmp_path):
+async def test_chat_template_kwargs_reach_the_renderer_and_renderers_are_shared(tokenizer_dir, template, tmp_path,
+                                                                                caplog):
     """`chat_template_kwargs` in extra_body configure the renderer (Qwen3's enable_thinking=False
     prefills an empty think block), never the engine; instances share built renderers; an
     unloadable tokenizer is a ConfigError."""
@@ -211,9 +212,12 @@ async def test_chat_template_kwargs_reach_the_renderer_and_renderers_are_shared(
     no_thinking = renderers.create_renderer(tokenizer, renderers.Qwen3RendererConfig(enable_thinking=False))
     async with ModelServer(lambda req: Reply(content="ok"), renderer=no_thinking, tokenizer=tokenizer) as srv:
         a, b = make_client(config(srv, tokenizer_dir)), make_client(config(srv, tokenizer_dir))
-        args = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+        args = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}, "top_k": 5},
+                "tool_choice": "auto"}
         resp = await a.get_response([{"role": "user", "content": "hi"}], "m", args)
-        assert resp.message.content == "ok"
+        assert resp.message.content == "ok" and srv.requests[0].body["sampling_params"]["top_k"] == 5
+        assert "tool_choice" not in srv.requests[0].body["sampling_params"]
+        assert "['tool_choice'] have no meaning for token-in generation" in caplog.text  # said, not silently dropped
         assert tokenizer.decode(srv.generated[0]["token_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
         assert "chat_template_kwargs" not in srv.requests[0].body["sampling_params"]
         with pytest.raises(vf.ModelError, match="400"):  # without them: the template's thinking prompt

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -43,11 +44,16 @@ from ..errors import EmptyModelResponseError, InvalidModelResponseError, Overlon
 from ..types import ClientConfig, Messages, Response, ResponseMessage, ResponseTokens, SamplingArgs, ToolCall, Usage
 from .openai_clients import OpenAIChatCompletionsClient
 
+log = logging.getLogger(__name__)
+
 EXTRA = "renderers"
 """The optional dependency group that installs the `renderers` package."""
 
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "repetition_penalty", "min_tokens",
                   "presence_penalty", "frequency_penalty", "stop")
+_HANDLED_KEYS = frozenset({*_SAMPLING_KEYS, "max_tokens", "max_completion_tokens", "extra_body", "extra_headers",
+                           "cache_salt", "priority", "logprobs"})
+_warned: set[str] = set()
 
 
 def require_renderers() -> Any:
@@ -258,6 +264,11 @@ class RendererClient(OpenAIChatCompletionsClient):
         for key in _SAMPLING_KEYS:
             if args.get(key) is not None:
                 params[key] = args[key]
+        dropped = sorted(k for k, v in args.items() if v is not None and k not in _HANDLED_KEYS and k not in _warned)
+        if dropped:  # chat-API settings with no sampling-param twin (tool_choice, reasoning_effort, ...)
+            _warned.update(dropped)
+            log.warning("renderer client: sampling args %s have no meaning for token-in generation and are not "
+                        "sent (engine sampling params go in extra_body)", dropped)
         max_tokens = args.get("max_tokens") or args.get("max_completion_tokens")
         if max_tokens is not None:
             params["max_tokens"] = max_tokens
