@@ -181,15 +181,15 @@ class RendererClient(OpenAIChatCompletionsClient):
         if renderer is not None and thinking_retention(config) is not None:
             raise ConfigError("preserve_* flags configure the renderer the client builds; a renderer passed in "
                               "is used as it is: build it with thinking_retention instead")
-        if config is not None:
-            renderer_config(config)  # a bad renderer_config fails here, not at the first request
+        self._renderer_config = renderer_config(config)  # a bad one fails here, not at the first request
+        self._renderer_config_json = self._renderer_config.model_dump_json()
         super().__init__(client_or_config)
         self._renderer = renderer
 
     # ---- the renderer
     def _renderer_key(self, model: str, chat_template_kwargs: Mapping[str, Any] | None) -> tuple[str, str, str | None]:
         name = (self.config.renderer_model_name if self.config is not None else None) or model
-        return (name, renderer_config(self.config).model_dump_json(),
+        return (name, self._renderer_config_json,
                 json.dumps(chat_template_kwargs, sort_keys=True) if chat_template_kwargs else None)
 
     def _build_renderer(self, key: tuple[str, str, str | None], chat_template_kwargs: Mapping[str, Any] | None) -> Any:
@@ -208,7 +208,7 @@ class RendererClient(OpenAIChatCompletionsClient):
                     raise ConfigError(f"cannot load the tokenizer {name!r} (renderer_model_name: a Hugging "
                                       f"Face name or a local directory with tokenizer.json): {exc}") from exc
                 try:
-                    self._shared[key] = renderers.create_renderer(tokenizer, renderer_config(self.config),
+                    self._shared[key] = renderers.create_renderer(tokenizer, self._renderer_config,
                                                                   chat_template_kwargs=chat_template_kwargs)
                 except (ValueError, TypeError, NotImplementedError, ImportError) as exc:
                     raise ConfigError(f"cannot build a renderer for {name!r}: {exc}") from exc
