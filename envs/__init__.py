@@ -80,6 +80,9 @@ _LAZY: dict[str, str] = {
     "OpenAICompletionsClient": "envs.clients.openai_clients",
     "AnthropicMessagesClient": "envs.clients.anthropic_client",
     "OpenAIResponsesClient": "envs.clients.openai_responses",
+    "OpenAIChatCompletionsTokenClient": "envs.clients.openai_token_client",
+    "NeMoRLChatCompletionsClient": "envs.clients.nemorl_client",
+    "RendererClient": "envs.clients.renderer_client",
 }
 
 

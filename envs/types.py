@@ -127,6 +127,12 @@ class ClientConfig(EndpointClientConfig):
     client_type: ClientType = "openai_chat_completions"
     preserve_all_thinking: bool = False
     preserve_thinking_between_tool_calls: bool = False
+    renderer_config: dict[str, Any] | None = None
+    """client_type "renderer": one of `renderers.RendererConfig`'s variants as a mapping
+    (e.g. {"name": "qwen3"}); None picks the renderer from the model name."""
+    renderer_model_name: str | None = None
+    """client_type "renderer": the tokenizer to load (a Hugging Face name or a local
+    directory); None: the request's model."""
     endpoint_configs: list[EndpointClientConfig] = Field(default_factory=list)
     extra_headers_from_state: dict[str, str] = Field(default_factory=dict)
 

@@ -446,3 +446,50 @@ def test_example_environments_end_to_end(workdir, env_id, client_type):
         assert all(r["reward"] == 1.0 for r in rows)
     if env_id == "tool-calc":
         assert all(r["metrics"]["calculator_calls"] == 1.0 for r in rows)
+
+
+def test_eval_with_the_renderer_client_from_a_toml(workdir):
+    """api_client_type "renderer" end to end: the TOML's renderer settings reach the CLI's
+    client, which tokenizes with a local tokenizer (never the hub) and records each step's
+    token ids and logprobs in the results."""
+    import renderers
+    from renderers.base import load_tokenizer
+
+    from envs.testing.tokenizer import build_chatml_tokenizer
+
+    tok_dir = build_chatml_tokenizer(workdir / "tokenizer")
+    tokenizer = load_tokenizer(str(tok_dir))
+    renderer = renderers.create_renderer(tokenizer, renderers.Qwen3RendererConfig())
+    with ModelServer(compute(), renderer=renderer, tokenizer=tokenizer).run_in_thread() as srv:
+        cfg = workdir / "renderer.toml"
+        cfg.write_text(textwrap.dedent(f"""
+            model = "test-model"
+            api_base_url = "{srv.base_url}"
+            api_key_var = "VF_E2E_KEY"
+            endpoints_path = "{workdir / 'none.toml'}"
+            env_dir_path = "{workdir / 'environments'}"
+            [[eval]]
+            env_id = "e2e-basic"
+            num_examples = 2
+            rollouts_per_example = 1
+            state_columns = ["trajectory"]
+            api_client_type = "renderer"
+            renderer_model_name = "{tok_dir}"
+            renderer_config = {{ name = "qwen3" }}
+        """))
+        res = subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", str(cfg), "-d"], cwd=workdir,
+                             env={**cli_env(workdir), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = read_rows(run_dirs(workdir, "e2e-basic")[0])
+    assert len(rows) == 2 and all(r["error"] is None and r["reward"] == 1.0 for r in rows)
+    assert [r.api for r in srv.requests] == ["generate", "generate"]
+    sent = sorted(g["token_ids"] for g in srv.generated)
+    assert sorted(r["trajectory"][0]["tokens"]["prompt_ids"] for r in rows) == sent
+    for r in rows:
+        tokens = r["trajectory"][0]["tokens"]
+        assert len(tokens["completion_logprobs"]) == len(tokens["completion_ids"]) > 0
+        assert tokenizer.decode(tokens["completion_ids"]).endswith("<|im_end|>")
+    [rec] = [r for r in registry_rows(workdir) if r.env_id == "e2e-basic"]  # the run definition records them
+    cc = rec.args["client_config"]
+    assert (cc["client_type"], cc["renderer_model_name"], cc["renderer_config"]) == ("renderer", str(tok_dir),
+                                                                                   {"name": "qwen3"})

@@ -256,3 +256,32 @@ def test_repeated_x_flags_merge_and_a_conflict_is_an_error():
     assert parse_kwargs_list(["a=1", "a=1"], "-x") == {"a": 1}
     with pytest.raises(ConfigError, match="a is given twice"):
         parse_kwargs_list(["a=1", "a=2"], "-x")
+
+
+def test_renderer_client_settings_reach_the_client_config(tmp_path):
+    """api_client_type "renderer" takes its tokenizer, renderer config and preserve_* flags from
+    the eval TOML (recorded in the run definition); with another client type they are refused."""
+    p = write(tmp_path, f"""
+        env_dir_path = "{tmp_path}"
+        endpoints_path = "{tmp_path / 'none.toml'}"
+        [[eval]]
+        env_id = "plain"
+        api_client_type = "renderer"
+        renderer_model_name = "/models/qwen3-tokenizer"
+        renderer_config = {{ name = "qwen3", enable_thinking = false }}
+        preserve_all_thinking = true
+    """)
+    [cfg] = configs_from_toml(p)
+    cc = cfg.client_config
+    assert (cc.client_type, cc.renderer_model_name, cc.renderer_config, cc.preserve_all_thinking) == (
+        "renderer", "/models/qwen3-tokenizer", {"name": "qwen3", "enable_thinking": False}, True)
+    assert cfg.public_args()["client_config"]["renderer_config"] == {"name": "qwen3", "enable_thinking": False}
+    p = write(tmp_path, f"""
+        env_dir_path = "{tmp_path}"
+        endpoints_path = "{tmp_path / 'none.toml'}"
+        [[eval]]
+        env_id = "plain"
+        preserve_thinking_between_tool_calls = true
+    """)
+    with pytest.raises(ConfigError, match="settings of api_client_type 'renderer', not 'openai_chat_completions'"):
+        configs_from_toml(p)

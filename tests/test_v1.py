@@ -248,8 +248,12 @@ def test_program_forms_are_validated():
         Harness(program={"command": "ls"})
     with pytest.raises(ConfigError, match="sandbox"):
         Harness(program=lambda t, s: None, sandbox={"image": "x"})
-    with pytest.raises(ConfigError, match="not implemented"):
-        Toolset(tools=[add], write=True)
+    with pytest.raises(ConfigError, match="write must be a boolean"):
+        Toolset(tools=[add], write="yes")
+    with pytest.raises(ValueError, match="write"):
+        Toolset(config={"write": "yes"})
+    with pytest.raises(ConfigError, match="per rollout"):
+        Harness(program={"base": True}, sandbox={"scope": "group"})
     with pytest.raises(ConfigError, match="framework paths"):
         Toolset(tools=[add], bindings={"add.secret": "literal"})
     with pytest.raises(ConfigError, match="no tool"):
@@ -269,9 +273,13 @@ async def test_toolset_object_scopes():
         """Which db."""
         return str(db["n"])
 
-    for scope, expected in (("rollout", 3), ("group", 2), ("global", 1)):
+    # an explicit scope wins; without one, write=True is per rollout and read-only (the default) global
+    cases = [({"scope": "rollout"}, 3), ({"scope": "group"}, 2), ({"scope": "global"}, 1),
+             ({}, 1), ({"write": True}, 3), ({"write": True, "scope": "group"}, 2),
+             ({"config": {"write": True}}, 3), ({"config": {"write": False}}, 1)]
+    for kwargs, expected in cases:
         built.clear()
-        ts = Toolset(tools=[which], objects={"db": factory}, bindings={"which.db": "objects.db"}, scope=scope)
+        ts = Toolset(tools=[which], objects={"db": factory}, bindings={"which.db": "objects.db"}, **kwargs)
         for example_id in (0, 0, 1):
             task = Task(prompt="x", example_id=example_id)
             state = State.for_task(task)
@@ -279,7 +287,7 @@ async def test_toolset_object_scopes():
             assert defs[0].parameters["properties"] == {}
             await tools["which"]()
             await ts.cleanup(task, state)
-        assert len(built) == expected, scope
+        assert len(built) == expected, kwargs
 
 
 MCP_SERVER = textwrap.dedent("""
@@ -310,6 +318,62 @@ async def test_mcp_tool_over_stdio_in_the_base_loop(tmp_path):
         assert srv.requests[0].tools[0]["parameters"]["required"] == ["a", "b"]
         assert state["completion"][-1]["content"] == "42"
         await harness.teardown()
+
+
+MCP_PID_SERVER = textwrap.dedent("""
+    import os
+
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("pid")
+    calls = []
+
+    @server.tool()
+    def pid() -> str:
+        '''The server's process id and how many calls it served.'''
+        calls.append(1)
+        return f"{os.getpid()}:{len(calls)}"
+
+    server.run("stdio")
+""")
+
+
+def _alive(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_write_toolsets_get_an_mcp_server_process_per_rollout(tmp_path):
+    """A write=True toolset's MCP server is started per rollout and stopped when it ends; a
+    read-only one (the default) is one process shared by every rollout, stopped at teardown."""
+    script = tmp_path / "mcp_pid.py"
+    script.write_text(MCP_PID_SERVER)
+
+    async def calls(ts):
+        out = []
+        for i in range(3):
+            task = Task(prompt="x", example_id=i)
+            state = State.for_task(task)
+            tools, defs = await ts.resolve(task, state)
+            assert [d.name for d in defs] == ["pid"]
+            out.append((await tools["pid"]()).split(":"))
+            await ts.cleanup(task, state)
+        return out
+
+    ts = Toolset(tools=[MCPTool(sys.executable, [str(script)])], write=True)
+    per_rollout = await calls(ts)
+    assert len({pid for pid, _ in per_rollout}) == 3 and [n for _, n in per_rollout] == ["1", "1", "1"]
+    assert not any(_alive(pid) for pid, _ in per_rollout)  # each stopped with its rollout
+    await ts.teardown()
+    ts = Toolset(tools=[MCPTool(sys.executable, [str(script)])])
+    shared = await calls(ts)
+    assert len({pid for pid, _ in shared}) == 1 and [n for _, n in shared] == ["1", "2", "3"]
+    assert _alive(shared[0][0])
+    await ts.teardown()
+    assert not _alive(shared[0][0])
 
 
 # --------------------------------------------------------------------------- Env

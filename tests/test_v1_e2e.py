@@ -482,6 +482,18 @@ async def test_sandboxed_toolsets_run_their_tools_in_a_sandbox(tmp_path, monkeyp
         await harness.cleanup_group([task], [state])
         assert await docker_backend.list(labels=label) == []  # deleted with its rollout
         await harness.teardown()
+        # SandboxConfig.scope="group" (write=True changes the objects' scope, not the sandbox's):
+        # the rollouts of one example share the toolset's sandbox, deleted at teardown
+        ts = Toolset(tools=[tools.where], write=True, sandbox={"image": python_image, "labels": label, "scope": "group"})
+        harness = Harness(client=client, model="m", toolsets=[ts])
+        harness.set_backend(docker_backend)
+        states = [await harness.run(task) for _ in range(2)]
+        [own] = await docker_backend.list(labels=label)
+        assert [s["completion"][1]["content"] for s in states] == [own.id[:12] + ":42"] * 2
+        await harness.cleanup_group([task, task], states)
+        assert [s.id for s in await docker_backend.list(labels=label)] == [own.id]
+        await harness.teardown()
+        assert await docker_backend.list(labels=label) == []
     async with ModelServer(tool_then_answer("broken", {"x": 1})) as srv:
         harness = Harness(program={"base": True}, sandbox={"image": python_image}, model="m",
                           client=AsyncOpenAI(base_url=srv.base_url, api_key="x"),

@@ -61,7 +61,8 @@ def eval_command(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or endpoint alias \\[default: openai/gpt-4.1-mini]"),
     api_base_url: Optional[str] = typer.Option(None, "--api-base-url", "-b", help="API base URL \\[default: https://api.pinference.ai/api/v1]"),
     api_key_var: Optional[str] = typer.Option(None, "--api-key-var", "-k", help="Environment variable holding the API key \\[default: PRIME_API_KEY]"),
-    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_responses | anthropic_messages"),
+    api_client_type: Optional[str] = typer.Option(None, "--api-client-type", help="openai_chat_completions | openai_completions | openai_responses | openai_chat_completions_token | "
+                                                   "nemorl_chat_completions | renderer (its settings: eval TOML) | anthropic_messages"),
     endpoints_path: Optional[str] = typer.Option(None, "--endpoints-path", "-e", help="TOML endpoints registry \\[default: ./configs/endpoints.toml]"),
     header: Optional[list[str]] = typer.Option(None, "--header", help="Extra HTTP header 'Name: Value' (repeatable)"),
     header_from_state: Optional[list[str]] = typer.Option(None, "--header-from-state", help="Per-request header 'Name: state_key' (repeatable) \\[default: X-Session-ID: example_id]"),

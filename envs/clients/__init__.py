@@ -21,6 +21,7 @@ _LAZY = {
     "OpenAIResponsesClient": ".openai_responses",
     "OpenAIChatCompletionsTokenClient": ".openai_token_client",
     "NeMoRLChatCompletionsClient": ".nemorl_client",
+    "RendererClient": ".renderer_client",
 }
 
 CLIENT_TYPES = {
@@ -29,6 +30,7 @@ CLIENT_TYPES = {
     "openai_responses": "OpenAIResponsesClient",
     "openai_chat_completions_token": "OpenAIChatCompletionsTokenClient",
     "nemorl_chat_completions": "NeMoRLChatCompletionsClient",
+    "renderer": "RendererClient",
     "anthropic_messages": "AnthropicMessagesClient",
 }
 
@@ -39,19 +41,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-NOT_IMPLEMENTED = {
-    "renderer": "the renderer client (client-side tokenization with the renderers package) is not implemented",
-}
-"""Reference client types refused loudly (never silently served by another client)."""
-
-
 def check_client_type(client_type: str) -> None:
     """ConfigError unless `client_type` names an implemented client."""
     from sandboxes.errors import ConfigError
 
-    if client_type in NOT_IMPLEMENTED:
-        raise ConfigError(f"client type {client_type!r} is not available in vf-sandbox: {NOT_IMPLEMENTED[client_type]}; "
-                          f"use one of {', '.join(CLIENT_TYPES)}")
     if client_type not in CLIENT_TYPES:
         raise ConfigError(f"unknown client type {client_type!r}; one of {', '.join(CLIENT_TYPES)}")
 
@@ -89,6 +82,7 @@ __all__ = [
     "OpenAIChatCompletionsClient",
     "OpenAICompletionsClient",
     "OpenAIResponsesClient",
+    "RendererClient",
     "client_class",
     "client_module",
     "make_client",

@@ -63,8 +63,12 @@ SETTING_KEYS = frozenset(
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
         "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
         "hosted", "address", "allow_sandbox_access", "allow_instances_access",
+        "renderer_model_name", "renderer_config", "preserve_all_thinking", "preserve_thinking_between_tool_calls",
     }
 )
+RENDERER_KEYS = ("renderer_model_name", "renderer_config", "preserve_all_thinking",
+                 "preserve_thinking_between_tool_calls")
+"""ClientConfig settings of api_client_type "renderer" (refused with any other client type)."""
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
 ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_type", "type", "headers", "extra_headers"})
 
@@ -368,15 +372,22 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
                                  extra_headers=r.headers, max_retries=client_retries)
             for r in replicas
         ]
-    client_config = ClientConfig(
-        client_type=client_type,
-        api_key_var=key_var,
-        api_base_url=base_url,
-        endpoint_configs=endpoint_configs,
-        extra_headers=headers,
-        extra_headers_from_state=from_state,
-        max_retries=client_retries,
-    )
+    renderer = {k: s[k] for k in RENDERER_KEYS if s.get(k) is not None}
+    if renderer and client_type != "renderer":
+        raise ConfigError(f"{', '.join(renderer)}: settings of api_client_type 'renderer', not {client_type!r}")
+    try:
+        client_config = ClientConfig(
+            client_type=client_type,
+            api_key_var=key_var,
+            api_base_url=base_url,
+            endpoint_configs=endpoint_configs,
+            extra_headers=headers,
+            extra_headers_from_state=from_state,
+            max_retries=client_retries,
+            **renderer,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"client settings: {exc}") from None
 
     sampling = dict(s.get("sampling_args") or {})
     if s.get("max_tokens") is not None:

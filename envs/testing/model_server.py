@@ -13,6 +13,9 @@ Routes (with or without the `/v1` prefix):
                                 (refused with 400 unless they equal the server's own
                                 tokenization of `messages`, so a stitching error fails loudly)
     POST /tokenize              vLLM's tokenizer route: {"tokens", "count", "max_model_len"}
+    POST /inference/v1/generate vLLM's token-in generate route (the renderer client's): the
+                                prompt as `token_ids`, the completion as `token_ids` +
+                                logprobs; needs `ModelServer(renderer=, tokenizer=)` (see below)
     GET  /v1/models             a one-model list
     GET  /health                "ok"
 
@@ -27,6 +30,16 @@ vocabulary. A chat request with `return_token_ids` gets vLLM's fields back
 the ids in the assistant message (`prompt_token_ids`, `generation_token_ids`,
 `generation_log_probs`), and earlier assistant messages that carry
 `generation_token_ids` must match the server's own tokens (else 400).
+`ModelServer(renderer=r, tokenizer=t)` (a `renderers` renderer of a ChatML
+template, e.g. Qwen3's, and its tokenizer) serves the generate route: the
+prompt ids are decoded and read back into messages (`envs.testing.chatml`)
+for the policy, and accepted only when they are the renderer's rendering of
+those messages or extend an earlier prompt + completion this server produced
+(a bridged turn), else 400; the reply is rendered by the same renderer into
+completion ids (up to its stop token; without it for finish_reason "length").
+`srv.generated` lists each request's ids and whether they were bridged (not the
+rendering of their conversation, an extension of an earlier turn's ids).
+`ModelServer(max_model_len=N)` reports N for the model "local-model" on /v1/models.
 
 Policies
 --------
@@ -34,7 +47,7 @@ A policy is any callable ``policy(req: PolicyRequest) -> Reply`` (sync or
 async). ``PolicyRequest`` carries the request normalised to OpenAI chat form,
 whatever API was called:
 
-    req.api        "chat" | "chat_tokens" (the token route) | "completions" | "anthropic" | "responses"
+    req.api        "chat" | "chat_tokens" (the token route) | "generate" | "completions" | "anthropic" | "responses"
     req.model      the model name sent
     req.messages   list of {"role", "content", ["tool_calls"], ["tool_call_id"]}
                    (anthropic `system`, tool_use and tool_result blocks mapped
@@ -411,7 +424,8 @@ class ModelServer:
     """The HTTP server. Bind with `async with` (in a running loop) or `run_in_thread()`."""
 
     def __init__(self, policy: Policy | None = None, host: str = "127.0.0.1", port: int = 0, keep_requests: int = 10_000,
-                 nemo_gym: bool = False):
+                 nemo_gym: bool = False, renderer: Any = None, tokenizer: Any = None,
+                 max_model_len: int | None = None):
         self.policy: Policy = policy or echo()
         self.nemo_gym = nemo_gym  # answer as NeMo Gym's vllm_model server (tokens in the message)
         self.host = host
@@ -423,6 +437,10 @@ class ModelServer:
         self._created = int(time.time())
         self._vocab: dict[str, int] = {}
         self.token_prompts: list[list[int]] = []  # the `tokens` of each token-route request
+        self.renderer, self.tokenizer = renderer, tokenizer  # the generate route's template
+        self.max_model_len = max_model_len
+        self.generated: list[dict[str, Any]] = []  # per generate request: {"token_ids", "bridged"} (not the rendering)
+        self._served: list[list[int]] = []  # prompt + completion ids of each generate reply
 
     # ---- addresses
     @property
@@ -447,6 +465,7 @@ class ModelServer:
             app.router.add_get(f"{prefix}/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/inference/v1/generate", self._generate)
         return app
 
     async def start(self) -> ModelServer:
@@ -505,17 +524,21 @@ class ModelServer:
         return web.Response(text="ok")
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "local-model", "object": "model", "owned_by": "local"}]})
+        card: dict[str, Any] = {"id": "local-model", "object": "model", "owned_by": "local"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
 
-    async def _policy_reply(self, api: str, request: web.Request) -> tuple[PolicyRequest, Reply]:
-        body = await request.json()
+    async def _policy_reply(self, api: str, request: web.Request, body: dict[str, Any] | None = None,
+                            messages: list[dict[str, Any]] | None = None) -> tuple[PolicyRequest, Reply]:
+        body = await request.json() if body is None else body
         if api == "anthropic":
             messages = anthropic_to_chat(body)
         elif api == "completions":
             messages = [{"role": "user", "content": text_of(body.get("prompt"))}]
         elif api == "responses":
             messages = responses_to_chat(body)
-        else:
+        elif messages is None:
             messages = body.get("messages") or []
         req = PolicyRequest(
             api=api,
@@ -590,6 +613,59 @@ class ModelServer:
                                                 "code": 400}}, status=400)
         self.token_prompts.append(tokens)
         return await self._chat(request, api="chat_tokens")
+
+    # ---- the generate route (a renderer's template)
+    @staticmethod
+    def _bad_request(message: str) -> web.Response:
+        return web.json_response({"error": {"message": message, "type": "BadRequest", "code": 400}}, status=400)
+
+    def _completion_ids(self, reply: Reply) -> list[int]:
+        """The reply as the renderer's template has a model sample it after the generation prompt."""
+        msg: dict[str, Any] = {"role": "assistant", "content": reply.content or ""}
+        if reply.reasoning_content:
+            msg["reasoning_content"] = reply.reasoning_content
+        if reply.tool_calls:
+            msg["tool_calls"] = [{"id": call.id or f"call_{i}", "type": "function",
+                                  "function": {"name": call.name, "arguments": self._arguments_json(call)}}
+                                 for i, call in enumerate(reply.tool_calls)]
+        context = [{"role": "user", "content": "x"}]
+        prefix = self.renderer.render(context, add_generation_prompt=True).token_ids
+        full = self.renderer.render([*context, msg], add_generation_prompt=False).token_ids
+        assert full[: len(prefix)] == prefix, "the template renders the generation prompt differently"
+        ids = list(full[len(prefix):])
+        stops = set(self.renderer.get_stop_token_ids())
+        end = next((i for i, t in enumerate(ids) if t in stops), len(ids) - 1)
+        return ids[:end] if reply.finish_reason == "length" else ids[: end + 1]
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        from .chatml import ChatMLError, parse_prompt
+
+        if self.renderer is None or self.tokenizer is None:
+            return self._bad_request("this server has no renderer: ModelServer(renderer=, tokenizer=)")
+        body = await request.json()
+        ids = body.get("token_ids")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            return self._bad_request("token_ids must be a list of ints")
+        try:
+            messages, tools = parse_prompt(self.tokenizer.decode(ids, skip_special_tokens=False))
+        except (ChatMLError, ValueError, KeyError) as exc:
+            return self._bad_request(f"token_ids are not a ChatML conversation: {exc}")
+        expected = self.renderer.render(messages, tools=tools or None, add_generation_prompt=True).token_ids
+        bridged = ids != list(expected)
+        if bridged and not any(len(ids) > len(prev) and ids[: len(prev)] == prev for prev in self._served):
+            return self._bad_request("token_ids are neither the rendering of their conversation nor an "
+                                     "extension of an earlier prompt + completion")
+        self.generated.append({"token_ids": ids, "bridged": bridged})
+        req, reply = await self._policy_reply("generate", request, {**body, "tools": tools}, messages)
+        if reply.error_status:
+            return self._error("chat", reply)
+        completion = self._completion_ids(reply)
+        self._served.append(ids + completion)
+        finish = reply.finish_reason or ("length" if completion[-1:] and completion[-1] not in
+                                         self.renderer.get_stop_token_ids() else "stop")
+        logprobs = [{"token": f"token_id:{t}", "logprob": -0.01 * (i + 1)} for i, t in enumerate(completion)]
+        choice = {"index": 0, "token_ids": completion, "finish_reason": finish, "logprobs": {"content": logprobs}}
+        return web.json_response({"request_id": f"gen-{req.call_index}", "choices": [choice]})
 
     async def _chat(self, request: web.Request, api: str = "chat") -> web.Response:
         req, reply = await self._policy_reply(api, request)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from pydantic_core import PydanticUndefined
 
 from sandboxes.errors import ConfigError
@@ -118,6 +118,11 @@ class SandboxConfig(Config):
     output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0)
     """Bytes of a `bash` tool call's output the model sees (head and tail kept), as
     SandboxEnv's `output_limit_bytes`; also what `program_result` keeps of a command's output."""
+    scope: Literal["rollout", "group", "global"] = "rollout"
+    """How long a sandboxed toolset's own sandbox lives, as the reference's
+    `SandboxConfig.scope`: one per rollout (deleted with it), per example (group) or one
+    for the run (both deleted at teardown). A harness's program sandbox is always per
+    rollout (another scope is refused there)."""
 
 
 class UserConfig(Config):
@@ -138,6 +143,7 @@ class ToolsetConfig(Config):
     tools: list[object] = Field(default_factory=list)
     show: list[str] | None = None
     hide: list[str] | None = None
+    write: StrictBool = False
     scope: Literal["rollout", "group", "global"] | None = None
     mcp: list[MCPToolConfig] = Field(default_factory=list)
 

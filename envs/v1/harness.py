@@ -100,6 +100,15 @@ def system_messages(system_prompt: Any) -> list[dict[str, Any]]:
     return [dict(m) for m in system_prompt]
 
 
+def program_sandbox(config: SandboxConfig) -> SandboxConfig:
+    """`config` as a harness's program sandbox: one per rollout (`scope` is a sandboxed
+    toolset's setting; another value is refused, never ignored)."""
+    if config.scope != "rollout":
+        raise ConfigError(f"a harness's sandbox lives per rollout; scope={config.scope!r} is for a "
+                          "sandboxed toolset's own sandbox")
+    return config
+
+
 def sandbox_bash(sandbox: Any, config: SandboxConfig) -> Callable[..., Any]:
     """The base loop's `bash` tool in the harness's sandbox: one exec per call, output
     capped at `config.output_limit_bytes` (head and tail) and rendered as SandboxEnv does."""
@@ -157,7 +166,7 @@ class Harness:
         self.kind = program_kind(self.program)
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
         sandbox = sandbox if sandbox is not None else cfg.sandbox
-        self.sandbox = SandboxConfig.from_config(sandbox) if sandbox is not None else None
+        self.sandbox = program_sandbox(SandboxConfig.from_config(sandbox)) if sandbox is not None else None
         self.python: PythonProgram | None = None  # a callable / fn program run in the sandbox
         if self.sandbox is not None and self.kind in ("callable", "fn"):
             self.python = python_program(self.program)
@@ -234,7 +243,7 @@ class Harness:
         of a sandboxed toolset's own sandbox (`config`); the run's isolation either way."""
         config = config if config is not None else self.sandbox
         assert config is not None
-        data = config.model_dump(exclude={"backend", "output_limit_bytes", "pool_size"})
+        data = config.model_dump(exclude={"backend", "output_limit_bytes", "pool_size", "scope"})
         if config is self.sandbox:
             data.update(dict(task.get("sandbox") or {}))
         if self.isolation is not None:
@@ -255,7 +264,7 @@ class Harness:
         except ValueError as exc:
             raise ConfigError(f"invalid sandbox settings {settings}: {exc}") from exc
         self._refuse_if_pooled(lambda: self.sandbox_spec({}, new), sorted(settings))
-        self.sandbox = new
+        self.sandbox = program_sandbox(new)
 
     def set_isolation(self, isolation: str) -> None:
         old = self.isolation

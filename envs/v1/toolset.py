@@ -7,12 +7,18 @@ A Toolset packages callables (and MCP servers) with:
   A binding source is a framework path string (`"task.answer"`,
   `"state.info"`, `"objects.db"`) or a callable `(task, state) -> value`
   (bind literals through a callable);
-- private objects: `objects={"db": factory}` built per scope (`"rollout"`
-  default, `"group"` once per example, `"global"` once per toolset) and only
-  reachable through `objects.*` bindings, never from state;
+- scope and `write`, as the reference: the toolset's private objects and its
+  MCP server processes live per `scope` (`"rollout"`: built for each rollout,
+  dropped / stopped when it ends; `"group"`: once per example; `"global"`:
+  once per toolset; both until teardown). Without `scope`, a `write=True`
+  toolset (its tools change what they act on) is per rollout and a read-only
+  one (`write=False`, the default) global, shared by every rollout;
+- private objects: `objects={"db": factory}`, only reachable through
+  `objects.*` bindings, never from state;
 - `sandbox`: `"program"` runs the tools in the harness's sandbox (the
-  program's), a SandboxConfig in a sandbox of the toolset's own per scope
-  (deleted with the rollout / at teardown); each call runs the module-level
+  program's), a SandboxConfig in a sandbox of the toolset's own, one per
+  `SandboxConfig.scope` (rollout by default: deleted with the rollout; group /
+  global: at teardown) whatever `write` says, as the reference; each call runs the module-level
   function by reference there (its package uploaded, arguments and result
   JSON, `sandbox_python.call_in_sandbox`); no MCPTool, no `objects.*`
   bindings in a sandboxed toolset;
@@ -149,14 +155,16 @@ class Toolset:
         config: ToolsetConfig | Mapping[str, object] | None = None,
     ):
         cfg = ToolsetConfig.from_config(config) if config is not None else None
-        if write:
-            raise ConfigError("Toolset: write= is not implemented yet")
+        if not isinstance(write, bool):
+            raise ConfigError(f"Toolset write must be a boolean, not {write!r}")
+        self.write = write or bool(cfg and cfg.write)
         self.tools: list[Any] = [resolve_ref(t) for t in [*(cfg.tools if cfg else []), *tools]]
         if cfg:
             self.tools += [MCPTool(m.command, m.args, m.env, m.cwd) for m in cfg.mcp]
         self.show = list(show if show is not None else (cfg.show if cfg and cfg.show is not None else [])) or None
         self.hide = set(hide if hide is not None else (cfg.hide if cfg and cfg.hide else []))
-        self.scope: Scope = scope or (cfg.scope if cfg and cfg.scope else "rollout")
+        self.scope: Scope = scope or (cfg.scope if cfg and cfg.scope else None) or (
+            "rollout" if self.write else "global")
         if self.scope not in ("rollout", "group", "global"):
             raise ConfigError(f"Toolset scope must be rollout, group or global, not {self.scope!r}")
         self.bindings = dict(bindings or {})
@@ -165,6 +173,7 @@ class Toolset:
         self.stops = [resolve_ref(f) for f in stops]  # (task, state) -> bool, checked by the base loop after each turn
         self.updates = [resolve_ref(f) for f in updates]  # (task, state), run by the base loop after each turn
         self._scoped: dict[Any, dict[str, Any]] = {}
+        self._mcp: dict[Any, list[MCPTool]] = {}  # scope key -> this scope's MCP server processes
         self.sync_pool: Any = None  # where sync tools / handlers run (the harness's pool; None: the default)
         self.sandbox: SandboxConfig | str | None = None
         self._programs: dict[str, PythonProgram] = {}  # tool name -> what runs in the sandbox
@@ -206,7 +215,8 @@ class Toolset:
     async def _tool_sandbox(self, task: Mapping[str, Any], state: Any) -> Any:
         """The sandbox this call runs in, its packages uploaded (once per sandbox; one
         lock per rollout / scope, so rollouts never wait on each other's creations)."""
-        key = ("program", state["trajectory_id"]) if self.sandbox == "program" else self._scope_key(task, state)
+        key = (("program", state["trajectory_id"]) if self.sandbox == "program"
+               else self._scope_key(task, state, self.sandbox.scope))
         lock = self._sandbox_locks.setdefault(key, asyncio.Lock())
         async with lock:
             if self.sandbox == "program":
@@ -234,9 +244,26 @@ class Toolset:
                 log.warning("deleting a toolset sandbox failed: %s", exc)
 
     # ---- objects by scope
-    def _scope_key(self, task: Mapping[str, Any], state: Any) -> tuple[Any, ...]:
+    def _scope_key(self, task: Mapping[str, Any], state: Any, scope: Scope | None = None) -> tuple[Any, ...]:
         return {"rollout": ("rollout", state["trajectory_id"]), "group": ("group", task.get("example_id")),
-                "global": ("global",)}[self.scope]
+                "global": ("global",)}[scope or self.scope]
+
+    async def _mcp_servers(self, task: Mapping[str, Any], state: Any) -> list[MCPTool]:
+        """This scope's MCP server processes (started on first use): the configured MCPTools
+        themselves when global, fresh copies of them per rollout / example otherwise."""
+        key = self._scope_key(task, state)
+        servers = self._mcp.get(key)
+        if servers is None:
+            templates = [t for t in self.tools if isinstance(t, MCPTool)]
+            servers = self._mcp[key] = templates if self.scope == "global" else [
+                MCPTool(t.command, t.args, t.env, t.cwd) for t in templates]
+        for server in servers:
+            await server.start()
+        return servers
+
+    async def _close_mcp(self, key: Any) -> None:
+        for server in self._mcp.pop(key, []):
+            await server.close()
 
     async def _objects_for(self, task: Mapping[str, Any], state: Any) -> dict[str, Any]:
         key = self._scope_key(task, state)
@@ -271,12 +298,13 @@ class Toolset:
         objects = await self._objects_for(task, state)
         callables: dict[str, Callable[..., Awaitable[Any]]] = {}
         defs: list[Tool] = []
+        servers = iter(await self._mcp_servers(task, state) if any(isinstance(t, MCPTool) for t in self.tools) else [])
         for tool in self.tools:
-            if isinstance(tool, MCPTool):
-                await tool.start()
-                for d in tool.tool_defs:
+            if isinstance(tool, MCPTool):  # this scope's process of it
+                server = next(servers)
+                for d in server.tool_defs:
                     if self._visible(d.name, task):
-                        callables[d.name] = tool.callables()[d.name]
+                        callables[d.name] = server.callables()[d.name]
                         defs.append(d)
                 continue
             name = tool.__name__
@@ -310,6 +338,7 @@ class Toolset:
         for fn in self.cleanups:
             await call_user(self.sync_pool, fn, task, state)
         self._scoped.pop(("rollout", state["trajectory_id"]), None)
+        await self._close_mcp(("rollout", state["trajectory_id"]))
         await self._delete_sandbox(("rollout", state["trajectory_id"]))
         if self.sandbox == "program" and state.runtime.get("sandbox") is not None:
             self._installed.discard(state.runtime["sandbox"].id)  # the harness deletes it after this
@@ -319,6 +348,8 @@ class Toolset:
     async def teardown(self) -> None:
         for fn in self.teardowns:
             await call_user(self.sync_pool, fn)
+        for key in list(self._mcp):
+            await self._close_mcp(key)
         for tool in self.tools:
             if isinstance(tool, MCPTool):
                 await tool.close()
