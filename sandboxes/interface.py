@@ -43,13 +43,15 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo
 from .spec import SandboxSpec
 
 Command = str | Sequence[str]
 """A shell string (run with `/bin/sh -c`) or an argv list (run directly)."""
+OutputKeep = Literal["newest", "head_tail"]
+"""What a full background-process output buffer keeps (`Sandbox.start_process`)."""
 
 
 class BackgroundProcess(abc.ABC):
@@ -57,18 +59,22 @@ class BackgroundProcess(abc.ABC):
 
     Its stdout and stderr wait in bounded buffers (the output limit, 1 MiB by
     default) until `read_output` takes them. A buffer that fills keeps the
-    NEWEST bytes: the oldest are dropped and counted, never silently:
+    NEWEST bytes (`keep="newest"`, the default: the oldest are dropped) or, with
+    `keep="head_tail"`, the first half of what is unread and the newest bytes
+    (the middle is dropped) — never silently:
 
-    * `dropped_bytes` — (stdout, stderr) bytes dropped before the output the
-      latest `read_output` returned (i.e. since the read before it); (0, 0)
-      when nothing was lost. Updated by every `read_output` call.
-    * `total_dropped_bytes` — the same, summed over the process's lifetime.
-
-    A non-zero count means the returned text starts after a gap.
+    * `dropped_bytes` — (stdout, stderr) bytes dropped in the output the latest
+      `read_output` returned; (0, 0) when nothing was lost. Updated by every
+      `read_output` call.
+    * `gap_at` — (stdout, stderr) where in that returned text the dropped bytes
+      were: 0 with "newest" (the text starts after the gap), the head's length
+      with "head_tail"; None where nothing was dropped.
+    * `total_dropped_bytes` — the dropped bytes summed over the process's lifetime.
     """
 
     pid: int
     dropped_bytes: tuple[int, int] = (0, 0)
+    gap_at: tuple[int | None, int | None] = (None, None)
     total_dropped_bytes: tuple[int, int] = (0, 0)
 
     @abc.abstractmethod
@@ -138,9 +144,12 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def start_process(
-        self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None
+        self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None,
+        output_limit: int | None = None, keep: OutputKeep = "newest",
     ) -> BackgroundProcess:
-        """Start a background process in its own process group and return at once."""
+        """Start a background process in its own process group and return at once.
+        `output_limit` bounds each stream's unread buffer (default: the spec's output
+        limit); `keep` says what a full buffer keeps (see `BackgroundProcess`)."""
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:

@@ -162,6 +162,27 @@ async def test_background_process(sb):
     await p.kill()  # idempotent after exit
 
 
+@pytest.mark.parametrize("keep", ["newest", "head_tail"])
+async def test_background_output_overflow_keeps_what_was_asked(sb, keep):
+    """A full buffer drops the oldest bytes ("newest") or the middle ("head_tail": the
+    head and the newest bytes stay); the count and the cut's place are reported."""
+    p = await sb.start_process("printf HEAD; head -c 50000 /dev/zero | tr '\\0' m; echo TAIL; cat",
+                               output_limit=1000, keep=keep)
+    out, _ = await p.read_output(until="TAIL", timeout=20)
+    assert out.endswith("TAIL") and p.dropped_bytes[0] == 4 + 50000 + 5 - 1000  # "TAIL\n": the \n stays buffered
+    assert len(out) == 1000 - 1
+    if keep == "head_tail":
+        assert out.startswith("HEAD" + "m" * 496) and p.gap_at[0] == 500
+    else:
+        assert "HEAD" not in out and p.gap_at[0] == 0
+    assert p.total_dropped_bytes[0] == p.dropped_bytes[0]
+    await p.write_stdin("again\n")
+    out, _ = await p.read_output(until="again", timeout=10)
+    assert "again" in out and p.dropped_bytes == (0, 0) and p.gap_at == (None, None)
+    await p.kill()
+    await p.wait(timeout=10)
+
+
 # -- files ------------------------------------------------------------------------
 
 async def test_write_read_file(sb):

@@ -54,6 +54,11 @@ async def test_set_concurrency_sizes_the_pool_and_is_capped():
     fixed = bash_env(unique_labels(), pool_size=5)
     fixed.set_concurrency(1000)
     assert fixed.effective_pool_size == 5
+    cells = bash_env(unique_labels(), rollout_isolation="namespace")  # cells are cheap: two per rollout
+    cells.set_concurrency(16)
+    assert cells.effective_pool_size == 32
+    cells.set_concurrency(1000)
+    assert cells.effective_pool_size == 2 * cells.max_default_pool_size
     with pytest.raises(ConfigError):
         bash_env(unique_labels(), pool_size=-1)
 
@@ -74,3 +79,19 @@ def test_reference_retry_knobs_set_the_backend_policy():
     assert vf.SandboxEnv().backend.retry == RetryPolicy()  # no knob: the backend's default
     with pytest.raises(ConfigError):
         vf.SandboxEnv(base_delay=-1)
+
+
+async def test_warm_up_fills_the_pool_before_the_first_rollout():
+    """`warm_up` (an RL trainer before its first step, a benchmark before its clock): the
+    pool is full when it returns, the rollouts then take warm sandboxes; no pool: 0."""
+    labels = unique_labels()
+    env = bash_env(labels, n=3)
+    try:
+        assert await env.warm_up(3) == 3
+        assert len(containers_with(labels)) == 3 and env._pool.stats["acquired"] == 0
+        rows, stats, _ = await evaluate_keeping_pool(env, n=3, concurrency=3)
+        assert [tool_messages(r)[0] for r in rows] == ["42"] * 3 and stats["warm"] == 3, stats
+    finally:
+        await env.teardown()
+    assert wait_gone(labels) == []
+    assert await bash_env(unique_labels(), pool_size=0).warm_up(4) == 0

@@ -110,6 +110,23 @@ async def test_huge_output_keeps_head_and_tail_in_bounded_memory():
         await s.close()
 
 
+async def test_direct_mode_keeps_head_and_tail_and_oom_counter():
+    """Direct mode (what SandboxEnv uses): the process buffer keeps each command's head and
+    newest bytes, the cut is marked and counted as the host marks it (the OOM-kill
+    counter bash reports in its frame is checked on Docker: tests/test_sandbox_env.py)."""
+    from envs.sandbox_tools.local_process import LocalProcess
+
+    s = ShellSession(lambda argv, env: LocalProcess.start(argv, env=env, buffer_limit=1000, keep="head_tail"),
+                     python=None, output_limit=1000)
+    try:
+        r = await s.run("echo START; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END", 30)
+        assert r.output.startswith("START\nxxx") and r.output.endswith("xxx\nEND\n"), r.output[:80]
+        assert "bytes cut ...]" in r.output and r.dropped_bytes > 2_990_000 and len(r.output) < 1200
+        assert not s.hosted and (await s.run("echo ok", 5)).output == "ok\n"
+    finally:
+        await s.close()
+
+
 async def test_missing_python_falls_back_to_direct_bash():
     s = ShellSession(start_local, python="/nonexistent/python3")
     try:

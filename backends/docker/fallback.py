@@ -152,7 +152,7 @@ class ExecSandbox(Sandbox):
         finally:
             await cancel_and_settle([task])
 
-    async def start_process(self, cmd: Command, *, env=None, cwd=None) -> BackgroundProcess:
+    async def start_process(self, cmd: Command, *, env=None, cwd=None, output_limit=None, keep="newest") -> BackgroundProcess:
         raise ConfigError(f"image {self.spec.image} has no python3 >= 3.7: background processes need the agent")
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:

@@ -21,29 +21,51 @@ DEFAULT_BUFFER_LIMIT = 1024 * 1024
 
 
 class _Buffer:
-    """Unread output of one stream, bounded: when full the oldest bytes go (counted)."""
+    """Unread output of one stream, bounded as the agent's: when full the oldest bytes
+    go, or (head_tail) the bytes after the first half; counted, the cut's place kept."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, head_tail: bool = False) -> None:
         self.data = bytearray()
         self.limit = limit
+        self.head_tail = head_tail
         self.dropped = 0
+        self.gap: int | None = None
 
     def add(self, chunk: bytes) -> None:
         self.data += chunk
         extra = len(self.data) - self.limit
-        if extra > 0:
+        if extra > 0 and self.head_tail:
+            at = self.limit // 2
+            del self.data[at:at + extra]
+            self.gap = at if self.gap is None else self.gap
+        elif extra > 0:
             del self.data[:extra]
-            self.dropped += extra
+            self.gap = 0
+        self.dropped += max(0, extra)
+
+    def take(self, cut: int) -> tuple[str, int | None]:
+        """The first `cut` bytes as text and where in it the gap is (None: nothing cut there)."""
+        data = bytes(self.data[:cut])
+        del self.data[:cut]
+        gap = self.gap
+        if gap is not None and gap > cut:  # the cut is in what stays buffered
+            self.gap = gap - cut
+            return data.decode("utf-8", "replace"), None
+        self.gap = None
+        if gap is None:
+            return data.decode("utf-8", "replace"), None
+        head = data[:gap].decode("utf-8", "replace")
+        return head + data[gap:].decode("utf-8", "replace"), len(head)
 
 
 class LocalProcess(BackgroundProcess):
     """A host subprocess in its own process group, with bounded stdout/stderr buffers."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, buffer_limit: int) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, buffer_limit: int, keep: str = "newest") -> None:
         self._proc = proc
         self.pid = proc.pid
-        self._out = _Buffer(buffer_limit)
-        self._err = _Buffer(buffer_limit)
+        self._out = _Buffer(buffer_limit, keep == "head_tail")
+        self._err = _Buffer(buffer_limit, keep == "head_tail")
         self._changed = asyncio.Condition()
         self._eof = 0
         self._tasks = [
@@ -59,6 +81,7 @@ class LocalProcess(BackgroundProcess):
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+        keep: str = "newest",
     ) -> "LocalProcess":
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -72,7 +95,7 @@ class LocalProcess(BackgroundProcess):
             )
         except OSError as exc:  # as the agent does: a program that cannot start is a usage error
             raise ConfigError(f"cannot start process: {exc}") from exc
-        return cls(proc, buffer_limit)
+        return cls(proc, buffer_limit, keep)
 
     async def _pump(self, stream: asyncio.StreamReader | None, buf: _Buffer) -> None:
         assert stream is not None
@@ -119,15 +142,15 @@ class LocalProcess(BackgroundProcess):
                 i = self._out.data.find(marker)
                 if i >= 0:
                     cut = i + len(marker)
-            out = bytes(self._out.data[:cut])
-            del self._out.data[:cut]
-            err = bytes(self._err.data)
-            self._err.data.clear()
-            total = (self._out.dropped, self._err.dropped)
+            pending = self._out.dropped if self._out.gap is not None and self._out.gap > cut else 0
+            out, out_gap = self._out.take(cut)
+            err, err_gap = self._err.take(len(self._err.data))
+            total = (self._out.dropped - pending, self._err.dropped)
         seen = self.total_dropped_bytes
         self.dropped_bytes = (total[0] - seen[0], total[1] - seen[1])
         self.total_dropped_bytes = total
-        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        self.gap_at = (out_gap, err_gap)
+        return out, err
 
     async def write_stdin(self, data: bytes | str) -> None:
         if isinstance(data, str):

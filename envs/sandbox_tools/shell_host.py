@@ -22,7 +22,6 @@ ignored, so only the command is interrupted.
 import json
 import os
 import signal
-import subprocess
 import sys
 
 FRAME_END = "\x1e"
@@ -59,13 +58,57 @@ class Capture(object):
         return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
 
 
+class Shell(object):
+    """bash with its stdin on one pipe and its stdout and stderr on another. Plain
+    fork/exec: importing `subprocess` costs more than the rest of this program's start,
+    which every rollout pays once."""
+
+    def __init__(self, argv):
+        in_r, self.in_fd = os.pipe()  # os.pipe descriptors are not inherited across exec
+        self.out_fd, out_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.dup2(in_r, 0)
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                os.closerange(3, 256)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python ignores it; a shell must not
+                os.execvp(argv[0], argv)
+            except BaseException:  # noqa: BLE001 - exec failed: the child must not return into this program
+                pass
+            os._exit(127)
+        os.close(in_r)
+        os.close(out_w)
+        self.code = None
+
+    def write(self, data):
+        _write_all(self.in_fd, data)  # noqa: F821 (prelude.py)
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def wait(self):
+        if self.code is None:
+            while True:
+                try:
+                    _, status = os.waitpid(self.pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+            self.code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return self.code
+
+
 def main():
     # a handler (not SIG_IGN): bash and its children get the default disposition back
     signal.signal(signal.SIGINT, lambda signum, frame: None)
     argv = sys.argv[1:] or ["bash", "--noprofile", "--norc"]
-    shell = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             bufsize=0, close_fds=True)
-    out_fd = shell.stdout.fileno()
+    shell = Shell(argv)
+    out_fd = shell.out_fd
     proto_out = sys.stdout.fileno()
     proto_in = sys.stdin.buffer
 
@@ -91,9 +134,8 @@ def main():
             continue
         cap = Capture(req.get("limit") or 16384)
         try:
-            shell.stdin.write(req["line"].encode())
-            shell.stdin.flush()
-        except (BrokenPipeError, OSError):
+            shell.write(req["line"].encode())
+        except OSError:
             pass  # bash is gone: the read below sees EOF
         keep = len(end) + 16  # bytes held back: the frame may be arriving
         pending = bytearray()

@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
+from .prelude import OOM_FILES
 from .common import (
     DEFAULT_OUTPUT_LIMIT,
     GUARD_SECONDS,
@@ -133,9 +134,18 @@ class ShellSession(ProcessSession):
         return f"|{self._session}.{seq}\x1e\n"
 
     def _line(self, command: str, seq: int, prefix: str = "") -> str:
+        if self.hosted:  # the host adds the cgroup's OOM-kill counter to its reply
+            return (
+                f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; "
+                f"builtin printf '\\036%d{self._end(seq)[:-2]}\\036\\n' \"$?\"\n"
+            )
+        # direct: bash reads the counter itself, with builtins only (nothing forks): `<status>,<count>`
         return (
-            f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; "
-            f"builtin printf '\\036%d{self._end(seq)[:-2]}\\036\\n' \"$?\"\n"
+            f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; "
+            f"for __vf_f in {' '.join(OOM_FILES)}; do [[ -r $__vf_f ]] && "
+            "while builtin read -r __vf_k __vf_v; do [[ $__vf_k == oom_kill ]] && __vf_o=$__vf_v; "
+            "done < $__vf_f; done; "
+            f"builtin printf '\\036%d,%s{self._end(seq)[:-2]}\\036\\n' \"$__vf_rc\" \"$__vf_o\"\n"
         )
 
     def _request(self, command: str, seq: int, prefix: str = "") -> tuple[str, str]:
@@ -160,11 +170,22 @@ class ShellSession(ProcessSession):
         if i < 0:
             return False, out, None, False, 0
         start = out.rfind("\x1e", 0, i)
+        status, _, oom = out[start + 1 : i].partition(",")
         try:
-            code = int(out[start + 1 : i])
+            code = int(status)
         except ValueError:
             code = None
+        self._last_oom = int(oom) if oom.isdigit() else None
         return True, out[:start], code, False, 0
+
+    def _mark_cut(self, proc: BackgroundProcess, out: str) -> tuple[str, int]:
+        """Direct mode: where the process's output buffer dropped bytes of this read (its
+        middle with `keep="head_tail"`, its start otherwise), marked as the host marks a cut."""
+        dropped = proc.dropped_bytes[0]
+        if self.hosted or not dropped:
+            return out, 0
+        at = proc.gap_at[0] or 0
+        return f"{out[:at]}\n[... {dropped} bytes cut ...]\n{out[at:]}", dropped
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -226,9 +247,10 @@ class ShellSession(ProcessSession):
             data, until = self._request(command, seq)
             self._last_oom = None
             t0 = time.monotonic()
-            out = await send_and_read(proc, data, until, timeout, "a command")
+            out, cut = self._mark_cut(proc, await send_and_read(proc, data, until, timeout, "a command"))
             res = ShellResult()
             complete, text, res.exit_code, exited, dropped = self._parse(out, seq)
+            dropped += cut
             if complete and exited:
                 res.restarted = True
                 res.note = (
@@ -246,8 +268,10 @@ class ShellSession(ProcessSession):
                     )
                 else:
                     res.timed_out = True
-                    more = await interrupt_and_read(proc, until, self.interrupt_grace, group=True)
+                    more, more_cut = self._mark_cut(proc, await interrupt_and_read(proc, until, self.interrupt_grace,
+                                                                                   group=True))
                     complete, tail, code, exited, dropped = self._parse(out + more if not self.hosted else more, seq)
+                    dropped += cut + more_cut
                     if complete and not exited:
                         text = tail
                         res.exit_code = code

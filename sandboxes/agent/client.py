@@ -38,7 +38,7 @@ from typing import Any
 
 from ..cancel import cancel_and_settle
 from ..errors import AgentError, ConfigError, PathError, SandboxNotRunning, TransferTooLarge
-from ..interface import BackgroundProcess, Command, Sandbox
+from ..interface import BackgroundProcess, Command, OutputKeep, Sandbox
 from ..results import ExecResult, OutputChunk, ProcessStatus
 from ..spec import SandboxSpec
 from . import protocol
@@ -434,6 +434,7 @@ class AgentProcess(BackgroundProcess):
     def __init__(self, sandbox: "AgentSandbox", pid: int):
         self._sb = sandbox
         self.pid = pid
+        self._byte_gaps: tuple[int | None, int | None] = (None, None)
 
     async def _call(self, op: str, guard: float | None = None, **fields) -> dict:
         msg = {"op": op, "pid": self.pid, **{k: v for k, v in fields.items() if v is not None}}
@@ -444,15 +445,26 @@ class AgentProcess(BackgroundProcess):
 
     async def read_output(self, until: str | None = None, timeout: float | None = None) -> tuple[str, str]:
         raw = await self.read_output_bytes(until, timeout)
-        return raw[0].decode("utf-8", "replace"), raw[1].decode("utf-8", "replace")
+        texts, gaps = [], []
+        for data, gap in zip(raw, self._byte_gaps):  # the gap as a position in the decoded text
+            head = data[:gap].decode("utf-8", "replace") if gap else ""
+            texts.append(head + data[gap or 0:].decode("utf-8", "replace"))
+            gaps.append(None if gap is None else len(head))
+        self.gap_at = (gaps[0], gaps[1])
+        return texts[0], texts[1]
 
     async def read_output_bytes(self, until: str | None = None, timeout: float | None = None) -> tuple[bytes, bytes]:
-        """Like `read_output`, undecoded (also updates `dropped_bytes` / `total_dropped_bytes`)."""
+        """Like `read_output`, undecoded (also updates `dropped_bytes`, `gap_at` as byte
+        offsets, and `total_dropped_bytes`)."""
         guard = None if (until and timeout is None) else (timeout or 0) + EXEC_GRACE
         r = await self._call("read", guard=guard, until=until, timeout=timeout)
         dropped = (int(r.get("stdout_dropped", 0)), int(r.get("stderr_dropped", 0)))
         self.dropped_bytes = dropped
         self.total_dropped_bytes = (self.total_dropped_bytes[0] + dropped[0], self.total_dropped_bytes[1] + dropped[1])
+        gaps = [r.get(f"{name}_gap") for name in ("stdout", "stderr")]
+        # "newest" (and an older agent) drops the oldest bytes: the gap is before the text
+        self._byte_gaps = tuple(0 if gap is None and n else gap if n else None for gap, n in zip(gaps, dropped))
+        self.gap_at = self._byte_gaps
         return unb64(r["stdout"]), unb64(r["stderr"])
 
     async def write_stdin(self, data: bytes | str) -> None:
@@ -603,8 +615,11 @@ class AgentSandbox(Sandbox):
         finally:
             await stream.aclose()
 
-    async def start_process(self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None) -> AgentProcess:
-        msg: dict[str, Any] = {"op": "start", **_command(cmd), "limit": self.spec.output_limit_bytes}
+    async def start_process(self, cmd: Command, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                            output_limit: int | None = None, keep: OutputKeep = "newest") -> AgentProcess:
+        msg: dict[str, Any] = {"op": "start", **_command(cmd), "limit": output_limit or self.spec.output_limit_bytes}
+        if keep != "newest":
+            msg["keep"] = keep
         merged = {str(k): str(v) for k, v in {**self.spec.environment_vars, **(env or {})}.items()}
         if merged:
             msg["env"] = merged

@@ -470,14 +470,19 @@ def op_exec(req, ctx):
 
 
 class Background(object):
-    """A background process: pipes drained by two threads into bounded buffers."""
+    """A background process: pipes drained by two threads into bounded buffers. A full
+    buffer drops its oldest bytes ("newest") or, with keep="head_tail", the bytes after
+    the first half: what was unread keeps its head and its newest bytes, and `gap` says
+    where the cut is (a command's output, read up to its end frame, as a shell shows it)."""
 
-    def __init__(self, proc, limit):
+    def __init__(self, proc, limit, keep="newest"):
         self.proc = proc
         self.limit = limit
+        self.head_tail = keep == "head_tail"
         self.cond = threading.Condition()
         self.out = {"stdout": bytearray(), "stderr": bytearray()}
         self.dropped = {"stdout": 0, "stderr": 0}
+        self.gap = {"stdout": None, "stderr": None}
         self.eof = {"stdout": False, "stderr": False}
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             threading.Thread(target=self._pump, args=(name, pipe), daemon=True).start()
@@ -497,7 +502,13 @@ class Background(object):
                 buf = self.out[name]
                 buf += data
                 extra = len(buf) - self.limit
-                if extra > 0:  # keep the most recent output
+                if extra > 0 and self.head_tail:  # keep the head and the newest bytes
+                    at = self.limit // 2
+                    del buf[at:at + extra]
+                    self.dropped[name] += extra
+                    if self.gap[name] is None:
+                        self.gap[name] = at
+                elif extra > 0:  # keep the most recent output
                     del buf[:extra]
                     self.dropped[name] += extra
                 self.cond.notify_all()
@@ -536,9 +547,15 @@ class Background(object):
             stderr = bytes(self.out["stderr"])
             del self.out["stderr"][:]
             dropped = dict(self.dropped)
+            gap = dict(self.gap)
             self.dropped = {"stdout": 0, "stderr": 0}
+            self.gap = {"stdout": None, "stderr": None}
+            if gap["stdout"] is not None and gap["stdout"] > cut:  # the cut is in what stays buffered
+                self.dropped["stdout"], self.gap["stdout"] = dropped["stdout"], gap["stdout"] - cut
+                dropped["stdout"], gap["stdout"] = 0, None
         return {"stdout": b64(stdout), "stderr": b64(stderr), "stdout_dropped": dropped["stdout"],
-                "stderr_dropped": dropped["stderr"], "found": bool(marker) and marker in stdout}
+                "stderr_dropped": dropped["stderr"], "stdout_gap": gap["stdout"], "stderr_gap": gap["stderr"],
+                "found": bool(marker) and marker in stdout}
 
 
 def get_proc(req):
@@ -551,11 +568,14 @@ def get_proc(req):
 
 def op_start(req, ctx):
     limit = int(req.get("limit") or (1 << 20))
+    keep = req.get("keep") or "newest"
+    if keep not in ("newest", "head_tail"):
+        raise AgentUsageError("keep must be newest or head_tail, not %r" % (keep,))
     try:
         proc = spawn(req, stdin_pipe=True)
     except (OSError, ValueError, TypeError) as exc:
         raise AgentUsageError("cannot start process: %s" % exc) from None
-    bg = Background(proc, limit)
+    bg = Background(proc, limit, keep)
     with _procs_lock:
         _procs[proc.pid] = bg
     return {"pid": proc.pid}
