@@ -124,6 +124,8 @@ class ClientConfig(EndpointClientConfig):
     `endpoint_configs`, requests go round-robin over the replicas (one group stays
     on one replica)."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, never silently ignored
+
     client_type: ClientType = "openai_chat_completions"
     preserve_all_thinking: bool = False
     preserve_thinking_between_tool_calls: bool = False

@@ -273,3 +273,13 @@ async def test_nemorl_client_carries_the_engines_tokens_both_ways():
     assert carried == [steps[0]["tokens"]["completion_ids"], steps[1]["tokens"]["completion_ids"]]
     assert all("generation_token_ids" not in m for m in row["completion"])  # the fields never reach results' messages
     await env.teardown()
+
+
+def test_client_config_refuses_unknown_fields():
+    """A misspelt client setting is an error naming it, never accepted and ignored."""
+    from pydantic import ValidationError
+
+    from envs.types import ClientConfig
+
+    with pytest.raises(ValidationError, match="preserve_all_thinkin"):
+        ClientConfig(preserve_all_thinkin=True)
