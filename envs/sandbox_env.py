@@ -442,7 +442,6 @@ class SandboxEnv(StatefulToolEnv):
             shell = ShellSession(
                 lambda argv, env: sandbox.start_process(list(argv), env=env, output_limit=self.output_limit_bytes,
                                                         keep="head_tail"),
-                python=None,
                 output_limit=self.output_limit_bytes,
                 cwd=spec.workdir if spec.workdir != "/" else None,
             )

@@ -1,5 +1,6 @@
 """Stdlib-only code shared by the programs that run INSIDE a sandbox
-(`repl_worker.py`, `shell_host.py`; Python 3.7+). It is put in
+(`repl_worker.py`; Python 3.7+; `OOM_FILES` also names the files the
+persistent shell reads). It is put in
 front of their source by `common.in_sandbox_source`, so each still runs as one
 `python3 -c <source>` string."""
 

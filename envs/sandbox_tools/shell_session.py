@@ -3,15 +3,16 @@
 How it works (no prompt scraping, no pty, no pexpect):
 
 * bash runs as a background process, stderr merged into stdout so output
-  interleaves as on a terminal. By default it runs under `shell_host.py`
-  (a small stdlib program in the sandbox) that reads bash's output and keeps
-  only the head and tail of each command's output, so memory and the reply
-  stay bounded however much a command prints. Without python3 in the image,
-  bash is driven directly ("direct" mode: the agent's buffer keeps the most
-  recent output, so the head of a huge output is lost).
+  interleaves as on a terminal. The process is started with
+  `keep="head_tail"` and the output limit (`start_process`): the agent's
+  buffer keeps the head and the newest bytes of each command's output, so
+  memory and the reply stay bounded however much a command prints, and the
+  cut is marked and counted. Nothing but bash runs in the sandbox (no
+  interpreter started per session), so any image with bash works.
 * Each command is sent as ONE bash line: `builtin source /dev/stdin <<< $'...'`
   (its text ANSI-C quoted), then the `printf` builtin writes an end frame
-  `\x1e<exit status>|<session>.<seq>\x1e\n`. `source` reads the whole
+  `\x1e<exit status>,<OOM kills>|<session>.<seq>\x1e\n` (the cgroup's OOM-kill
+  counter, read with `read` from the cgroup file: builtins only). `source` reads the whole
   here-string before running it (commands that read stdin see EOF, never the
   protocol) and runs it in the shell's own context: `cd`, exports, functions
   and even `declare` stay global. Quoting means a command can never swallow
@@ -29,7 +30,6 @@ How it works (no prompt scraping, no pty, no pexpect):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -47,9 +47,7 @@ from .common import (
     ProcessSession,
     ProcessStarter,
     cap_text,
-    find_frame,
     guarded,
-    in_sandbox_source,
     interrupt_and_read,
     send_and_read,
     status_after_missing_reply,
@@ -64,11 +62,6 @@ _QUOTE.update({c: f"\\x{c:02x}" for c in list(range(1, 32)) + [127] if c not in 
 def ansi_c_quote(text: str) -> str:
     """`text` as a bash `$'...'` word (NUL bytes dropped: bash strings cannot hold them)."""
     return "$'" + text.translate(_QUOTE) + "'"
-
-
-def host_source() -> str:
-    """Source of the in-sandbox shell host (shipped beside this module)."""
-    return in_sandbox_source("shell_host.py")
 
 
 class ShellResult(BaseModel):
@@ -106,7 +99,6 @@ class ShellSession(ProcessSession):
         start: ProcessStarter,
         *,
         argv: Sequence[str] = ("bash", "--noprofile", "--norc"),
-        python: str | None = "python3",
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
@@ -115,7 +107,6 @@ class ShellSession(ProcessSession):
     ) -> None:
         self._start = start
         self._argv = list(argv)
-        self._python = python
         self._env = env
         self._cwd = cwd
         self.output_limit = output_limit
@@ -126,7 +117,6 @@ class ShellSession(ProcessSession):
         self._seq = 0
         self._lock = asyncio.Lock()
         self.restarts = 0
-        self.hosted = python is not None  # False after falling back to direct mode
         self._last_oom: int | None = None
 
     # ------------------------------------------------------------------ wire format
@@ -134,12 +124,7 @@ class ShellSession(ProcessSession):
         return f"|{self._session}.{seq}\x1e\n"
 
     def _line(self, command: str, seq: int, prefix: str = "") -> str:
-        if self.hosted:  # the host adds the cgroup's OOM-kill counter to its reply
-            return (
-                f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; "
-                f"builtin printf '\\036%d{self._end(seq)[:-2]}\\036\\n' \"$?\"\n"
-            )
-        # direct: bash reads the counter itself, with builtins only (nothing forks): `<status>,<count>`
+        # bash reads the OOM-kill counter itself, with builtins only (nothing forks): `<status>,<count>`
         return (
             f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; "
             f"for __vf_f in {' '.join(OOM_FILES)}; do [[ -r $__vf_f ]] && "
@@ -150,21 +135,10 @@ class ShellSession(ProcessSession):
 
     def _request(self, command: str, seq: int, prefix: str = "") -> tuple[str, str]:
         """(bytes to write, marker ending the reply) for command number `seq`."""
-        line = self._line(command, seq, prefix)
-        if self.hosted:
-            req = {"id": seq, "line": line, "end": self._end(seq), "limit": self.output_limit}
-            return json.dumps(req) + "\n", f"\x1e{seq}\n"
-        return line, self._end(seq)
+        return self._line(command, seq, prefix), self._end(seq)
 
     def _parse(self, out: str, seq: int) -> tuple[bool, str, int | None, bool, int]:
-        """(complete, output, exit code, shell exited, bytes cut by the host) of reply `seq` in `out`."""
-        if self.hosted:
-            frame = find_frame(out, seq)
-            if frame is None:
-                return False, "", None, False, 0
-            self._last_oom = frame.get("oom_kills")
-            return True, frame.get("output") or "", frame.get("exit_code"), bool(frame.get("exited")), int(
-                frame.get("dropped") or 0)
+        """(complete, output, exit code, shell exited, 0) of reply `seq` in `out`."""
         end = self._end(seq)
         i = out.find(end)
         if i < 0:
@@ -179,10 +153,10 @@ class ShellSession(ProcessSession):
         return True, out[:start], code, False, 0
 
     def _mark_cut(self, proc: BackgroundProcess, out: str) -> tuple[str, int]:
-        """Direct mode: where the process's output buffer dropped bytes of this read (its
-        middle with `keep="head_tail"`, its start otherwise), marked as the host marks a cut."""
+        """Where the process's output buffer dropped bytes of this read (its middle with
+        `keep="head_tail"`, its start otherwise), marked and counted."""
         dropped = proc.dropped_bytes[0]
-        if self.hosted or not dropped:
+        if not dropped:
             return out, 0
         at = proc.gap_at[0] or 0
         return f"{out[:at]}\n[... {dropped} bytes cut ...]\n{out[at:]}", dropped
@@ -191,34 +165,8 @@ class ShellSession(ProcessSession):
     async def start(self) -> None:
         """Start (or restart) the shell and wait until it answers."""
         await self._kill()
-        if self.hosted:
-            # -S: the host needs only the stdlib, and starts faster without site
-            argv = [self._python or "python3", "-S", "-u", "-c", host_source(), *self._argv]
-            try:
-                self._proc = await guarded(self._start(argv, self._env), self.startup_timeout + GUARD_SECONDS,
-                                           "start bash")
-            except ConfigError:  # no such program
-                log.info("cannot start %s in the sandbox: driving bash directly", self._python)
-                self.hosted = False
-                return await self.start()
-            out, err = await guarded(
-                self._proc.read_output(until="\x1e0\n", timeout=self.startup_timeout),
-                self.startup_timeout + GUARD_SECONDS, "start bash",
-            )
-            if find_frame(out, 0) is None:
-                status = await self._proc.poll()
-                if status.running:
-                    status = await guarded(self._proc.wait(2.0), GUARD_SECONDS, "start bash")
-                await self._kill()
-                if not status.running and status.exit_code in (126, 127):
-                    log.info("no %s in the sandbox: driving bash directly", self._python)
-                    self.hosted = False
-                    return await self.start()
-                raise ServerStartError(f"the shell host did not start in the sandbox: {(err or out).strip()[-500:]!r}")
-            prefix = ""
-        else:
-            self._proc = await guarded(self._start(self._argv, self._env), self.startup_timeout + GUARD_SECONDS, "start bash")
-            prefix = "exec 2>&1; "
+        self._proc = await guarded(self._start(self._argv, self._env), self.startup_timeout + GUARD_SECONDS, "start bash")
+        prefix = "exec 2>&1; "
         cd = f"builtin cd {ansi_c_quote(self._cwd)} 2>/dev/null; " if self._cwd else ""
         self._seq += 1
         seq = self._seq
@@ -270,7 +218,7 @@ class ShellSession(ProcessSession):
                     res.timed_out = True
                     more, more_cut = self._mark_cut(proc, await interrupt_and_read(proc, until, self.interrupt_grace,
                                                                                    group=True))
-                    complete, tail, code, exited, dropped = self._parse(out + more if not self.hosted else more, seq)
+                    complete, tail, code, exited, dropped = self._parse(out + more, seq)
                     dropped += cut + more_cut
                     if complete and not exited:
                         text = tail
@@ -280,7 +228,7 @@ class ShellSession(ProcessSession):
                             f"command timed out after {timeout:g}s and was interrupted; the shell is still usable"
                         )
                     else:
-                        text = tail if not self.hosted else ""
+                        text = tail
                         res.restarted = True
                         res.note = (
                             f"command timed out after {timeout:g}s and did not stop on interrupt; the shell was "
