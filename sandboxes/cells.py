@@ -217,13 +217,17 @@ class CellHost:
                 await conn.close()
 
 
+RUNC_CELLS_PER_HOST = 64
+GVISOR_CELLS_PER_HOST = 16
+
+
 class CellHosts:
     """Hands out cells from cell hosts made by `create_host` (a backend's own create
     of a host sandbox: an agent started with `--cells`, the capabilities to build
     namespaces)."""
 
-    def __init__(self, create_host: Callable[[SandboxSpec], Awaitable[AgentSandbox]], cells_per_host: int = 16):
-        if cells_per_host < 1:
+    def __init__(self, create_host: Callable[[SandboxSpec], Awaitable[AgentSandbox]], cells_per_host: int | None = None):
+        if cells_per_host is not None and cells_per_host < 1:
             raise ValueError("cells_per_host must be >= 1")
         self.create_host = create_host
         self.cells_per_host = cells_per_host
@@ -236,6 +240,15 @@ class CellHosts:
     @staticmethod
     def key(spec: SandboxSpec) -> str:
         return spec.model_dump_json(include=set(HOST_FIELDS))
+
+    def per_host(self, spec: SandboxSpec) -> int:
+        """Cells one host admits: the backend option, else 64 under runc (each cell's own
+        cgroup enforces its limits; fewer host starts: 48 vs 44 rollouts/s cold, 61 vs 55
+        warm at -c 16) and 16 under gVisor (whose memory cgroup does not enforce a cell's
+        limit: a memory hog can take down every cell of its host)."""
+        if self.cells_per_host is not None:
+            return self.cells_per_host
+        return GVISOR_CELLS_PER_HOST if spec.isolation == "gvisor" else RUNC_CELLS_PER_HOST
 
     def _admitting(self, key: str) -> CellHost | None:
         return next((h for h in self._hosts.get(key, []) if h.admits), None)
@@ -250,8 +263,9 @@ class CellHosts:
             async with self._locks.setdefault(key, asyncio.Lock()):
                 host = self._admitting(key)
                 if host is None:
-                    sandbox = await self.create_host(host_spec(spec, self.cells_per_host))
-                    host = CellHost(sandbox, self.cells_per_host, spec.timeout_minutes * 60, self)
+                    n = self.per_host(spec)
+                    sandbox = await self.create_host(host_spec(spec, n))
+                    host = CellHost(sandbox, n, spec.timeout_minutes * 60, self)
                     self._hosts.setdefault(key, []).append(host)
                     self.stats["hosts"] += 1
         try:

@@ -183,7 +183,7 @@ class DockerBackend:
         api_timeout: float = 120.0,
         python: str = "python3",
         gvisor_runtime: str = "runsc",
-        cells_per_host: int = 16,
+        cells_per_host: int | None = None,
     ):
         self.url = resolve_url(url)
         self.retry = retry or RetryPolicy()
