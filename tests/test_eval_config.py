@@ -285,3 +285,19 @@ def test_renderer_client_settings_reach_the_client_config(tmp_path):
     """)
     with pytest.raises(ConfigError, match="settings of api_client_type 'renderer', not 'openai_chat_completions'"):
         configs_from_toml(p)
+
+
+def test_resume_check_sees_client_settings_that_change_results_not_the_endpoint():
+    """`definition_diff` (what --resume refuses): another client type or renderer setting
+    changes what the model sees; another endpoint URL or key variable does not."""
+    from envs.eval.config import EvalConfig
+    from envs.types import ClientConfig
+
+    base = EvalConfig(env_id="math-single", model="m", client_config=ClientConfig())
+    moved = base.model_copy(update={"client_config": ClientConfig(api_base_url="http://elsewhere/v1",
+                                                                  api_key_var="OTHER_KEY")})
+    assert moved.definition_diff(base) == []
+    other = base.model_copy(update={"client_config": ClientConfig(client_type="openai_responses")})
+    assert other.definition_diff(base) == ["client_config.client_type: 'openai_chat_completions' -> 'openai_responses'"]
+    thinking = base.model_copy(update={"client_config": ClientConfig(preserve_all_thinking=True)})
+    assert [d.split(":")[0] for d in thinking.definition_diff(base)] == ["client_config.preserve_all_thinking"]

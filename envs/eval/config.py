@@ -73,6 +73,12 @@ EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
 ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_type", "type", "headers", "extra_headers"})
 
 
+# client settings that change what a rollout's model sees or returns (the endpoint, keys,
+# headers and connection limits may change between a run and its resume)
+CLIENT_RESULT_FIELDS = ("client_type", "preserve_all_thinking", "preserve_thinking_between_tool_calls",
+                        "renderer_config", "renderer_model_name")
+
+
 class EvalConfig(BaseModel):
     """One fully resolved evaluation (no secrets: keys are variable names)."""
 
@@ -142,6 +148,9 @@ class EvalConfig(BaseModel):
                   "no_interleave_scoring", "backend", "backend_options", "junit_xml", "hosted", "address",
                   "allow_sandbox_access", "allow_instances_access", "custom_secret_names"}
         mine, theirs = self.public_args(), other.public_args()
+        for args in (mine, theirs):  # endpoints may move between attempts; what the client renders may not
+            cc = args.get("client_config") or {}
+            args.update({f"client_config.{k}": cc.get(k) for k in CLIENT_RESULT_FIELDS})
         return [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
                 if k not in ignore and mine.get(k) != theirs.get(k)]
 
