@@ -152,7 +152,12 @@ def test_sigkill_during_writes_never_corrupts_the_registry(env, tmp_path):
         p = subprocess.Popen([sys.executable, str(storm), str(tmp_path / f"s{k}")], env=e,
                              stdout=subprocess.PIPE, text=True)
         procs.append((p, p.stdout.readline().strip()))
-    time.sleep(1.5)
+    # every writer is mid-storm (three processes contend for the write lock: one can wait
+    # its turn for a while on a loaded machine), then all are killed
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all((registry.get_run(rid).completed or 0) > 10 for _, rid in procs):
+        time.sleep(0.1)
+    time.sleep(0.3)
     for p, _ in procs:
         p.kill()
         p.wait()
