@@ -75,8 +75,7 @@ ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_typ
 
 # client settings that change what a rollout's model sees or returns (the endpoint, keys,
 # headers and connection limits may change between a run and its resume)
-CLIENT_RESULT_FIELDS = ("client_type", "preserve_all_thinking", "preserve_thinking_between_tool_calls",
-                        "renderer_config", "renderer_model_name")
+CLIENT_RESULT_FIELDS = ("client_type", *RENDERER_KEYS)
 
 
 class EvalConfig(BaseModel):

@@ -204,6 +204,7 @@ def _awaitable(ref: Any) -> Awaitable[Any]:
 async def _shut_down(actors: list[Any], unready: list[Any] | None = None) -> None:
     """Every ready actor tears down its environment (its sandboxes), then is killed;
     an actor still starting (it was never handed a group) is killed at once."""
+    import ray
 
     try:
         if actors:
@@ -214,16 +215,10 @@ async def _shut_down(actors: list[Any], unready: list[Any] | None = None) -> Non
         log.warning("worker actors did not finish their teardown %s (the reaper removes what they left)",
                     f"in {SHUTDOWN_SECONDS:.0f}s" if isinstance(exc, asyncio.TimeoutError) else "(stopped)")
         if isinstance(exc, asyncio.CancelledError):
-            _kill(actors, unready)
             raise
-    _kill(actors, unready)
-
-
-def _kill(actors: list[Any], unready: list[Any] | None) -> None:
-    import ray
-
-    for a in [*actors, *(unready or [])]:
-        try:
-            ray.kill(a)
-        except Exception:  # noqa: BLE001 - already dead
-            pass
+    finally:
+        for a in [*actors, *(unready or [])]:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already dead
+                pass

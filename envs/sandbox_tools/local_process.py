@@ -22,7 +22,8 @@ DEFAULT_BUFFER_LIMIT = 1024 * 1024
 
 class _Buffer:
     """Unread output of one stream, bounded as the agent's: when full the oldest bytes
-    go, or (head_tail) the bytes after the first half; counted, the cut's place kept."""
+    go, or (head_tail) the bytes after the first half; counted until the read that
+    returns the cut, whose place in that text it reports."""
 
     def __init__(self, limit: int, head_tail: bool = False) -> None:
         self.data = bytearray()
@@ -43,19 +44,20 @@ class _Buffer:
             self.gap = 0
         self.dropped += max(0, extra)
 
-    def take(self, cut: int) -> tuple[str, int | None]:
-        """The first `cut` bytes as text and where in it the gap is (None: nothing cut there)."""
+    def take(self, cut: int) -> tuple[str, int | None, int]:
+        """The first `cut` bytes as text, where in it the gap is (None: nothing cut there)
+        and how many bytes were dropped there."""
         data = bytes(self.data[:cut])
         del self.data[:cut]
-        gap = self.gap
-        if gap is not None and gap > cut:  # the cut is in what stays buffered
+        gap, dropped = self.gap, self.dropped
+        if gap is not None and gap > cut:  # the cut is in what stays buffered: reported later
             self.gap = gap - cut
-            return data.decode("utf-8", "replace"), None
-        self.gap = None
+            return data.decode("utf-8", "replace"), None, 0
+        self.gap, self.dropped = None, 0
         if gap is None:
-            return data.decode("utf-8", "replace"), None
+            return data.decode("utf-8", "replace"), None, 0
         head = data[:gap].decode("utf-8", "replace")
-        return head + data[gap:].decode("utf-8", "replace"), len(head)
+        return head + data[gap:].decode("utf-8", "replace"), len(head), dropped
 
 
 class LocalProcess(BackgroundProcess):
@@ -142,13 +144,11 @@ class LocalProcess(BackgroundProcess):
                 i = self._out.data.find(marker)
                 if i >= 0:
                     cut = i + len(marker)
-            pending = self._out.dropped if self._out.gap is not None and self._out.gap > cut else 0
-            out, out_gap = self._out.take(cut)
-            err, err_gap = self._err.take(len(self._err.data))
-            total = (self._out.dropped - pending, self._err.dropped)
+            out, out_gap, out_dropped = self._out.take(cut)
+            err, err_gap, err_dropped = self._err.take(len(self._err.data))
         seen = self.total_dropped_bytes
-        self.dropped_bytes = (total[0] - seen[0], total[1] - seen[1])
-        self.total_dropped_bytes = total
+        self.dropped_bytes = (out_dropped, err_dropped)
+        self.total_dropped_bytes = (seen[0] + out_dropped, seen[1] + err_dropped)
         self.gap_at = (out_gap, err_gap)
         return out, err
 

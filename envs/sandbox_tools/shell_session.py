@@ -137,12 +137,13 @@ class ShellSession(ProcessSession):
         """(bytes to write, marker ending the reply) for command number `seq`."""
         return self._line(command, seq, prefix), self._end(seq)
 
-    def _parse(self, out: str, seq: int) -> tuple[bool, str, int | None, bool, int]:
-        """(complete, output, exit code, shell exited, 0) of reply `seq` in `out`."""
+    def _parse(self, out: str, seq: int) -> tuple[bool, str, int | None]:
+        """(complete, output, exit code) of reply `seq` in `out` (a shell that exited sends
+        no frame: the caller finds it from the process's status)."""
         end = self._end(seq)
         i = out.find(end)
         if i < 0:
-            return False, out, None, False, 0
+            return False, out, None
         start = out.rfind("\x1e", 0, i)
         status, _, oom = out[start + 1 : i].partition(",")
         try:
@@ -150,7 +151,7 @@ class ShellSession(ProcessSession):
         except ValueError:
             code = None
         self._last_oom = int(oom) if oom.isdigit() else None
-        return True, out[:start], code, False, 0
+        return True, out[:start], code
 
     def _mark_cut(self, proc: BackgroundProcess, out: str) -> tuple[str, int]:
         """Where the process's output buffer dropped bytes of this read (its middle with
@@ -172,8 +173,8 @@ class ShellSession(ProcessSession):
         seq = self._seq
         data, until = self._request(":", seq, prefix=prefix + _INIT + cd)
         out = await send_and_read(self._proc, data, until, self.startup_timeout, "start bash")
-        complete, text, _, exited, _ = self._parse(out, seq)
-        if not complete or exited:
+        complete, text, _ = self._parse(out, seq)
+        if not complete:
             status = await self._proc.poll()
             await self._kill()
             if not status.running and status.exit_code == 127:
@@ -195,17 +196,10 @@ class ShellSession(ProcessSession):
             data, until = self._request(command, seq)
             self._last_oom = None
             t0 = time.monotonic()
-            out, cut = self._mark_cut(proc, await send_and_read(proc, data, until, timeout, "a command"))
+            out, dropped = self._mark_cut(proc, await send_and_read(proc, data, until, timeout, "a command"))
             res = ShellResult()
-            complete, text, res.exit_code, exited, dropped = self._parse(out, seq)
-            dropped += cut
-            if complete and exited:
-                res.restarted = True
-                res.note = (
-                    f"the shell exited (exit code {res.exit_code}); a fresh shell was started: "
-                    "working directory, variables and functions were reset"
-                )
-            elif not complete:
+            complete, text, res.exit_code = self._parse(out, seq)
+            if not complete:
                 status = await status_after_missing_reply(proc, t0, timeout, "bash")
                 if not status.running:
                     res.restarted = True
@@ -218,17 +212,15 @@ class ShellSession(ProcessSession):
                     res.timed_out = True
                     more, more_cut = self._mark_cut(proc, await interrupt_and_read(proc, until, self.interrupt_grace,
                                                                                    group=True))
-                    complete, tail, code, exited, dropped = self._parse(out + more, seq)
-                    dropped += cut + more_cut
-                    if complete and not exited:
-                        text = tail
+                    complete, text, code = self._parse(out + more, seq)
+                    dropped += more_cut
+                    if complete:
                         res.exit_code = code
                         res.interrupted = True
                         res.note = (
                             f"command timed out after {timeout:g}s and was interrupted; the shell is still usable"
                         )
                     else:
-                        text = tail
                         res.restarted = True
                         res.note = (
                             f"command timed out after {timeout:g}s and did not stop on interrupt; the shell was "

@@ -434,7 +434,6 @@ class AgentProcess(BackgroundProcess):
     def __init__(self, sandbox: "AgentSandbox", pid: int):
         self._sb = sandbox
         self.pid = pid
-        self._byte_gaps: tuple[int | None, int | None] = (None, None)
 
     async def _call(self, op: str, guard: float | None = None, **fields) -> dict:
         msg = {"op": op, "pid": self.pid, **{k: v for k, v in fields.items() if v is not None}}
@@ -446,7 +445,7 @@ class AgentProcess(BackgroundProcess):
     async def read_output(self, until: str | None = None, timeout: float | None = None) -> tuple[str, str]:
         raw = await self.read_output_bytes(until, timeout)
         texts, gaps = [], []
-        for data, gap in zip(raw, self._byte_gaps):  # the gap as a position in the decoded text
+        for data, gap in zip(raw, self.gap_at):  # byte offsets here: as positions in the decoded text
             head = data[:gap].decode("utf-8", "replace") if gap else ""
             texts.append(head + data[gap or 0:].decode("utf-8", "replace"))
             gaps.append(None if gap is None else len(head))
@@ -463,8 +462,7 @@ class AgentProcess(BackgroundProcess):
         self.total_dropped_bytes = (self.total_dropped_bytes[0] + dropped[0], self.total_dropped_bytes[1] + dropped[1])
         gaps = [r.get(f"{name}_gap") for name in ("stdout", "stderr")]
         # "newest" (and an older agent) drops the oldest bytes: the gap is before the text
-        self._byte_gaps = tuple(0 if gap is None and n else gap if n else None for gap, n in zip(gaps, dropped))
-        self.gap_at = self._byte_gaps
+        self.gap_at = tuple(0 if gap is None and n else gap if n else None for gap, n in zip(gaps, dropped))
         return unb64(r["stdout"]), unb64(r["stderr"])
 
     async def write_stdin(self, data: bytes | str) -> None:
