@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from envs.sandbox_tools.local_process import LocalProcess
 
 
@@ -23,3 +25,10 @@ async def test_overflow_is_counted_per_read_and_in_total():
         assert proc.total_dropped_bytes == (5003 - 1024, 3000 - 1024)
     finally:
         await proc.kill()
+
+
+async def test_unknown_keep_is_refused_before_anything_starts():
+    from sandboxes.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="keep must be"):
+        await LocalProcess.start(["true"], keep="oldest")

@@ -85,6 +85,8 @@ class LocalProcess(BackgroundProcess):
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
         keep: str = "newest",
     ) -> "LocalProcess":
+        if keep not in ("newest", "head_tail"):  # refused before anything starts, as the agent does
+            raise ConfigError(f"keep must be newest or head_tail, not {keep!r}")
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
