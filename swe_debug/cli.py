@@ -195,7 +195,11 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
     if a["detach"]:
         return 0
     t0 = time.perf_counter()
-    final = hosted.follow(row, poll_interval=1.0, out=io.StringIO() if a["quiet"] else sys.stderr)
+    try:
+        final = hosted.follow(row, poll_interval=1.0, out=io.StringIO() if a["quiet"] else sys.stderr)
+    except UsageError as exc:  # the cluster stopped answering: the run may go on there
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
     rows, meta = load_existing(final.output_dir) if (Path(final.output_dir) / "metadata.json").exists() else ([], {})
     rows = sorted(rows, key=lambda r: r.get("example_id") or 0)
     if rows:

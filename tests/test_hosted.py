@@ -353,6 +353,62 @@ def test_hosted_without_ray_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing recorded or started
 
 
+def test_hosted_timeout_minutes_stops_the_run_keeping_its_groups(tmp_path, cluster):
+    """`--timeout-minutes` bounds a hosted run as it bounds a local one: the job stops
+    itself, keeps the whole groups it finished, deletes its sandboxes, and the run
+    ends `stopped` with the timeout as its error (resumable)."""
+    from test_sandbox_env import wait_gone
+
+    label = uuid.uuid4().hex[:12]
+    labels = {"vf-sandbox.test": "1", "vf-test-case": label}
+    with ModelServer(stall(0.5, bash_files_policy_wrong_on_example_1())).run_in_thread() as srv:
+        p = vf(tmp_path, cluster, *eval_args(
+            "bash-files", srv.base_url, "-n", "40", "-r", "2", "-c", "2", "--allow-sandbox-access", "--follow",
+            "--poll-interval", "0.5", "--timeout-minutes", "0.25", "-a", json.dumps({"labels": labels})))
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "timeout after 0.25 minute(s)" in p.stdout, p.stdout[-3000:]
+    (run,) = runs_json(tmp_path, cluster)
+    assert run["status"] == "stopped" and "timeout" in run["error"], run
+    rows, meta = saved(tmp_path)
+    assert meta["status"] == "stopped" and 2 <= len(rows) < 80, (len(rows), meta.get("status"))
+    assert all(n == 2 for n in Counter(r["example_id"] for r in rows).values())  # whole groups only
+    assert wait_gone(labels) == []
+
+
+def test_follow_outlives_a_vanished_cluster_with_a_clear_error(tmp_path, cluster):
+    """A cluster of its own (one node), killed while `runs logs --follow` streams a
+    detached run from it: the follower says it lost contact, retries for
+    --reconnect-for, then exits 1 saying how to reattach; `runs show` still answers
+    (the row stays `running`: the follower cannot know the run's end)."""
+    from ray_cluster import RayCluster
+
+    own = RayCluster(nodes=1, cpus=(2,))
+    own.start()
+    try:
+        with ModelServer(stall(1.0, compute())).run_in_thread() as srv:
+            p = vf(tmp_path, own, *eval_args("math-single", srv.base_url, "-n", "30", "-r", "1", "-c", "1"))
+            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            (run,) = runs_json(tmp_path, own)
+            e = {**os.environ, "VF_RUNS_DB": str(tmp_path / "runs.db"), "RAY_ADDRESS": own.dashboard_url}
+            follower = subprocess.Popen([*VF, "runs", "logs", run["id"], "--follow", "--poll-interval", "0.5",
+                                         "--reconnect-for", "3"], cwd=tmp_path, env=e, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            deadline = time.time() + 120
+            while cluster_rows(own, run["id"]) < 2:  # the run is generating: the follower is streaming it
+                assert time.time() < deadline and follower.poll() is None, "the hosted run wrote no rows"
+                time.sleep(0.3)
+            own.stop()
+            out, errs = follower.communicate(timeout=60)
+    finally:
+        own.stop()
+    assert follower.returncode == 1, out[-2000:] + errs[-2000:]
+    assert f"lost contact with the Ray cluster at {own.dashboard_url}" in out, out[-2000:]
+    assert "may still be running there" in errs and f"runs logs {run['id']} --follow" in errs, errs[-2000:]
+    assert "Traceback" not in errs
+    show = vf(tmp_path, own, "runs", "show", run["id"], timeout=60)
+    assert show.returncode == 0 and run["id"] in show.stdout, show.stdout + show.stderr
+
+
 def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):
     """Last in the module: the second node's raylet is killed (by pid) while its actor holds
     groups; they go to the head's actor, the run completes, every rollout written once."""
@@ -399,3 +455,4 @@ def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, clust
     rows, meta = saved(tmp_path)
     assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(20)}  # 0 lost, 0 duplicated
     assert meta["status"] == "completed" and not any(r.get("error") for r in rows)
+

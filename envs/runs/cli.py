@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from sandboxes.errors import UsageError
+
 from .registry import END_STATES, is_hosted
 
 if TYPE_CHECKING:
@@ -207,6 +209,8 @@ def logs_cmd(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
     tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
     poll: float = typer.Option(0.3, "--poll-interval", help="Seconds between reads with --follow."),
+    reconnect_for: float = typer.Option(60.0, "--reconnect-for", min=0,
+                                        help="Hosted runs: seconds --follow keeps retrying a cluster that stopped answering."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Print a run's log; with --follow, stream it until the run ends."""
@@ -217,12 +221,16 @@ def logs_cmd(
         from .hosted import follow_log as follow_hosted
 
         rec = _refresh_hosted([rec])[0]
-        if follow or rec.status != "running":
-            follow_hosted(rec, poll_interval=max(poll, 0.5), out=out)
-        else:
-            from .hosted import jobs_client, job_id
+        try:
+            if follow or rec.status != "running":
+                follow_hosted(rec, poll_interval=max(poll, 0.5), out=out, reconnect_for=reconnect_for)
+            else:
+                from .hosted import jobs_client, job_id
 
-            out.write(jobs_client(rec.args["address"]).get_job_logs(job_id(rec)))
+                out.write(jobs_client(rec.args["address"]).get_job_logs(job_id(rec)))
+        except UsageError as exc:  # the cluster is away (or never answered)
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
         return
     for chunk in follow_log(rec.id, follow=follow, tail=tail, poll=poll):
         out.write(chunk)

@@ -15,7 +15,9 @@ run-id label `vf-<run id>` on every node.
   into the row's local output dir and log file.
 - `sync(rec)`: pull a running run's rows, log and progress now (the dashboard).
 - `follow(rec)`: stream the job's log (polling every `poll_interval` s),
-  pull the results as they come, until the job ends; the final row.
+  pull the results as they come, until the job ends; the final row. A
+  cluster that stops answering is retried for `reconnect_for` s (default 60),
+  then `ClusterUnreachable` says how to reattach.
 - `stop(rec)`: stop the Ray job (SIGTERM: the run keeps finished groups and
   its actors delete their sandboxes), then delete any sandbox of the run
   left on any node (a short cleanup job: a task per alive node), pull.
@@ -46,6 +48,12 @@ RESULTS_SUBDIR = "vf-sandbox"
 RESULT_FILES = ("results.jsonl", "metadata.json")
 CLEANUP_ENTRYPOINT = "python -m envs.runs.hosted_cleanup"
 ENDING_POLL = 0.1  # s between status polls once the job has printed its last line
+RECONNECT_FOR = 60.0  # s a follower keeps retrying a cluster that stopped answering before it gives up
+
+
+class ClusterUnreachable(UsageError):
+    """The cluster stopped answering a follower for longer than it waits; the run
+    itself may still be running there."""
 
 
 def address_of(rec: RunRecord) -> str:
@@ -214,17 +222,38 @@ def refresh_all(recs: list[RunRecord]) -> list[RunRecord]:
 
 
 def follow(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = None,
-           pull_every: float = 5.0) -> RunRecord:
+           pull_every: float = 5.0, reconnect_for: float = RECONNECT_FOR) -> RunRecord:
     """Stream the run's job log to `out` until the job ends, pulling results as
-    they come; returns the final row."""
+    they come; returns the final row. A cluster that stops answering (head
+    restarting, network) is retried for `reconnect_for` s, said once on `out`;
+    then ClusterUnreachable (the row stays `running`: the run may go on)."""
     out = out or sys.stdout
     client = jobs_client(address_of(rec))
     jid = job_id(rec)
     shown = 0
     last_pull = 0.0
+    lost_since: float | None = None
     while True:
-        state = _status_name(client.get_job_status(jid))
-        text = client.get_job_logs(jid)
+        try:
+            state = _status_name(client.get_job_status(jid))
+            text = client.get_job_logs(jid)
+        except Exception as exc:  # noqa: BLE001 - requests' errors, Ray's RuntimeError for HTTP errors
+            now = time.monotonic()
+            if lost_since is None:
+                lost_since = now
+                out.write(f"[vf-sandbox] lost contact with the Ray cluster at {address_of(rec)} ({_short(exc)}); "
+                          f"retrying for up to {reconnect_for:g} s\n")
+                out.flush()
+            elif now - lost_since >= reconnect_for:
+                raise ClusterUnreachable(
+                    f"lost contact with the Ray cluster at {address_of(rec)} for {reconnect_for:g} s "
+                    f"({_short(exc)}); run {rec.id} may still be running there: reattach with "
+                    f"`vf-sandbox runs logs {rec.id} --follow`, or `vf-sandbox runs show {rec.id}`") from None
+            time.sleep(min(max(poll_interval, 0.5), 5.0))
+            continue
+        if lost_since is not None:
+            lost_since = None
+            out.write(f"[vf-sandbox] reconnected to {address_of(rec)}\n")
         if len(text) > shown:
             out.write(text[shown:])
             out.flush()
@@ -243,12 +272,19 @@ def follow(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = Non
     return refresh(registry.get_run(rec.id) or rec, client)
 
 
-def follow_log(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = None) -> RunRecord:
+def _short(exc: BaseException) -> str:
+    """An error's first line, bounded (requests' connection errors run to hundreds of characters)."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+def follow_log(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = None,
+               reconnect_for: float = RECONNECT_FOR) -> RunRecord:
     """`vf-sandbox runs logs ID` of a hosted run: print (and with follow, stream) its
     job log; an ended run whose cluster is gone prints the pulled copy."""
     out = out or sys.stdout
     if rec.status == "running":
-        return follow(rec, poll_interval, out)
+        return follow(rec, poll_interval, out, reconnect_for=reconnect_for)
     path = Path(rec.log_path)
     if path.exists() and path.stat().st_size:
         out.write(path.read_text(errors="replace"))
