@@ -144,7 +144,7 @@ def table(r: dict) -> str:
     add("PythonEnv cell `1+1` p50 (ms)", r["python"]["python_cell_p50_ms"], ".2f")
     if "swe" in r:
         add(f"SWE {IDNA} gold run total (s)", r["swe"]["swe_total_s"], ".2f")
-        add(f"  of which the test run (s)", r["swe"]["swe_tests_s"], ".2f")
+        add("  of which the test run (s)", r["swe"]["swe_tests_s"], ".2f")
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(f"load average at start / end: {r['load_start']} / {r['load_end']} (2 cores, shared with other jobs)")

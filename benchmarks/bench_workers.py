@@ -111,7 +111,7 @@ def main() -> None:
     print(f"\n{n} single-turn rollouts (math-single), -c {a.concurrency}, {os.cpu_count()} cores, instant local model server; "
           f"medians of {a.repeats} interleaved runs each")
     print(f"{'variant':<22}{'wall s':>9}{'rollouts/s':>12}{'gen span s':>12}{'gen rollouts/s':>16}{'avg reward':>12}")
-    for name, r in ((f"-w 1 (baseline)", one), (f"-w {a.workers}", many)):
+    for name, r in (("-w 1 (baseline)", one), (f"-w {a.workers}", many)):
         print(f"{name:<22}{r['wall']:>9.2f}{r['rollouts'] / r['wall']:>12.0f}{r['span']:>12.2f}"
               f"{r['rollouts'] / r['span']:>16.0f}{r['reward']:>12.3f}")
     print(f"\n-w {a.workers} vs -w 1: {one['wall'] / many['wall']:.2f}x wall (incl. worker start-up), "

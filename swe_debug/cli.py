@@ -183,11 +183,11 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
     from envs.eval.hosted import submit
     from envs.eval.writer import load_existing
     from envs.runs import hosted
-    from sandboxes import ConfigError, UsageError
+    from sandboxes.errors import Error
 
     try:
         row = submit(cfg, {})
-    except (UsageError, ConfigError) as exc:
+    except Error as exc:  # a bad definition, or the cluster does not answer
         console.print(f"[red]error:[/] {exc}")
         return 2
     console.print(f"run {row.id}: submitted to {row.args.get('address')} as Ray job {hosted.job_id(row)} "
@@ -197,7 +197,7 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
     t0 = time.perf_counter()
     try:
         final = hosted.follow(row, poll_interval=1.0, out=io.StringIO() if a["quiet"] else sys.stderr)
-    except UsageError as exc:  # the cluster stopped answering: the run may go on there
+    except Error as exc:  # the cluster stopped answering: the run may go on there
         console.print(f"[red]error:[/] {exc}", highlight=False)
         return 2
     rows, meta = load_existing(final.output_dir) if (Path(final.output_dir) / "metadata.json").exists() else ([], {})
@@ -324,7 +324,10 @@ def _print_table(console: Any, rows: list[dict[str, Any]], elapsed: float, run_d
 
 
 def main() -> None:
-    app()
+    from envs.cli.errors import exit_on_error
+
+    with exit_on_error():
+        app()
 
 
 if __name__ == "__main__":

@@ -407,6 +407,11 @@ def test_follow_outlives_a_vanished_cluster_with_a_clear_error(tmp_path, cluster
     assert "Traceback" not in errs
     show = vf(tmp_path, own, "runs", "show", run["id"], timeout=60)
     assert show.returncode == 0 and run["id"] in show.stdout, show.stdout + show.stderr
+    for cmd in (("runs", "stop", run["id"]), ("runs", "pull", run["id"])):  # one line saying why, no traceback
+        p = vf(tmp_path, own, *cmd, timeout=120)
+        assert p.returncode == 1 and f"error: cannot reach the Ray cluster at {own.dashboard_url}" in p.stderr, \
+            (cmd, p.stdout[-1000:], p.stderr[-2000:])
+        assert "Traceback" not in p.stderr
 
 
 def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, cluster):

@@ -40,7 +40,10 @@ for _module, _attr, _name in _MOUNTS:
 
 
 def main() -> None:
-    app()
+    from .errors import exit_on_error
+
+    with exit_on_error():
+        app()
 
 
 if __name__ == "__main__":

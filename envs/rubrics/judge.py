@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..parsers import Parser
 from ..types import Messages, State
-from ..utils import extract_boxed_answer
 from .rubric import Rubric
 
 DEFAULT_JUDGE_PROMPT = """Given a ground truth answer and a response, determine if the response is correct.

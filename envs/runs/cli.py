@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from sandboxes.errors import UsageError
-
 from .registry import END_STATES, is_hosted
 
 if TYPE_CHECKING:
@@ -221,16 +219,12 @@ def logs_cmd(
         from .hosted import follow_log as follow_hosted
 
         rec = _refresh_hosted([rec])[0]
-        try:
-            if follow or rec.status != "running":
-                follow_hosted(rec, poll_interval=max(poll, 0.5), out=out, reconnect_for=reconnect_for)
-            else:
-                from .hosted import jobs_client, job_id
+        if follow or rec.status != "running":
+            follow_hosted(rec, poll_interval=max(poll, 0.5), out=out, reconnect_for=reconnect_for)
+        else:
+            from .hosted import jobs_client, job_id
 
-                out.write(jobs_client(rec.args["address"]).get_job_logs(job_id(rec)))
-        except UsageError as exc:  # the cluster is away (or never answered)
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            out.write(jobs_client(rec.args["address"]).get_job_logs(job_id(rec)))
         return
     for chunk in follow_log(rec.id, follow=follow, tail=tail, poll=poll):
         out.write(chunk)

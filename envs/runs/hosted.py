@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from sandboxes.errors import UsageError
+from sandboxes.errors import BackendUnavailable, UsageError
 
 from . import registry
 from .registry import RunRecord
@@ -51,9 +51,9 @@ ENDING_POLL = 0.1  # s between status polls once the job has printed its last li
 RECONNECT_FOR = 60.0  # s a follower keeps retrying a cluster that stopped answering before it gives up
 
 
-class ClusterUnreachable(UsageError):
-    """The cluster stopped answering a follower for longer than it waits; the run
-    itself may still be running there."""
+class ClusterUnreachable(BackendUnavailable):
+    """The Ray cluster does not answer (or stopped answering a follower for longer
+    than it waits); a run there may still be running."""
 
 
 def address_of(rec: RunRecord) -> str:
@@ -80,7 +80,7 @@ def jobs_client(address: str) -> Any:
     try:
         return JobSubmissionClient(address)
     except (ConnectionError, RuntimeError, OSError) as exc:
-        raise UsageError(f"cannot reach the Ray cluster at {address} ({exc}); is it running? "
+        raise ClusterUnreachable(f"cannot reach the Ray cluster at {address} ({exc}); is it running? "
                          "(--address / RAY_ADDRESS is the dashboard's http://HOST:8265)") from None
 
 

@@ -7,7 +7,6 @@ form reaches the model through the state's interception endpoint
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 from collections.abc import Mapping

@@ -82,7 +82,7 @@ class MCPTool:
     async def _own(self, ready: "asyncio.Future[None]") -> None:
         try:
             from mcp import StdioServerParameters
-        except ImportError as exc:
+        except ImportError:
             ready.set_exception(ConfigError("MCPTool needs the `mcp` package: install vf-sandbox[mcp]"))
             return
         params = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
