@@ -27,10 +27,20 @@ import time
 from pathlib import Path
 
 RAY = str(Path(sys.executable).parent / "ray")
+NODE_MARK = "VF_TEST_RAY_NODE"  # in the environment of every process of a node: its temp dir
 
 
 class RayStartError(RuntimeError):
     """`ray start` failed (the output is in the message)."""
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
 def _free(port: int) -> bool:
@@ -74,7 +84,7 @@ class RayCluster:
         try:
             self._run([RAY, "start", "--head", f"--port={self.base}", "--node-ip-address=127.0.0.1",
                        f"--dashboard-port={self.base + 1}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                       f"--ray-client-server-port={self.base + 2}", *self._node_args(0)])
+                       f"--ray-client-server-port={self.base + 2}", *self._node_args(0)], node=0)
             for i in range(1, self.n):
                 self._start_worker_node(i)
             if self.n > 1:
@@ -92,7 +102,7 @@ class RayCluster:
         errors: list[str] = []
         for _ in range(attempts):
             try:
-                self._run([RAY, "start", f"--address={self.gcs}", "--node-ip-address=127.0.0.1", *self._node_args(i)])
+                self._run([RAY, "start", f"--address={self.gcs}", "--node-ip-address=127.0.0.1", *self._node_args(i)], node=i)
             except RayStartError as exc:
                 errors.append(str(exc))
             try:
@@ -111,8 +121,11 @@ class RayCluster:
             except ProcessLookupError:
                 pass
 
-    def _run(self, argv: list[str]) -> None:
-        p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
+    def _run(self, argv: list[str], node: int) -> None:
+        # every process of node i inherits this marker (Ray's renamed processes and the dashboard's
+        # forkserver children show no temp dir in their command line): how pids() finds them all
+        env = {**self.env, NODE_MARK: str(self.root / f"n{node}")}
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
         if p.returncode != 0:
             raise RayStartError(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
 
@@ -159,21 +172,33 @@ class RayCluster:
 
     # -- processes, by pid
     def pids(self, node: int | None = None) -> list[int]:
-        """Pids of this cluster's processes (of one node when given)."""
-        marks = [str(self.root / f"n{node}")] if node is not None else [str(self.root)]
-        out = []
+        """Pids of this cluster's processes (of one node when given): those with the node's
+        marker in their environment, temp dir in their command line or working directory;
+        the agents of their raylets (RAY_RAYLET_PID); and all their descendants (the
+        dashboard's forkserver children carry none of these marks)."""
+        root = str(self.root / f"n{node}") if node is not None else str(self.root)
+        mark = f"{NODE_MARK}={root}".encode()
+        procs: dict[int, tuple[int, str, list[bytes]]] = {}
         for d in Path("/proc").iterdir():
             if not d.name.isdigit() or int(d.name) == os.getpid():
                 continue
             try:
+                stat = (d / "stat").read_text()
+                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                cwd = os.readlink(d / "cwd") if node is None else ""
-                envb = (d / "environ").read_bytes().decode(errors="replace") if node is None else ""
-            except OSError:
+                cwd = os.readlink(d / "cwd")
+                env = (d / "environ").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
                 continue
-            if any(m in cmd or cwd.startswith(m) or m in envb for m in marks):
-                out.append(int(d.name))
-        return out
+            procs[int(d.name)] = (ppid, cmd if root not in cwd else root, env)
+        ours = {pid for pid, (_, cmd, env) in procs.items() if root in cmd or any(v.startswith(mark) for v in env)}
+        raylets = {f"RAY_RAYLET_PID={pid}".encode() for pid in ours if "raylet" in procs[pid][1]}
+        ours |= {pid for pid, (_, _, env) in procs.items() if raylets.intersection(env)}
+        while True:  # descendants
+            more = {pid for pid, (ppid, _, _) in procs.items() if ppid in ours} - ours
+            if not more:
+                return sorted(ours)
+            ours |= more
 
     def raylet_pid(self, node: int) -> int:
         for pid in self.pids(node):
@@ -191,17 +216,19 @@ class RayCluster:
         return pid
 
     def stop(self) -> None:
+        seen: set[int] = set()  # found before any is killed: orphans lose the parent that links them to us
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
+            seen |= set(self.pids())
+            pids = [p for p in seen if _alive(p)]
             for pid in pids:
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
             deadline = time.time() + wait
-            while time.time() < deadline and self.pids():
+            while time.time() < deadline and any(_alive(p) for p in seen):
                 time.sleep(0.2)
-            if not self.pids():
+            if not any(_alive(p) for p in seen) and not self.pids():
                 break
         shutil.rmtree(self.root, ignore_errors=True)
 
