@@ -100,6 +100,8 @@ def run_eval(base_url: str, out: Path, n: int, r: int, c: int, *extra: str, gate
         raise SystemExit(f"eval {' '.join(extra)} failed:\n{''.join(lines)[-4000:]}")
     (res,) = sorted(out.glob("evals/*/*/results.jsonl"), key=lambda x: x.stat().st_mtime)[-1:]
     rows = [json.loads(line) for line in res.read_text().splitlines() if line.strip()]
+    if len(rows) != n * r:  # e.g. a dataset smaller than -n: the figures would be for another run size
+        raise SystemExit(f"eval {' '.join(extra)} wrote {len(rows)} rows, not {n} x {r}")
     ends = [row["timing"]["start_time"] + row["timing"]["total"] for row in rows]
     first_start = min(row["timing"]["start_time"] for row in rows)
     out = {"wall": wall, "rollouts": len(rows), "first_row": min(ends) - t0, "span": max(ends) - first_start,
@@ -192,8 +194,10 @@ def main() -> None:
                 runs[names[2]].append(run_eval(base_url, base / f"hosted2-{i}", n, r, c, *hosted, "-w", "2"))
                 for w in ("1", "2"):
                     gate.clear()
+                    # math-single has 100 eval examples unless told otherwise: -n alone would run 1000 rollouts
                     scale[f"-w {w}"].append(run_eval(gated_url, base / f"scale{w}-{i}", a.scale_examples, 10, c,
-                                                     *hosted, "-w", w, gate=gate))
+                                                     *hosted, "-w", w, "-a", json.dumps({"num_eval": a.scale_examples}),
+                                                     gate=gate))
     finally:
         gate.set()
         gated_server.__exit__(None, None, None)
