@@ -68,6 +68,10 @@ class EnvGroup(Environment):
         used = sorted({i for i in (env.isolation_in_use() for env in self.envs) if i})
         return ",".join(used) or None
 
+    def rollout_isolation_in_use(self) -> str | None:
+        used = sorted({i for i in (env.rollout_isolation_in_use() for env in self.envs) if i})
+        return ",".join(used) or None
+
     def set_retry_policy(self, policy: Any) -> None:
         super().set_retry_policy(policy)
         for env in self.envs:

@@ -318,6 +318,11 @@ class Environment(ABC):
         None for an env without sandboxes that was never given one."""
         return getattr(self, "sandbox_isolation", None)
 
+    def rollout_isolation_in_use(self) -> str | None:
+        """What one rollout's sandbox is ("container", "namespace"; recorded in
+        metadata.json); None for an env without sandboxes."""
+        return None
+
     def set_max_workers(self, max_workers: int) -> None:
         """Refused: `max_workers` only sizes the thread pool before a run; the run's
         concurrency (-c, `set_concurrency`) sizes it from then on, so it would be ignored."""

@@ -40,7 +40,7 @@ class ResultsWriter:
         self.run_dir = Path(run_dir)
         self.fsync = fsync
         self.fsync_interval = fsync_interval  # seconds between fsyncs of results.jsonl (0 = every group)
-        self._synced_at = 0.0
+        self._synced_at = float("-inf")  # never: the first group is synced (monotonic time starts near boot)
         self._unsynced = False
         self._fh: Any = None
         self.rows_written = 0

@@ -22,9 +22,18 @@ Differences from the reference (its known weaknesses, fixed):
 * a sandbox that dies mid-rollout raises an `InfraError` out of the tool call
   (cause chain kept), so `--max-retries` re-runs the rollout on a fresh sandbox.
 
+A cell per rollout by default: `rollout_isolation="auto"` gives each rollout a
+cell (`"namespace"`: private overlay, PID/IPC/UTS/network namespaces and
+cgroup limits inside a pooled host container, made in milliseconds, no
+capability left to the rollout; see `sandboxes.cells`) where the backend
+offers cells for the env's spec (Docker under runc, no network, no GPUs,
+python3 in the image), else a container per rollout; `"container"` or
+`"namespace"` choose one. Specs a subclass returns per example
+(`get_sandbox_spec`) are containers under "auto".
+
 Warm pool by default: `pool_size=None` (the default) keeps
 `min(concurrency, max_default_pool_size)` ready sandboxes of the env's spec
-(three times that with `rollout_isolation="namespace"`: cells are cheap) once the
+(three times that for cells: they are cheap) once the
 concurrency is known (`set_concurrency`, which the eval runner
 calls, or `generate(max_concurrent=N)`), so creation is off the rollout's
 path; a released sandbox is deleted, never reused. `pool_size=0` opts out
@@ -64,6 +73,7 @@ from sandboxes import (
     SandboxBackend,
     SandboxNotRunning,
     SandboxSpec,
+    SupportsCells,
     get_backend,
     is_infra_error,
 )
@@ -76,6 +86,10 @@ from .tool_env import StatefulToolEnv
 from .types import Messages, State
 
 log = logging.getLogger("envs.sandbox")
+
+ROLLOUT_ISOLATIONS = ("auto", "container", "namespace")
+"""SandboxEnv's `rollout_isolation`: "auto" (the default) = a cell per rollout where the
+backend offers cells for the env's spec (`SupportsCells`), else a container per rollout."""
 
 # knobs of the reference's HTTP sandbox client; accepted for compatibility, unused here
 _REFERENCE_ONLY = (
@@ -145,7 +159,7 @@ class SandboxEnv(StatefulToolEnv):
         workdir: str | None = None,
         network: bool = False,
         isolation: str = "runc",
-        rollout_isolation: str = "container",
+        rollout_isolation: str = "auto",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
@@ -153,6 +167,8 @@ class SandboxEnv(StatefulToolEnv):
         for name in _REFERENCE_ONLY:
             kwargs.pop(name, None)
         operation_retry = _operation_retry(kwargs)
+        if rollout_isolation not in ROLLOUT_ISOLATIONS:
+            raise ConfigError(f"rollout_isolation must be one of {', '.join(ROLLOUT_ISOLATIONS)}, got {rollout_isolation!r}")
         super().__init__(tools=[], stop_errors=stop_errors, **kwargs)
         spec_fields: dict[str, Any] = dict(
             name=sandbox_name,
@@ -168,8 +184,11 @@ class SandboxEnv(StatefulToolEnv):
             labels=labels if labels is not None else {sandbox_name: "true"},
             network=network,
             isolation=isolation,
-            rollout_isolation=rollout_isolation,
+            rollout_isolation="container" if rollout_isolation == "auto" else rollout_isolation,
         )
+        self.rollout_isolation = rollout_isolation
+        self._cells_auto: bool | None = None  # "auto" decided (by the backend, for the env's own spec)
+        self._decide_lock: asyncio.Lock | None = None
         if workdir:
             spec_fields["workdir"] = workdir
         try:
@@ -287,6 +306,13 @@ class SandboxEnv(StatefulToolEnv):
 
     def set_sandbox_settings(self, **settings: Any) -> None:
         """Change sandbox settings by their constructor names (validated like the constructor)."""
+        mode = settings.get("rollout_isolation", self.rollout_isolation)
+        if mode not in ROLLOUT_ISOLATIONS:
+            raise ConfigError(f"rollout_isolation must be one of {', '.join(ROLLOUT_ISOLATIONS)}, got {mode!r}")
+        if "rollout_isolation" in settings and mode != self.rollout_isolation and self._cells_auto is not None:
+            raise ConfigError("cannot change rollout_isolation after the first sandbox was made")
+        if mode == "auto" and "rollout_isolation" in settings:
+            settings = {**settings, "rollout_isolation": "container"}  # the spec's until "auto" is decided
         fields = {self._SPEC_SETTINGS[k]: v for k, v in settings.items()}
         try:
             spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
@@ -295,6 +321,7 @@ class SandboxEnv(StatefulToolEnv):
         if spec != self.sandbox_spec and self._pool is not None:  # its sandboxes were made from the old spec
             raise ConfigError(f"cannot change sandbox settings {sorted(settings)} after the warm pool was started")
         self.sandbox_spec = spec
+        self.rollout_isolation = mode
 
     def set_isolation(self, isolation: str) -> None:
         """Run this env's sandboxes under `isolation` ("runc" or "gvisor"): -x isolation=gvisor,
@@ -304,6 +331,31 @@ class SandboxEnv(StatefulToolEnv):
 
     def isolation_in_use(self) -> str | None:
         return self.sandbox_spec.isolation
+
+    def rollout_isolation_in_use(self) -> str | None:
+        """What one rollout's sandbox is ("container" or "namespace"; "auto" until the
+        first sandbox decided it), recorded in metadata.json."""
+        if self.rollout_isolation != "auto" or self._cells_auto is None:
+            return self.rollout_isolation
+        return "namespace" if self._cells_auto else "container"
+
+    async def _rollout_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        """The env's own spec (after `resolve_spec`) with `rollout_isolation="auto"`
+        decided: cells when the backend offers them for it (`SupportsCells`: Docker under
+        runc, no network, no GPUs, python3 in the image), else a container per rollout.
+        Decided once per env; specs a subclass returns per example are containers."""
+        if self.rollout_isolation != "auto":
+            return spec
+        if self._cells_auto is None:
+            if self._decide_lock is None:
+                self._decide_lock = asyncio.Lock()
+            async with self._decide_lock:
+                if self._cells_auto is None:
+                    backend = self.backend
+                    self._cells_auto = isinstance(backend, SupportsCells) and await backend.cells_available(spec)
+                    log.info("rollout_isolation='auto': %s", "a cell per rollout (namespace)" if self._cells_auto
+                             else "a container per rollout")
+        return spec.model_copy(update={"rollout_isolation": "namespace"}) if self._cells_auto else spec
 
     def set_timeout_per_command_seconds(self, seconds: float) -> None:
         try:
@@ -366,7 +418,7 @@ class SandboxEnv(StatefulToolEnv):
             return self.pool_size
         if not self._concurrency_known:
             return 0
-        if self.sandbox_spec.rollout_isolation == "namespace":
+        if self.rollout_isolation_in_use() == "namespace":
             # a cell costs ~10 ms of CPU and a few MB idle: keep three per running rollout, so
             # a wave of rollouts ending at once never waits for cells being made (measured:
             # two still left 2-19 % of rollout time waiting at -c 16 on 2 cores, three 0 %)
@@ -413,7 +465,7 @@ class SandboxEnv(StatefulToolEnv):
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
-                resolved = await self.resolve_spec(spec)
+                resolved = await self._rollout_spec(await self.resolve_spec(spec))
                 size = self.effective_pool_size
                 self._pool = SandboxPool(resolved, size, backend=self.backend, create_concurrency=max(4, size))
                 await self._pool.start()
@@ -424,7 +476,10 @@ class SandboxEnv(StatefulToolEnv):
         state = await super().setup_state(state) or state
         spec = self.get_sandbox_spec(state)
         if not self._pooled(spec):
+            own = spec == self.sandbox_spec
             spec = await self.resolve_spec(spec)
+            if own:
+                spec = await self._rollout_spec(spec)
         t0 = time.monotonic()
         sandbox, pooled = await self._acquire(spec, state)
         state["sandbox_ready_wait_time"] = time.monotonic() - t0

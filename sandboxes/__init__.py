@@ -20,7 +20,7 @@ from .errors import (
     find_infra_error,
     is_infra_error,
 )
-from .interface import BackgroundProcess, Command, Sandbox, SandboxBackend
+from .interface import BackgroundProcess, Command, Sandbox, SandboxBackend, SupportsCells
 from .pool import SandboxPool
 from .registry import backend_names, get_backend, register_backend
 from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo

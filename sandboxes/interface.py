@@ -276,6 +276,27 @@ class SupportsOrphanReap(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsCells(Protocol):
+    """Optional backend capability: sandboxes as *cells* (`rollout_isolation="namespace"`,
+    see `sandboxes.cells`) — private overlay, namespaces and cgroup limits inside a
+    pooled host sandbox, made in milliseconds.
+
+    `rollout_isolation="auto"` (SandboxEnv's default) asks it once per env whether
+    the env's own spec can be a cell here; backends without it get a container
+    (pod) per sandbox.
+    """
+
+    async def cells_available(self, spec: SandboxSpec) -> bool:
+        """True when sandboxes of `spec` can be cells on this substrate, proven by
+        opening one (which starts the spec's cell host: the first rollouts need it
+        anyway). False, with the reason logged, for what a cell cannot give (network,
+        GPUs, a kernel boundary other than runc), an engine whose cgroups cannot be
+        divided, or an image without python3 for the cell agent. Raises InfraError
+        when the substrate itself fails (never read as "no cells")."""
+        ...
+
+
 # ---------------------------------------------------------------- image builds
 # (Capabilities callers test for with `isinstance(backend, SupportsImageBuild)`;
 # request/result models live in sandboxes/images.py.)

@@ -219,7 +219,7 @@ def test_sigkill_mid_eval_then_reap_and_resume(tmp_path, case):
         return solver(req)
 
     args = ["bash-files", "-n", "10", "-r", "1", "-c", "8", "-s", "-a",
-            json.dumps({"labels": case.labels, "pool_size": 0})]
+            json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"})]
     with ModelServer(slow_after_first).run_in_thread() as srv:
         cmd = eval_cmd(tmp_path, srv.base_url, *args)
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.DEVNULL,
@@ -891,7 +891,7 @@ def test_engine_restart_mid_run(tmp_path, case, own_engine):
         # the image loaded into the suite's engine by name (python:3.11-slim would rebuild its recipe chain there)
         cmd = eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "6", "-r", "1", "-c", "3", "-s", "--max-retries", "3",
                        "-a", json.dumps({"labels": case.labels, "pool_size": 0, "docker_image": "vf-sandbox/python:3.11",
-                                         "timeout_minutes": 0.5}))
+                                         "timeout_minutes": 0.5, "rollout_isolation": "container"}))
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.time() + 240

@@ -145,18 +145,22 @@ async def test_backend_without_derived_images_keeps_the_image_and_installs_at_bo
     await env.teardown()
 
 
-async def test_sandbox_killed_mid_rollout_is_retried():
+@pytest.mark.parametrize("mode", ["container", "auto"])
+async def test_sandbox_killed_mid_rollout_is_retried(mode):
+    """Its container (with a cell: the cell host) killed under the REPL: retried on a fresh one."""
     import docker
 
+    from test_sandbox_env import container_of
+
     labels = unique_labels()
-    env = py_env(labels)
+    env = py_env(labels, rollout_isolation=mode)
     killed: list[str] = []
 
     def second(req: PolicyRequest) -> dict:
         if not killed:
             client = docker.from_env()
             for cid in list(env.active_sandboxes):
-                client.containers.get(cid).kill()
+                client.containers.get(container_of(cid)).kill()
                 killed.append(cid)
             client.close()
         return {"code": "total"}

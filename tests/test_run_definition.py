@@ -28,7 +28,7 @@ from envs.testing.model_server import ModelServer, stall
 from sandboxes import get_backend
 from sandboxes.errors import ConfigError
 from sandboxes.labels import MANAGED, RUN_ID
-from test_sandbox_env import containers_with, wait_gone
+from test_sandbox_env import container_of, containers_with, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 ENVS = REPO / "environments"
@@ -201,7 +201,8 @@ def test_toml_backends_recorded_and_from_run_reproduces(tmp_path):
             (row,) = [json.loads(x) for x in (Path(rec.output_dir) / "results.jsonl").read_text().splitlines()]
             assert row["reward"] == 1.0
             # local ids are "<name>-<hex10>", Docker's are 64-hex container ids
-            assert (len(row["sandbox_id"]) == 64) == (backend == "docker"), row["sandbox_id"]
+            # a Docker container id (a cell's: its host container's), not a local sandbox's
+            assert (len(container_of(row["sandbox_id"])) == 64) == (backend == "docker"), row["sandbox_id"]
             assert f"vf-sandbox runs show {rec.id}" in res.stdout
         # run it again from the record alone
         again = vf_cli(tmp_path, "eval", "--from-run", runs["on-local"].id, "-d")
@@ -250,26 +251,30 @@ def test_runs_stop_cleans_up_on_the_recorded_backend(tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("sig,workers", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
-def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig, workers):
+@pytest.mark.parametrize("sig,workers,mode", [(signal.SIGINT, 1, "auto"), (signal.SIGTERM, 1, "container"),
+                                              (signal.SIGTERM, 2, "auto")])
+def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig, workers, mode):
     """SIGINT / SIGTERM at -c 8 mid-run of a SandboxEnv eval (in one process, and with two
-    worker processes): in-flight rollouts are cancelled, finished groups are saved,
-    every sandbox is deleted, status `stopped`."""
+    worker processes; a cell per rollout, the default here, and a container per rollout):
+    in-flight rollouts are cancelled, finished groups are saved, every sandbox is deleted,
+    status `stopped`."""
     label = uuid.uuid4().hex[:12]
     from envs.testing.model_server import PolicyRequest
 
     solver = bash_files_policy()
+    hanging: list[int] = []  # rollouts in their model call, each holding its sandbox
 
     async def slow_after_first(req: PolicyRequest):
         # the first examples finish quickly, the rest hang in a model call with their sandbox alive
         if int(req.headers.get("X-Session-ID", "0")) >= 2:  # the eval sends example_id there by default
+            hanging.append(1)
             await asyncio.sleep(600)
         return solver(req)
 
     with ModelServer(slow_after_first).run_in_thread() as srv:
         path = write_toml(tmp_path, srv.base_url, [
             {"env_id": "bash-files", "num_examples": 12, "rollouts_per_example": 1, "max_concurrent": 8,
-             "env_args": {"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}},
+             "env_args": {"labels": {"vf-sandbox.test": "1", "vf-test-case": label}, "rollout_isolation": mode}},
         ])
         proc = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "eval", str(path), "-d", "-w", str(workers)],
                                 cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -280,8 +285,8 @@ def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig, workers)
             while time.time() < deadline:
                 runs = registry.list_runs(path=tmp_path / "runs.db")
                 saved = list((tmp_path / "outputs").glob("evals/*/*/results.jsonl"))
-                if (runs and saved and len(saved[0].read_text().splitlines()) >= 2
-                        and len(containers_with({"vf-test-case": label})) >= 6):
+                if (runs and saved and len(saved[0].read_text().splitlines()) >= 2 and len(hanging) >= 6
+                        and len(containers_with({"vf-test-case": label})) >= (6 if mode == "container" else 1)):
                     rec = runs[0]
                     break
                 time.sleep(0.2)

@@ -174,13 +174,22 @@ async def test_exception_in_rollout_leaves_no_sandbox():
     assert env.active_sandboxes == set()
 
 
-async def test_container_killed_mid_rollout_is_retried_on_fresh_sandbox():
-    """The model's second call hits a dead container: InfraError out of the tool call,
-    the rollout re-runs on a new sandbox, the result is recorded once with attempts=2."""
+def container_of(sandbox_id: str) -> str:
+    """The container a sandbox runs in (a cell's is its host's)."""
+    from sandboxes.cells import CELL_MARK
+
+    return sandbox_id.split(CELL_MARK)[0]
+
+
+@pytest.mark.parametrize("mode", ["container", "auto"])
+async def test_container_killed_mid_rollout_is_retried_on_fresh_sandbox(mode):
+    """The model's second call hits a dead container (with cells: the cell host, and so
+    the cell): InfraError out of the tool call, the rollout re-runs on a new sandbox, the
+    result is recorded once with attempts=2."""
     import docker
 
     labels = unique_labels()
-    env = bash_env(labels, timeout_per_command_seconds=10)
+    env = bash_env(labels, timeout_per_command_seconds=10, rollout_isolation=mode)
     killed: list[str] = []
     seen_ids: list[str] = []
 
@@ -189,7 +198,7 @@ async def test_container_killed_mid_rollout_is_retried_on_fresh_sandbox():
         if not killed:
             client = docker.from_env()
             for cid in list(env.active_sandboxes):
-                client.containers.get(cid).kill()
+                client.containers.get(container_of(cid)).kill()
                 killed.append(cid)
             client.close()
         return {"command": "cat /tmp/marker"}
@@ -205,16 +214,17 @@ async def test_container_killed_mid_rollout_is_retried_on_fresh_sandbox():
     assert wait_gone(labels) == []
 
 
-async def test_killed_container_without_retries_records_infra_error():
+@pytest.mark.parametrize("mode", ["container", "auto"])
+async def test_killed_container_without_retries_records_infra_error(mode):
     import docker
 
     labels = unique_labels()
-    env = bash_env(labels)
+    env = bash_env(labels, rollout_isolation=mode)
 
     def kill_then(req: PolicyRequest) -> dict:
         client = docker.from_env()
         for cid in list(env.active_sandboxes):
-            client.containers.get(cid).kill()
+            client.containers.get(container_of(cid)).kill()
         client.close()
         return {"command": "echo unreachable"}
 
@@ -240,15 +250,36 @@ async def test_warm_pool_serves_rollouts_and_leaves_nothing():
 SIGNAL_ENV = '''
 import envs as vf
 
-def load_environment(label: str = ""):
+def load_environment(label: str = "", rollout_isolation: str = "auto"):
     return vf.SandboxEnv(dataset=[{"question": f"q{i}", "answer": "a"} for i in range(4)],
-                         labels={"vf-sandbox.test": "1", "vf-test-case": label}, max_turns=5)
+                         labels={"vf-sandbox.test": "1", "vf-test-case": label}, max_turns=5,
+                         rollout_isolation=rollout_isolation)
 '''
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_no_sandbox_left_after_signal(tmp_path, sig):
-    """`vf-sandbox eval` interrupted while rollouts hold sandboxes: all of them are removed."""
+def processes_in(labels: dict[str, str], command: str) -> int:
+    """Processes running exactly `command` in the containers carrying `labels` (a cell's
+    processes are its host container's)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        n = 0
+        for c in client.api.containers(filters={"label": [f"{k}={v}" for k, v in labels.items()]}):
+            try:
+                top = client.api.top(c["Id"], ps_args="-eo pid,args")
+            except docker.errors.APIError:  # gone meanwhile
+                continue
+            n += sum(1 for p in top.get("Processes") or [] if p and p[-1] == command)
+        return n
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("sig,mode", [(signal.SIGINT, "auto"), (signal.SIGTERM, "auto"), (signal.SIGTERM, "container")])
+def test_no_sandbox_left_after_signal(tmp_path, sig, mode):
+    """`vf-sandbox eval` interrupted while rollouts run commands in their sandboxes (cells,
+    the default here, or containers): all of them are removed."""
     label = uuid.uuid4().hex[:12]
     labels = {"vf-test-case": label}
     pkg = tmp_path / "environments" / "sig_env"
@@ -260,16 +291,15 @@ def test_no_sandbox_left_after_signal(tmp_path, sig):
     with ModelServer(policy).run_in_thread() as srv:
         cmd = [sys.executable, "-m", "envs.cli.app", "eval", "sig-env", "-p", str(tmp_path / "environments"),
                "-e", str(tmp_path / "no-endpoints.toml"), "-k", "VF_SIG_KEY", "-m", "test-model", "-b", srv.base_url,
-               "-n", "4", "-r", "1", "-c", "4", "-d", "-a", json.dumps({"label": label})]
+               "-n", "4", "-r", "1", "-c", "4", "-d", "-a", json.dumps({"label": label, "rollout_isolation": mode})]
         env = {**os.environ, "VF_SIG_KEY": "k", "VF_RUNS_DB": str(tmp_path / "runs.db")}
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 90
-            while len(containers_with(labels)) < 4 and time.monotonic() < deadline and proc.poll() is None:
+            while processes_in(labels, "sleep 25") < 4 and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.3)
-            # 4 held by rollouts (plus the warm pool's spares, which must go too)
-            assert len(containers_with(labels)) >= 4, "rollouts never held their sandboxes"
-            time.sleep(1.0)  # the sleeps are running
+            # 4 rollouts run their command (plus the warm pool's spares, which must go too)
+            assert processes_in(labels, "sleep 25") >= 4, "rollouts never ran their commands"
             proc.send_signal(sig)
             out, _ = proc.communicate(timeout=60)
         finally:

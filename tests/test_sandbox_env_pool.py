@@ -36,7 +36,7 @@ async def evaluate_keeping_pool(env, n: int, concurrency: int):
 
 async def test_default_env_uses_a_pool_sized_from_concurrency_and_leaves_nothing():
     labels = unique_labels()
-    env = bash_env(labels, n=6)
+    env = bash_env(labels, n=6, rollout_isolation="container")  # cells: tests/test_rollout_isolation_auto.py
     assert env.pool_size is None and env.effective_pool_size == 0  # concurrency not known yet
     rows, stats, size = await evaluate_keeping_pool(env, n=6, concurrency=2)
     assert [tool_messages(r)[0] for r in rows] == ["42"] * 6 and all(r["error"] is None for r in rows)
@@ -85,7 +85,7 @@ async def test_warm_up_fills_the_pool_before_the_first_rollout():
     """`warm_up` (an RL trainer before its first step, a benchmark before its clock): the
     pool is full when it returns, the rollouts then take warm sandboxes; no pool: 0."""
     labels = unique_labels()
-    env = bash_env(labels, n=3)
+    env = bash_env(labels, n=3, rollout_isolation="container")
     try:
         assert await env.warm_up(3) == 3
         assert len(containers_with(labels)) == 3 and env._pool.stats["acquired"] == 0

@@ -429,6 +429,26 @@ class DockerBackend:
             return await self.cells.create(spec)
         return await self._create(spec, idempotency_key)
 
+    async def cells_available(self, spec: SandboxSpec) -> bool:
+        """`SupportsCells`: whether `spec` can be cells here (`rollout_isolation="auto"`).
+        Only under runc (a cell's memory limit is not enforced under gVisor), without
+        network or GPUs, and proven by opening and closing one cell: that starts the
+        spec's cell host (the first rollouts' need it anyway) and finds an engine whose
+        cgroups cannot be divided or an image without python3."""
+        why = ("isolation='gvisor'" if spec.isolation != "runc" else "network=True" if spec.network
+               else "gpu_count" if spec.gpu_count else "no python3 in the image" if spec.image in self._no_agent
+               else "")
+        if not why:
+            try:
+                cell = await self.cells.create(spec.model_copy(update={"rollout_isolation": "namespace"}))
+            except ConfigError as exc:  # the cell's own limits (CellsUnsupported, no python3): not retried
+                why = str(exc)
+            else:
+                await cell.delete()
+                return True
+        log.info("rollout_isolation='auto': a container per sandbox of %s (%s)", spec.image, why)
+        return False
+
     async def _create(self, spec: SandboxSpec, idempotency_key: str | None, cell_host: bool = False) -> AgentSandbox:
         key = _key_digest(idempotency_key) if idempotency_key else uuid.uuid4().hex[:16]
         name = container_name(spec.name, key)
@@ -559,8 +579,11 @@ class DockerBackend:
             await conn.start(self.hello_timeout)
         except AgentError as exc:
             if cell_host:
-                raise SandboxCreateError(f"the cell host agent did not start in {name} (rollout_isolation="
-                                         f"'namespace' needs python3 >= 3.7 in the image): {exc}") from exc
+                if not await self._has_python(container):  # the image's own limit: no retry helps
+                    self._no_agent.add(spec.image)
+                    raise ConfigError(f"rollout_isolation='namespace' needs python3 >= 3.7 in the image "
+                                      f"({spec.image} has none): use rollout_isolation='container'") from exc
+                raise SandboxCreateError(f"the cell host agent did not start in {name}: {exc}") from exc
             if not await self._has_python(container):
                 log.info("image %s has no python3 >= 3.7: one exec per command", spec.image)
                 self._no_agent.add(spec.image)

@@ -97,6 +97,9 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     meta["shuffle_seed"] = cfg.shuffle_seed
     meta["updated"] = now_iso()
     meta["isolation"] = env.isolation_in_use()  # what the sandboxes ran under (cfg.isolation None = env's own)
+    rollout_isolation = env.rollout_isolation_in_use()  # a container or a cell per rollout
+    if rollout_isolation:
+        meta["rollout_isolation"] = rollout_isolation
     meta["eval_config"] = cfg.public_args()  # the run definition: enough to run it again (--from-run)
     return meta
 
