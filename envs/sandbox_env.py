@@ -466,6 +466,10 @@ class SandboxEnv(StatefulToolEnv):
         async with self._pool_lock:
             if self._pool is None:
                 resolved = await self._rollout_spec(await self.resolve_spec(spec))
+                if resolved.rollout_isolation == "namespace" and not self._cells_auto:
+                    # the cell host starts now, once for the run, not on its first rollouts' path
+                    # ("auto" proved cells with one already, which started it)
+                    await (await self.backend.create(resolved)).delete()
                 size = self.effective_pool_size
                 self._pool = SandboxPool(resolved, size, backend=self.backend, create_concurrency=max(4, size))
                 await self._pool.start()

@@ -273,7 +273,7 @@ def test_docker_kill_of_a_sandbox_is_retried_as_infra_error(tmp_path, case, duri
     kills: list[str] = []
     with ModelServer(killing_policy(during_tool, kills)).run_in_thread() as srv:
         res = subprocess.run(eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "1", "-r", "1", "-s",
-                                      "--max-retries", "1", "-a", json.dumps({"labels": case.labels, "pool_size": 0})),
+                                      "--max-retries", "1", "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"})),
                              cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(kills) == 1
@@ -295,7 +295,7 @@ def test_sandbox_killed_without_retries_is_not_a_reward_0_row(tmp_path, case):
     kills: list[str] = []
     with ModelServer(killing_policy(False, kills)).run_in_thread() as srv:
         cmd = eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "3", "-r", "1", "-c", "1", "-s", "--max-retries", "0",
-                       "-a", json.dumps({"labels": case.labels, "pool_size": 0}))
+                       "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"}))
         res = subprocess.run(cmd, cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=300)
         assert res.returncode == 1, res.stderr[-3000:]
         assert "infrastructure error" in res.stderr and "--resume" in res.stderr
