@@ -91,6 +91,13 @@ ROLLOUT_ISOLATIONS = ("auto", "container", "namespace")
 """SandboxEnv's `rollout_isolation`: "auto" (the default) = a cell per rollout where the
 backend offers cells for the env's spec (`SupportsCells`), else a container per rollout."""
 
+
+def _check_rollout_isolation(mode: str) -> str:
+    if mode not in ROLLOUT_ISOLATIONS:
+        raise ConfigError(f"rollout_isolation must be one of {', '.join(ROLLOUT_ISOLATIONS)}, got {mode!r}")
+    return mode
+
+
 # knobs of the reference's HTTP sandbox client; accepted for compatibility, unused here
 _REFERENCE_ONLY = (
     "sandbox_client_max_workers", "sandbox_client_max_connections",
@@ -167,8 +174,7 @@ class SandboxEnv(StatefulToolEnv):
         for name in _REFERENCE_ONLY:
             kwargs.pop(name, None)
         operation_retry = _operation_retry(kwargs)
-        if rollout_isolation not in ROLLOUT_ISOLATIONS:
-            raise ConfigError(f"rollout_isolation must be one of {', '.join(ROLLOUT_ISOLATIONS)}, got {rollout_isolation!r}")
+        _check_rollout_isolation(rollout_isolation)
         super().__init__(tools=[], stop_errors=stop_errors, **kwargs)
         spec_fields: dict[str, Any] = dict(
             name=sandbox_name,
@@ -306,9 +312,7 @@ class SandboxEnv(StatefulToolEnv):
 
     def set_sandbox_settings(self, **settings: Any) -> None:
         """Change sandbox settings by their constructor names (validated like the constructor)."""
-        mode = settings.get("rollout_isolation", self.rollout_isolation)
-        if mode not in ROLLOUT_ISOLATIONS:
-            raise ConfigError(f"rollout_isolation must be one of {', '.join(ROLLOUT_ISOLATIONS)}, got {mode!r}")
+        mode = _check_rollout_isolation(settings.get("rollout_isolation", self.rollout_isolation))
         if "rollout_isolation" in settings and mode != self.rollout_isolation and self._cells_auto is not None:
             raise ConfigError("cannot change rollout_isolation after the first sandbox was made")
         if mode == "auto" and "rollout_isolation" in settings:
