@@ -470,13 +470,13 @@ class SandboxEnv(StatefulToolEnv):
         async with self._pool_lock:
             if self._pool is None:
                 resolved = await self._rollout_spec(await self.resolve_spec(spec))
-                if resolved.rollout_isolation == "namespace" and not self._cells_auto:
-                    # the cell host starts now, once for the run, not on its first rollouts' path
-                    # ("auto" proved cells with one already, which started it)
-                    await (await self.backend.create(resolved)).delete()
                 size = self.effective_pool_size
                 self._pool = SandboxPool(resolved, size, backend=self.backend, create_concurrency=max(4, size))
-                await self._pool.start()
+                # cells cost milliseconds: the cell host and the first wave's cells are made before
+                # the first rollout asks, so none of them is on a rollout's path; containers (seconds
+                # each, at the engine's pace) fill behind the rollouts
+                first_wave = min(size, self.concurrency) if resolved.rollout_isolation == "namespace" else 0
+                await self._pool.start(wait=first_wave > 0, ready=first_wave, timeout=300.0)
         return self._pool
 
     # ------------------------------------------------------------------ rollout lifecycle

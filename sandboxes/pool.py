@@ -50,17 +50,18 @@ class SandboxPool:
         self.stats = {"created": 0, "acquired": 0, "warm": 0, "cold": 0, "errors": 0, "released": 0}
 
     # ---------------------------------------------------------- lifecycle
-    async def start(self, wait: bool = False, timeout: float | None = None) -> "SandboxPool":
-        """Begin filling; with `wait`, return once `size` sandboxes are ready."""
+    async def start(self, wait: bool = False, timeout: float | None = None, ready: int | None = None) -> "SandboxPool":
+        """Begin filling; with `wait`, return once `ready` (default: `size`) sandboxes are
+        ready; the creation error itself when the first ones all fail."""
         if self._filler is None:
             self._filler = asyncio.create_task(self._fill_loop())
         if wait:
             async with asyncio.timeout(timeout):
-                await self._wait_full()
+                await self._wait_ready(self.size if ready is None else min(ready, self.size))
         return self
 
-    async def _wait_full(self) -> None:
-        while self._ready.qsize() < self.size:
+    async def _wait_ready(self, n: int) -> None:
+        while self._ready.qsize() < n:
             if self._last_error is not None and self.stats["created"] == 0 and self.stats["errors"] >= 3:
                 raise self._last_error
             await asyncio.sleep(0.01)
