@@ -435,13 +435,12 @@ class DockerBackend:
         network or GPUs, and proven by opening and closing one cell: that starts the
         spec's cell host (the first rollouts' need it anyway) and finds an engine whose
         cgroups cannot be divided or an image without python3."""
-        why = ("isolation='gvisor'" if spec.isolation != "runc" else "network=True" if spec.network
-               else "gpu_count" if spec.gpu_count else "no python3 in the image" if spec.image in self._no_agent
-               else "")
+        why = ("isolation='gvisor'" if spec.isolation != "runc"
+               else "no python3 in the image" if spec.image in self._no_agent else "")
         if not why:
-            try:
+            try:  # network / GPUs are refused by the cells' own check before any host starts
                 cell = await self.cells.create(spec.model_copy(update={"rollout_isolation": "namespace"}))
-            except ConfigError as exc:  # the cell's own limits (CellsUnsupported, no python3): not retried
+            except ConfigError as exc:  # what a cell cannot give (refuse_in_cells, CellsUnsupported, no python3)
                 why = str(exc)
             else:
                 await cell.delete()
