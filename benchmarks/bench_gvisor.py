@@ -6,7 +6,9 @@ Rows:
   exec round trip p50 `echo hi`   through the persistent agent (one round trip per command)
   fork+exec x20 in one command    `for i in 1..20; do /bin/true; done` (process creation cost)
   create -> ready -> delete p50   a sandbox with its agent answering
-  PythonEnv cell `1+1` p50        the python tool of a PythonEnv (persistent worker)
+  PythonEnv cell `1+1` p50        the python tool of a PythonEnv (persistent worker), each in a
+                                  container (rollout_isolation="container": "auto" would pick a
+                                  namespace cell under runc and a container under gVisor)
   SWE instance (idna) total/tests one gold run of the example instance through run_debug
 
     .venv/bin/python benchmarks/bench_gvisor.py [--quick] [--json]
@@ -85,7 +87,7 @@ async def bench_python_cell(n: int) -> dict:
     envs_states = {}
     for iso in ISOLATIONS:
         env = vf.PythonEnv(dataset=[{"question": "q", "answer": "a"}], pip_install_packages="", labels=LABELS,
-                           isolation=iso, pool_size=0)
+                           isolation=iso, pool_size=0, rollout_isolation="container")
         state = await env.init_state({"prompt": [], "example_id": 0, "answer": "a", "task": "bench"}, None, "m")
         state = await env.setup_state(state)
         envs_states[iso] = (env, state)

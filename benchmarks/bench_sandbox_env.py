@@ -7,7 +7,10 @@ loaded machine moves every row alike):
   python tool  `1+1`    PythonEnv.python(code) -> persistent worker      target p50 <= 5 ms
   bash tool    `echo`   SandboxEnv.bash(command) -> persistent shell     target p50 <= 5 ms
   baseline: agent exec  sandbox.exec(["echo", "hi"]) (a new process per command, through the agent)
-  baseline: raw exec    one Docker exec per command (aiodocker: create + attached start + read + inspect)
+  baseline: raw exec    one Docker exec per command (aiodocker: create + attached start + read + inspect);
+                        the env's sandbox is a cell by default (rollout_isolation="auto" on Docker/runc),
+                        which no Docker exec can enter: the raw exec then runs in the cell's host
+                        container (the same engine round trip, one container further out)
 
 Eval: 64 rollouts of a SandboxEnv at concurrency 16 against the local model
 server (each rollout: 3 bash calls, then an answer). Wall time, and the share
@@ -55,9 +58,16 @@ def pct(samples: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] * 1000
 
 
+def docker_container_id(sandbox_id: str) -> str:
+    """The container a sandbox id names: itself, or for a cell ("<host id>.cell<N>") its host."""
+    from sandboxes.cells import CELL_MARK
+
+    return sandbox_id.split(CELL_MARK, 1)[0]
+
+
 async def raw_exec(docker, container_id: str) -> None:
     """One Docker exec per command, the way a CLI or SDK without an agent does it."""
-    container = docker.containers.container(container_id)
+    container = docker.containers.container(docker_container_id(container_id))
     ex = await container.exec(["echo", "hi"], stdout=True, stderr=True)
     async with ex.start(detach=False) as stream:
         while await stream.read_out() is not None:
@@ -76,6 +86,7 @@ async def round_trips(args) -> dict:
     state = await env.setup_state(state)
     sid = state["sandbox_id"]
     sandbox = env.get_sandbox(state)
+    used = env.rollout_isolation_in_use()
     docker = aiodocker.Docker()
     paths = {
         "python tool `1+1`": lambda: env.python("1+1", sid),
@@ -99,7 +110,8 @@ async def round_trips(args) -> dict:
         await docker.close()
         await env.cleanup(state)
         await env.teardown()
-    return {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
+    rows = {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
+    return {"rollout_isolation": used, "paths": rows}
 
 
 async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: float = 0.0,
@@ -216,10 +228,12 @@ async def main() -> None:
                           "cells_vs_create_ratio": cell_ratios}, indent=2))
         return
     if rt:
-        agent = rt["agent exec `echo hi`"]["p50_ms"]
-        raw = rt["raw docker exec `echo hi`"]["p50_ms"]
+        agent = rt["paths"]["agent exec `echo hi`"]["p50_ms"]
+        raw = rt["paths"]["raw docker exec `echo hi`"]["p50_ms"]
+        where = (" (raw exec: in the cell's host container)" if rt["rollout_isolation"] == "namespace" else "")
+        print(f"tool round trips, one sandbox of the env's default (rollout isolation: {rt['rollout_isolation']}){where}")
         print(f"{'tool round trip':28} {'p50 ms':>8} {'p95 ms':>8} {'x agent exec':>13} {'x raw exec':>11}  target")
-        for name, r in rt.items():
+        for name, r in rt["paths"].items():
             target = "<= 5 ms " + ("yes" if r["p50_ms"] <= 5 else "NO") if "tool" in name else "-"
             print(f"{name:28} {r['p50_ms']:8.2f} {r['p95_ms']:8.2f} {r['p50_ms'] / agent:13.2f} {r['p50_ms'] / raw:11.3f}  {target}")
         print()
@@ -235,10 +249,10 @@ async def main() -> None:
 
 def print_table(args, evals: dict) -> None:
     print(f"{args.rollouts} rollouts x 3 bash calls, concurrency {args.concurrency}")
-    print(f"{'variant':42} {'wall s':>7} {'rollouts/s':>10} {'create share':>12} {'exec share':>10} "
+    print(f"{'variant':52} {'wall s':>7} {'rollouts/s':>10} {'create share':>12} {'exec share':>10} "
           f"{'create s/rollout':>16} {'setup p50 ms':>12} {'ms/cmd':>7} {'errors':>6}")
     for name, r in evals.items():
-        print(f"{name:42} {r['wall_s']:7.1f} {r['rollouts_per_s']:10.2f} {r['create_share']:12.1%} "
+        print(f"{name:52} {r['wall_s']:7.1f} {r['rollouts_per_s']:10.2f} {r['create_share']:12.1%} "
               f"{r['exec_share']:10.1%} {r['create_mean_s']:16.3f} {r['setup_p50_ms']:12.1f} {r['exec_mean_ms']:7.2f} "
               f"{r['errors']:6d}")
 
