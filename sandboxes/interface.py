@@ -186,6 +186,12 @@ class Sandbox(abc.ABC):
     async def alive(self) -> bool:
         """True while the sandbox runs."""
 
+    def known_gone(self) -> bool:
+        """True when this handle already knows, without asking anyone, that its sandbox
+        is gone (deleted, or its agent's channel closed: the container was killed, a
+        cell's host died). False when it cannot tell: `alive()` asks."""
+        return False
+
     @abc.abstractmethod
     async def delete(self) -> None:
         """Remove the sandbox; idempotent, never raises for an already gone sandbox."""

@@ -3,7 +3,9 @@ one costs a queue pop (milliseconds) instead of a creation.
 
 A released sandbox is deleted (never handed out again dirty) and the pool
 refills in the background. Sandboxes idle longer than `max_idle_seconds`
-(default: half their lifetime) are replaced rather than handed out.
+(default: half their lifetime) are replaced rather than handed out, and so
+are those already known gone (`Sandbox.known_gone()`: a killed container, a
+cell whose host died): one found at acquire drops every other one gone with it.
 
     async with SandboxPool(spec, size=8, backend="docker") as pool:
         async with pool.sandbox() as sb:
@@ -47,7 +49,7 @@ class SandboxPool:
         self._filler: asyncio.Task | None = None
         self._closed = False
         self._last_error: BaseException | None = None
-        self.stats = {"created": 0, "acquired": 0, "warm": 0, "cold": 0, "errors": 0, "released": 0}
+        self.stats = {"created": 0, "acquired": 0, "warm": 0, "cold": 0, "errors": 0, "released": 0, "dropped": 0}
 
     # ---------------------------------------------------------- lifecycle
     async def start(self, wait: bool = False, timeout: float | None = None, ready: int | None = None) -> "SandboxPool":
@@ -133,6 +135,10 @@ class SandboxPool:
                     born, sb = await self._ready.get()
             else:
                 born, sb = self._ready.get_nowait()
+            if sb.known_gone():  # e.g. its container was killed, or the cell host of a cell
+                self._drop_gone(sb)
+                cold = True
+                continue
             if time.monotonic() - born <= self.max_idle:
                 break
             self._spawn(self._delete(sb))  # too old to hand out
@@ -141,6 +147,24 @@ class SandboxPool:
         self.stats["acquired"] += 1
         self.stats["cold" if cold else "warm"] += 1
         return sb
+
+    def _drop_gone(self, sb: Sandbox) -> None:
+        """`sb` died while it waited: drop it and every other ready sandbox known gone
+        (a dead cell host takes all its pooled cells with it), so no later acquire is
+        handed one; the pool refills with new ones."""
+        ready = []
+        while not self._ready.empty():
+            ready.append(self._ready.get_nowait())
+        gone = [sb] + [s for _, s in ready if s.known_gone()]
+        for item in ready:
+            if not item[1].known_gone():
+                self._ready.put_nowait(item)
+        self.stats["dropped"] += len(gone)
+        log.warning("pool: %d ready sandbox(es) of %s were gone (e.g. their host died): dropped, refilling",
+                    len(gone), self.spec.image)
+        for dead in gone:
+            self._spawn(self._delete(dead))
+        self._wake.set()
 
     async def release(self, sb: Sandbox) -> None:
         """Give a sandbox back: it is deleted in the background, never reused."""

@@ -723,6 +723,9 @@ class AgentSandbox(Sandbox):
         await self._call({"op": "ping"}, timeout=timeout)
         return loop.time() - t0
 
+    def known_gone(self) -> bool:
+        return self._deleted or self._conn.dead is not None
+
     async def alive(self) -> bool:
         if self._deleted or self._conn.dead is not None:
             return False
