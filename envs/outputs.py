@@ -1,20 +1,41 @@
 """Turning finished rollout states into output rows and aggregate metadata
 (avg reward / metrics / error, pass@k, pass-all-k, token usage).
 
-A row whose rollout ended in an infrastructure error (`is_infra_row`: the
-sandbox died, the agent broke, the engine did not answer, retries spent) has
-no result on the task: `aggregate` leaves it out of every average and counts
-it apart (`infra_errors`), the eval runner calls such a run `incomplete`, and
-`--resume` runs those rollouts again."""
+Every row has a verdict (`row["verdict"]`, `verdict_of`):
+
+- `scored`: the reward was computed. A task failure is scored too: the
+  model's bad tool call (ToolError), an overlong prompt, and whatever the
+  sandbox's own code did (OOM, timeout, fork bomb: `sandbox_oom` /
+  `sandbox_timeout` flags) -- the row keeps its error text, its reward counts;
+- `model`: the model endpoint failed (unreachable, HTTP status, timeout,
+  unusable response);
+- `sandbox`: the infrastructure failed (sandbox died, agent broke, engine did
+  not answer; an `InfraError` in the cause chain);
+- `env`: the environment's own code raised (setup, parser, a reward
+  function: a `ScoringError`), traceback in `error_info`;
+- `usage`: a usage / configuration error.
+
+A row whose verdict is not `scored` has no result on the task: `aggregate`
+leaves it out of every average and pass@k (pass@k also leaves out the other
+rollouts of its example: a group with an errored rollout is not used for
+group-relative numbers), counts it apart (`errored_rollouts`, `errors_by_kind`;
+`infra_errors` are the `sandbox` ones), the eval runner calls such a run
+`incomplete` (exit 3) and `--resume` runs those rollouts again."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
-from .errors import error_record, error_text
+from .errors import OverlongPromptError, ToolError, error_record, error_text
 from .pass_at_k import pass_at_k
 from .types import RolloutOutput, State
+
+VERDICTS = ("scored", "model", "sandbox", "env", "usage")
+ERROR_VERDICTS = ("model", "sandbox", "env", "usage")
+# error types whose rollout is a task failure (scored, reward counts): the model's own doing
+_TASK_FAILURES = (ToolError, OverlongPromptError)
+_TASK_FAILURE_NAMES = frozenset({"ToolError", "ToolParseError", "ToolCallError", "OverlongPromptError"})
 
 # State keys that are never copied into an output row (live handles, internals,
 # and the keys serialised explicitly below).
@@ -40,6 +61,9 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
         info = err
     else:
         info = {"type": "error", "message": str(err), "kind": "task", "chain": [], "traceback": None} if err else None
+    verdict = error_verdict(err if isinstance(err, BaseException) else info) if info else "scored"
+    if info is not None:
+        info.setdefault("verdict", verdict)
     timing = state.get("timing")
     trajectory, dropped = serialize_trajectory(state.get("trajectory") or [])
     tool_defs = state.get("tool_defs")
@@ -61,6 +85,7 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
         error_type=info.get("type") if info else None,
         error_kind=info.get("kind") if info else None,
         attempts=int(state.get("attempts", 1)),
+        verdict=verdict,
         timing=timing.model_dump() if hasattr(timing, "model_dump") else timing,
         token_usage=dict(state.get("usage") or {}),
         tool_defs=[_dump(t) for t in tool_defs] if tool_defs else None,
@@ -68,6 +93,10 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
     )
     if dropped:
         out["trajectory_dropped_steps"] = dropped
+    if state.get("attempt_errors"):
+        out["attempt_errors"] = list(state["attempt_errors"])
+    if state.get("scoring_errors"):  # a rubric that opted in to "an exception scores 0" says so here
+        out["scoring_errors"] = list(state["scoring_errors"])
     for col in state_columns or ():
         if col not in _INTERNAL:
             out[col] = state.get(col)
@@ -136,36 +165,104 @@ def serialize_trajectory(steps: list[Any], max_chars: int | None = None) -> tupl
     return out, keep_from
 
 
+def error_verdict(err: BaseException | dict[str, Any] | None) -> str:
+    """The verdict of a rollout that ended with `err` (an exception, or its `error_info`
+    record): "scored" for a task failure, else the error's kind (module docstring)."""
+    if err is None:
+        return "scored"
+    if isinstance(err, BaseException):
+        from sandboxes.errors import UsageError, iter_causes
+
+        from .errors import error_kind
+
+        kind = error_kind(err)
+        if kind == "infra":
+            return "sandbox"
+        if kind == "model":
+            return "model"
+        causes = list(iter_causes(err))
+        if any(isinstance(c, UsageError) for c in causes):
+            return "usage"
+        return "scored" if isinstance(err, _TASK_FAILURES) else "env"
+    if not isinstance(err, dict):
+        return "env"
+    verdict = err.get("verdict")
+    if verdict in VERDICTS:
+        return verdict
+    kind = err.get("kind")
+    if kind == "infra":
+        return "sandbox"
+    if kind == "model":
+        return "model"
+    if err.get("type") in _TASK_FAILURE_NAMES:
+        return "scored"
+    return "env"
+
+
+def verdict_of(row: dict[str, Any]) -> str:
+    """A results row's verdict: its `verdict` field, or (rows written before verdicts
+    existed) derived from its error."""
+    verdict = row.get("verdict")
+    if verdict in VERDICTS:
+        return verdict
+    err = row.get("error")
+    if not err:
+        return "scored"
+    info = row.get("error_info")
+    if not isinstance(info, dict):
+        info = err if isinstance(err, dict) else {"type": str(err).split(":", 1)[0]}
+    if row.get("error_kind") and "kind" not in info:
+        info = {**info, "kind": row["error_kind"]}
+    return error_verdict(info)
+
+
+def is_scored(row: dict[str, Any]) -> bool:
+    """The row has a result on its task (its reward counts)."""
+    return verdict_of(row) == "scored"
+
+
 def is_infra_row(row: dict[str, Any]) -> bool:
-    """The row's rollout ended in an infrastructure error (retries spent): no result on the task."""
-    if not row.get("error"):
-        return False
-    err, info = row.get("error"), row.get("error_info")
-    kind = row.get("error_kind") or (info.get("kind") if isinstance(info, dict) else None) or (
-        err.get("kind") if isinstance(err, dict) else None)
-    return kind == "infra"
+    """The row's rollout ended in an infrastructure (sandbox) error: no result on the task."""
+    return verdict_of(row) == "sandbox"
+
+
+def verdict_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """{"scored": n, "errored": n, "model": n, "sandbox": n, "env": n, "usage": n}."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    for row in rows:
+        counts[verdict_of(row)] += 1
+    counts["errored"] = len(rows) - counts["scored"]
+    return counts
 
 
 def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dict[str, Any]:
-    """avg_reward, avg_metrics, avg_error, pass_at_k, pass_all_k, usage over the scored rows;
-    rows that ended in an infrastructure error are left out and counted in `infra_errors`."""
-    infra = sum(1 for row in outputs if is_infra_row(row))
-    outputs = [row for row in outputs if not is_infra_row(row)]
+    """avg_reward, avg_metrics, pass_at_k, pass_all_k, usage over the scored rows (avg_error:
+    the share of all rows with an error);
+    rows with an error verdict are left out and counted apart (`errored_rollouts`,
+    `errors_by_kind`, `infra_errors` = the sandbox ones); pass@k leaves out every example
+    with an errored rollout."""
+    counts = verdict_counts(outputs)
+    total = len(outputs)
+    with_error = sum(1 for row in outputs if row.get("error"))  # the error rate is over every row
+    errored_examples = {row.get("example_id") for row in outputs if verdict_of(row) != "scored"}
+    outputs = [row for row in outputs if verdict_of(row) == "scored"]
     n = len(outputs)
+    apart = {"scored_rollouts": n, "errored_rollouts": counts["errored"],
+             "errors_by_kind": {k: counts[k] for k in ERROR_VERDICTS if counts[k]},
+             "infra_errors": counts["sandbox"]}
     if n == 0:
-        return {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": 0.0, "pass_at_k": {}, "pass_all_k": {}, "usage": None,
-                "scored_rollouts": 0, "infra_errors": infra}
+        return {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": with_error / total if total else 0.0, "pass_at_k": {}, "pass_all_k": {}, "usage": None,
+                **apart}
     metric_sums: dict[str, float] = defaultdict(float)
     metric_counts: dict[str, int] = defaultdict(int)
     by_example: dict[Any, list[float]] = defaultdict(list)
     usage: dict[str, float] = defaultdict(float)
     reward_sum = 0.0
-    errors = 0
     for row in outputs:
         reward = float(row.get("reward") or 0.0)
         reward_sum += reward
-        errors += 1 if row.get("error") else 0
-        by_example[row.get("example_id")].append(reward)
+        if row.get("example_id") not in errored_examples:
+            by_example[row.get("example_id")].append(reward)
         for key, value in (row.get("metrics") or {}).items():
             if isinstance(value, (int, float)):
                 metric_sums[key] += value
@@ -177,10 +274,9 @@ def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dic
     return {
         "avg_reward": reward_sum / n,
         "avg_metrics": {k: metric_sums[k] / metric_counts[k] for k in metric_sums},
-        "avg_error": errors / n,
+        "avg_error": with_error / total,
         "pass_at_k": p_any,
         "pass_all_k": p_all,
         "usage": {k: v / n for k, v in usage.items()} if usage else None,
-        "scored_rollouts": n,
-        "infra_errors": infra,
+        **apart,
     }

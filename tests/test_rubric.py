@@ -47,14 +47,22 @@ async def test_group_reward_function_and_advantage():
     assert [s["advantage"] for s in states] == [-1.0, 0.0, 1.0]
 
 
-async def test_raising_func_scores_zero_but_infra_error_propagates():
+async def test_raising_func_is_an_env_error_unless_opted_in_but_infra_error_propagates():
+    from envs.outputs import error_verdict
+
     def boom(completion) -> float:
         raise RuntimeError("bug in reward")
 
     rubric = vf.Rubric(funcs=[boom, lambda completion: 1.0])
     s = _state("a", "x")
+    await rubric.score_rollout(s)  # never a silent 0: the rollout is the env's error
+    assert type(s["error"]).__name__ == "ScoringError" and s["reward"] == 0.0 and error_verdict(s["error"]) == "env"
+    assert "boom raised RuntimeError: bug in reward" in str(s["error"]) and s["advantage"] is None
+    rubric.set_exceptions_score_zero()  # explicit opt-in: 0, and the state says so
+    s = _state("a", "x")
     await rubric.score_rollout(s)
-    assert s["metrics"]["boom"] == 0.0 and s["reward"] == 1.0
+    assert s.get("error") is None and s["metrics"]["boom"] == 0.0 and s["reward"] == 1.0
+    assert s["scoring_errors"] == [{"function": "boom", "error": "RuntimeError: bug in reward", "scored": 0.0}]
 
     def infra(completion) -> float:
         raise RuntimeError("wrapped") from vf.InfraError("sandbox died")

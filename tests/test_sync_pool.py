@@ -120,8 +120,19 @@ async def test_sync_reward_exceptions_are_reported_as_before(caplog):
         env = vf.SingleTurnEnv(dataset=rows(2), rubric=vf.Rubric(funcs=[broken, fine]))
         with caplog.at_level(logging.WARNING):
             out = await env.evaluate(client_for(srv), "m", num_examples=2, rollouts_per_example=1)
-        assert all(o["reward"] == 1.0 and o["metrics"]["broken"] == 0.0 and o["error"] is None for o in out["outputs"])
-        assert "reward function broken raised ValueError: bad reward (scored 0)" in caplog.text
+        # a raising reward function is the env's error (never a silent 0), traceback kept
+        assert all(o["verdict"] == "env" and o["error_type"] == "ScoringError" and o["reward"] == 0.0
+                   and "ValueError: bad reward" in o["error_info"]["traceback"] for o in out["outputs"])
+        assert out["metadata"]["scored_rollouts"] == 0 and out["metadata"]["errors_by_kind"] == {"env": 2}
+        opted = vf.Rubric(funcs=[broken, fine])
+        opted.set_exceptions_score_zero()  # explicit opt-in: scores 0, the row says so
+        env = vf.SingleTurnEnv(dataset=rows(2), rubric=opted)
+        with caplog.at_level(logging.WARNING):
+            out = await env.evaluate(client_for(srv), "m", num_examples=2, rollouts_per_example=1)
+        await env.teardown()
+        assert all(o["reward"] == 1.0 and o["metrics"]["broken"] == 0.0 and o["error"] is None
+                   and o["scoring_errors"][0]["function"] == "broken" for o in out["outputs"])
+        assert "reward function broken raised ValueError: bad reward (scored 0" in caplog.text
 
         def infra(completion) -> float:
             raise RuntimeError("wrapped") from vf.InfraError("sandbox died")

@@ -62,12 +62,18 @@ class RubricGroup(Rubric):
                 for name, value in (s.get("metrics") or {}).items():
                     summed[i][name] = summed[i].get(name, 0.0) + value
         for i, s in enumerate(states):
-            s["reward"] = totals[i]
+            s["reward"] = totals[i] if s.get("error") is None else 0.0
             s["metrics"] = {**base_metrics[i], **summed[i]}
         if states:
-            mean = sum(totals) / len(totals)
-            for s in states:
-                s["advantage"] = s["reward"] - mean
+            from ..outputs import error_verdict
+
+            if all(s.get("error") is None or error_verdict(s["error"]) == "scored" for s in states):
+                mean = sum(s["reward"] for s in states) / len(states)
+                for s in states:
+                    s["advantage"] = s["reward"] - mean
+            else:  # a group with an errored rollout has no group-relative numbers
+                for s in states:
+                    s["advantage"] = None
 
     async def cleanup(self, state: State) -> None:
         for r in self.rubrics:

@@ -15,9 +15,15 @@ used on its own (no pool attached) calls sync functions inline. Functions
 run one after another for a rollout, each for all rollouts of a group at
 once.
 
-A reward function that raises scores 0 (logged) — unless the failure is an
-InfraError (cause chain), which marks the rollout as errored so it can be
-retried instead of being scored as a wrong answer.
+A reward function that raises is the environment's own error, never a
+silent 0: the rollout gets a `ScoringError` (the function's exception as its
+cause, traceback kept), its verdict is `env` (left out of the averages, the
+run is `incomplete`, `--resume` reruns it); an InfraError there makes it a
+`sandbox` error (retried). A rubric may opt in to the old behaviour
+explicitly (`exceptions_score_zero = True`, or `set_exceptions_score_zero()`):
+the function then scores 0 and the row says so (`scoring_errors`).
+Group-relative numbers (`advantage`) are only computed for a group whose
+every rollout was scored (else they are None).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..decorators import call_with_named_args, discover, named_params
-from ..errors import is_infra_error
+from ..errors import ScoringError, is_infra_error
 from ..parsers import Parser
 from ..sync_pool import SyncPool, is_async_callable
 from ..types import State
@@ -55,6 +61,7 @@ class Rubric:
     """Combines reward functions with weights (default 1.0)."""
 
     sync_pool: SyncPool | None = None  # where sync reward functions run (set by the env)
+    exceptions_score_zero: bool = False  # opt-in: a raising reward function scores 0 (the row says so)
 
     def __init__(
         self,
@@ -108,6 +115,11 @@ class Rubric:
     def _get_reward_weights(self) -> list[float]:
         return list(self.weights)
 
+    def set_exceptions_score_zero(self, value: bool = True) -> None:
+        """Opt in (or out) of "a reward function that raises scores 0" (the row's
+        `scoring_errors` lists each such failure); default: the rollout is an `env` error."""
+        self.exceptions_score_zero = bool(value)
+
     def set_sync_pool(self, pool: SyncPool | None) -> None:
         """Run sync reward functions in `pool` (None: inline on the caller's thread)."""
         self.sync_pool = pool
@@ -133,13 +145,28 @@ class Rubric:
         }
 
     async def _call(self, func: Callable[..., Any], args: dict[str, Any], name: str) -> Any:
+        """The function's value, or a `_Failed` (its exception; an InfraError propagates)."""
         try:
             return await call_with_named_args(func, self.sync_pool, **args)
         except Exception as exc:
             if is_infra_error(exc):
                 raise
-            log.warning("reward function %s raised %s: %s (scored 0)", name, type(exc).__name__, exc)
-            return None
+            return _Failed(name, exc)
+
+    def _note_failure(self, state: State, failed: "_Failed") -> None:
+        """A reward function raised for this rollout: an `env` error (ScoringError with
+        the exception as cause), or -- opted in -- a 0 recorded in `scoring_errors`."""
+        exc = failed.exc
+        text = f"reward function {failed.name} raised {type(exc).__name__}: {exc}"
+        if self.exceptions_score_zero:
+            log.warning("%s (scored 0: the rubric's exceptions_score_zero)", text)
+            state.setdefault("scoring_errors", []).append(
+                {"function": failed.name, "error": f"{type(exc).__name__}: {exc}", "scored": 0.0})
+            return
+        if state.get("error") is None:
+            err = ScoringError(text)
+            err.__cause__ = exc
+            state["error"] = err
 
     async def score_rollout(self, state: State) -> None:
         """Score one rollout in place (state["reward"], state["metrics"]).
@@ -150,10 +177,10 @@ class Rubric:
         """Every reward function is a per-rollout sync function (the common case)."""
         return bool(self.funcs) and not any(self._is_group(f) or is_async_callable(f) for f in self.funcs)
 
-    def _score_in_thread(self, args: dict[str, Any], names: list[str]) -> list[float]:
+    def _score_in_thread(self, args: dict[str, Any], names: list[str]) -> list[Any]:
         """One rollout's sync reward functions, in order, in one pool thread (one hop
         per rollout instead of one per function). Errors as in `_call`."""
-        values = []
+        values: list[Any] = []
         for func, name in zip(self.funcs, names):
             params = named_params(func)
             try:
@@ -161,8 +188,7 @@ class Rubric:
             except Exception as exc:
                 if is_infra_error(exc):
                     raise
-                log.warning("reward function %s raised %s: %s (scored 0)", name, type(exc).__name__, exc)
-                values.append(0.0)
+                values.append(_Failed(name, exc))
         return values
 
     async def score_group(self, states: list[State]) -> None:
@@ -176,6 +202,9 @@ class Rubric:
             rows = await asyncio.gather(*(self.sync_pool.call(self._score_in_thread, self._args(s), names) for s in live))
             for s, values in zip(live, rows):
                 for j, v in enumerate(values):
+                    if isinstance(v, _Failed):
+                        self._note_failure(s, v)
+                        v = 0.0
                     per_func[j][index[id(s)]] = v
             funcs = []
         for j, (func, name) in enumerate(zip(funcs, names)):
@@ -183,17 +212,26 @@ class Rubric:
                 if not live:
                     continue
                 values = await self._call(func, self._group_args(live), name)
-                if values is None:
+                if isinstance(values, _Failed):
+                    for s in live:
+                        self._note_failure(s, values)
                     continue
                 for s, v in zip(live, list(values)):
                     per_func[j][index[id(s)]] = _num(v)
             elif len(live) == 1:
-                per_func[j][index[id(live[0])]] = _num(await self._call(func, self._args(live[0]), name))
+                v = await self._call(func, self._args(live[0]), name)
+                if isinstance(v, _Failed):
+                    self._note_failure(live[0], v)
+                    v = 0.0
+                per_func[j][index[id(live[0])]] = _num(v)
             elif live:
                 results = await asyncio.gather(*(self._call(func, self._args(s), name) for s in live), return_exceptions=True)
                 for s, v in zip(live, results):
                     if isinstance(v, BaseException):
-                        raise v  # an InfraError (other failures already scored 0)
+                        raise v  # an InfraError (other failures are _Failed)
+                    if isinstance(v, _Failed):
+                        self._note_failure(s, v)
+                        v = 0.0
                     per_func[j][index[id(s)]] = _num(v)
         for i, s in enumerate(states):
             reward = sum(w * per_func[j][i] for j, w in enumerate(self.weights)) if s.get("error") is None else 0.0
@@ -202,9 +240,15 @@ class Rubric:
             s["reward"] = float(reward)
             s["metrics"] = metrics
         if states:
-            mean = sum(s["reward"] for s in states) / len(states)
-            for s in states:
-                s["advantage"] = s["reward"] - mean
+            from ..outputs import error_verdict
+
+            if all(s.get("error") is None or error_verdict(s["error"]) == "scored" for s in states):
+                mean = sum(s["reward"] for s in states) / len(states)
+                for s in states:
+                    s["advantage"] = s["reward"] - mean
+            else:  # a group with an errored rollout has no group-relative numbers
+                for s in states:
+                    s["advantage"] = None
 
     def _group_args(self, states: list[State]) -> dict[str, Any]:
         singles = [self._args(s) for s in states]
@@ -234,6 +278,15 @@ class Rubric:
                 await call_with_named_args(handler)
             except Exception as exc:
                 log.warning("rubric teardown %s failed: %s", handler.__name__, exc)
+
+
+class _Failed:
+    """A reward function's exception, for the rollout it was called for."""
+
+    __slots__ = ("name", "exc")
+
+    def __init__(self, name: str, exc: BaseException):
+        self.name, self.exc = name, exc
 
 
 def _num(value: Any) -> float:
