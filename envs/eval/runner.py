@@ -322,10 +322,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         progress.status = status
         result.status, result.error, result.rows = status, error, rows
         if env is not None:
-            try:
-                await asyncio.shield(env.teardown())
-            except BaseException as exc:  # noqa: BLE001 - teardown must not mask the outcome
-                log.warning("teardown failed: %s", exc)
+            await _teardown(env)
         if env is not None and run_dir is not None:
             result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms, planned)
             if error:
@@ -353,6 +350,25 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if error and status == "failed":  # the console gets it once, from the CLI's last line
             log.error("%s: %s", cfg.env_id, error, extra=RUN_LOG_ONLY)
     return result
+
+
+async def _teardown(env: Any) -> None:
+    """Tear the env down (its sandboxes, cell hosts, pool) to the end: a second or third
+    Ctrl-C while it runs does not abandon it (that leaked the cell host); a failure is
+    logged with its reason and never masks the run's outcome."""
+    task = asyncio.ensure_future(env.teardown())
+    while True:
+        try:
+            await asyncio.shield(task)
+            return
+        except asyncio.CancelledError:
+            if task.cancelled():  # the teardown itself was cancelled (the loop is closing)
+                log.warning("teardown cancelled: sandboxes may be left behind (the reaper removes them)")
+                return
+            log.warning("interrupted again: still removing the run's sandboxes, waiting for that to finish")
+        except BaseException as exc:  # noqa: BLE001 - teardown must not mask the outcome
+            log.warning("teardown failed: %r", exc)
+            return
 
 
 async def run_evals(configs: list[EvalConfig], display: PlainDisplay | RichDisplay,
