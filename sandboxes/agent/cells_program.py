@@ -48,7 +48,7 @@ PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_CAP_AMBIENT = 38, 24,
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 STAGE = "/run/.vf-cells"  # holds each cell's mount point <cell id> (its tmpfs lives in the cell's namespace)
 CGROUP_BASE = "/run/.vf-cgroup"  # the zygote's writable cgroup mounts (private to the zygote's namespace)
-CONTROLLERS = ("pids", "memory", "cpu")
+CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")  # cpuacct: the cell's CPU counters are its own
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats", "acpi", "scsi")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -133,7 +133,10 @@ def make_cgroup(cgroups, name, conf):
     made = []
     for ctl, base in cgroups.items():
         path = os.path.join(base, name)
-        os.mkdir(path)
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # controllers co-mounted (cpu,cpuacct): one directory
+            pass
         made.append(path)
         if ctl == "pids":
             write_text(path + "/pids.max", str(int(conf["pids_limit"])))
@@ -220,12 +223,32 @@ def build_root(conf):
         mount("/sys", sys_dir, None, MS_BIND | MS_REC)  # runc: keeps its read-only mounts and masks
     except OSError:
         mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    own = set()
     for path in conf["cgroups"]:  # the cell sees its own cgroup (limits, OOM counter), read-only
         ctl = os.path.basename(os.path.dirname(path))
         target = sys_dir + "/fs/cgroup/" + ctl
         if os.path.isdir(target):
             readonly_bind(path, target)
+            own.add(ctl)
+    cg_dir = sys_dir + "/fs/cgroup"
+    try:
+        others = [n for n in os.listdir(cg_dir) if n not in own and os.path.isdir(cg_dir + "/" + n)]
+    except OSError:
+        others = []
+    for name in others:  # the host sandbox's counters (blkio, cpuset, ...): not the cell's to read
+        hide(cg_dir + "/" + name)
+    for path in (STAGE, CGROUP_BASE):  # siblings' cell ids (their mount points), the zygote's cgroup mounts
+        if os.path.isdir(root + path):
+            hide(root + path)
     return root
+
+
+def hide(path):
+    """An empty read-only tmpfs over `path` (in the cell's mount namespace only)."""
+    try:
+        mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=555")
+    except OSError as exc:
+        log("cells: cannot hide %s (%s)" % (path, exc))
 
 
 def readonly_bind(path, target=None):
@@ -420,15 +443,17 @@ def cell_first_child(conf, sock_fd, report, alive):
     root = build_root(conf)
     pid = os.fork()
     if pid:
-        watch_cell(pid, sock_fd, report)
+        watch_cell(pid, sock_fd, report, conf["lifetime"])
     os.close(alive)
     cell_init(conf, sock_fd, report, root)
 
 
-def watch_cell(init, sock_fd, report):
+def watch_cell(init, sock_fd, report, lifetime):
     """The zygote's child stays as the cell init's parent: SIGTERM (from the zygote, or
-    when the zygote dies) kills the init, which takes the cell down; then it exits.
-    Only a parent can kill by pid without racing pid reuse."""
+    when the zygote dies) or the cell's lifetime (an alarm of the watcher: outside the
+    cell's PID namespace, so nothing in the cell can see, trace or cancel it) kills the
+    init, which takes the cell down; then it exits. Only a parent can kill by pid
+    without racing pid reuse."""
     os.write(report, ("pid %d\n" % init).encode())
     os.close(report)
     os.close(sock_fd)
@@ -440,6 +465,8 @@ def watch_cell(init, sock_fd, report):
             pass
 
     signal.signal(signal.SIGTERM, kill_init)
+    signal.signal(signal.SIGALRM, kill_init)
+    signal.alarm(max(1, int(lifetime)))
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
@@ -458,9 +485,11 @@ def watch_cell(init, sock_fd, report):
 
 
 def cell_init(conf, sock_fd, report, root):
-    """PID 1 of the cell: finish the filesystem, drop privilege, then serve as the cell's
-    agent (one process less to fork per cell); exit (taking the whole cell down) when
-    the agent ends or at the lifetime."""
+    """PID 1 of the cell: finish the filesystem, drop privilege, then exec a fresh
+    interpreter as the cell's agent (`cell_agent_main`): the cell's first process keeps
+    nothing of the zygote's memory (which held other cells' requests, their
+    environments). When the agent ends, for whatever reason, the whole cell ends; its
+    lifetime is the watcher's to enforce."""
     mount_proc(root)
     enter_root(root)
     socket.sethostname(conf["hostname"])
@@ -479,12 +508,17 @@ def cell_init(conf, sock_fd, report, root):
     os.dup2(sock_fd, 0)
     os.dup2(sock_fd, 1)
     os.closerange(3, 65536)
-    # a PID 1 ignores signals it has no handler for: exit at the lifetime (the kernel then kills the cell)
-    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
-    signal.alarm(max(1, int(conf["lifetime"])))
+    python = sys.executable or "/usr/bin/python3"
+    # -I: the cell's PYTHON* variables (its commands still get them) never shape its agent
+    os.execve(python, [python, "-I", "-u", "-c", AGENT_SOURCE[0], "--cell-agent"], dict(os.environ))
+
+
+def cell_agent_main():
+    """The cell's agent, freshly exec'd as the cell's PID 1: non-dumpable (main), reaps
+    the cell's orphans; when it ends the kernel kills every process of the cell."""
     threading.Thread(target=reap_orphans, daemon=True).start()
     try:
-        main()  # the cell's agent is its PID 1: when it ends, for whatever reason, the cell ends
+        main()
     finally:
         os._exit(0)
 
@@ -613,6 +647,9 @@ def _open_cell(req, fd, cgroups, cells):
     the zygote only forks and signals)."""
     conf = req["conf"]
     cell = int(req["cell"])
+    if AGENT_SOURCE[0] is None:
+        raise CellsUnsupported("the cell host's agent was not started as `python3 -c <source> --cells`: "
+                               "a cell has no agent program to exec")
     conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
     conf["stage"] = "%s/%d" % (STAGE, cell)
     os.makedirs(conf["stage"], exist_ok=True)
@@ -703,17 +740,102 @@ _cells = {}  # cell id -> Cell
 _cells_lock = threading.Lock()
 
 
+SEND_TIMEOUT = 5  # seconds
+CELL_EVENTS = ("result", "chunk", "error")  # all a cell's agent may send once it said hello
+LINE_MIN = 4 << 20  # bytes a cell's line may hold at least (a 1 MiB data chunk is 1.4 MB of JSON)
+CHUNK_BUDGET = WINDOW + 2 * CHUNK  # unacknowledged chunk bytes per request an honest agent never exceeds
+
+
+class CellViolation(Exception):
+    """A cell's agent sent what the protocol does not allow: the host ends that cell."""
+
+
 class Cell(object):
+    """A cell as the host agent sees it. Nothing the cell sends is trusted: the host
+    knows which requests it forwarded (`pending`), how much chunk data each may still
+    send (flow control, counted as the client counts its acks) and how long a line may
+    be (`max_line`, from the output limits of the requests it forwarded)."""
+
     def __init__(self, cid, sock, alive):
         self.cid = cid
         self.sock = sock
         self.alive = alive  # EOF once every process of the cell is gone
         self.closing = False
-        self.prefix = ('{"cell":%d,' % cid).encode()
+        self.buf = bytearray()  # the start of a line not yet complete
+        self.max_line = LINE_MIN
+        self.pending = {}  # request id -> chunk bytes sent and not yet acknowledged
+        self.lock = threading.Lock()
+
+    def expect(self, req):
+        """Account a message the host forwards to the cell (before it is sent)."""
+        op = req.get("op")
+        rid = req.get("id")
+        with self.lock:
+            if op == "ack":
+                if rid in self.pending:
+                    try:
+                        self.pending[rid] = max(0, self.pending[rid] - int(req.get("bytes", 0)))
+                    except (TypeError, ValueError):
+                        pass
+            elif op not in ("data", "cancel"):
+                self.pending[rid] = 0
+                limit = req.get("limit")
+                if op in ("exec", "start") and isinstance(limit, int):  # head + tail of two streams, base64
+                    self.max_line = max(self.max_line, 3 * limit + 65536)
+
+    def check(self, line):
+        """One line from the cell, parsed, checked against the protocol and re-serialised
+        with the cell's id (CellViolation otherwise): identity comes from the channel."""
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            raise CellViolation("a line that is not JSON: %r" % line[:100])
+        if not isinstance(msg, dict):
+            raise CellViolation("a line that is not a JSON object: %r" % line[:100])
+        ev, rid = msg.get("ev"), msg.get("id")
+        if ev not in CELL_EVENTS or type(rid) is not int or "cell" in msg:
+            raise CellViolation("a message that is no reply (ev %r, id %r%s)"
+                                % (ev, rid, ", a cell key" if "cell" in msg else ""))
+        with self.lock:
+            if rid not in self.pending:
+                raise CellViolation("a %s for request %d, which is not pending" % (ev, rid))
+            if ev == "chunk":
+                data = msg.get("data")
+                if not isinstance(data, str):
+                    raise CellViolation("a chunk without data")
+                self.pending[rid] += len(data) * 3 // 4
+                if self.pending[rid] > CHUNK_BUDGET:
+                    raise CellViolation("%d unacknowledged bytes for request %d (flow control ignored)"
+                                        % (self.pending[rid], rid))
+            else:
+                del self.pending[rid]
+        out = {"cell": self.cid}
+        out.update(msg)
+        return json.dumps(out, separators=(",", ":")).encode() + b"\n"
+
+    def lines(self, data):
+        """Complete lines of `data` after what is buffered, each byte copied a bounded number
+        of times (no re-scan of a growing buffer); the buffer never holds more than max_line."""
+        cut = data.find(b"\n")
+        if cut < 0:
+            if len(self.buf) + len(data) > self.max_line:
+                raise CellViolation("a line over %d bytes" % self.max_line)
+            self.buf += data
+            return []
+        first = bytes(self.buf) + data[:cut]
+        del self.buf[:]
+        parts = data[cut + 1:].split(b"\n")
+        tail = parts.pop()
+        out = [first] + parts
+        if len(tail) > self.max_line or any(len(x) > self.max_line for x in out):
+            raise CellViolation("a line over %d bytes" % self.max_line)
+        self.buf += tail
+        return out
 
     def wait_gone(self, timeout=30.0):
         """Block until the cell's watcher (and so every process of the cell) is gone."""
-        fd, self.alive = self.alive, None
+        with self.lock:
+            fd, self.alive = self.alive, None
         if fd is None:
             return
         try:
@@ -726,17 +848,35 @@ class Cell(object):
             os.close(fd)
 
 
+def end_cell(cell):
+    """Take down a cell the host ended (a protocol violation): forget it, kill it, wait."""
+    with _cells_lock:
+        if _cells.get(cell.cid) is cell:
+            del _cells[cell.cid]
+    try:
+        zygote_call({"op": "close", "cell": cell.cid})
+        cell.wait_gone()
+    except Exception as exc:
+        log("cells: ending cell %s: %r" % (cell.cid, exc))
+    finally:
+        try:
+            cell.sock.close()
+        except OSError:
+            pass
+
 
 class Pump(object):
-    """One thread forwards every cell's replies to the host, each line tagged with its
-    cell (a selector over the cells' sockets: no thread per cell contending for the GIL)."""
+    """One thread forwards every cell's replies to the host, each line parsed, checked,
+    re-serialised and tagged with the cell it came from (a selector over the cells'
+    sockets: no thread per cell contending for the GIL). A cell that breaks the protocol
+    (a line that is no reply to a pending request, too long, flow control ignored) is
+    ended with a `gone` event saying why; its siblings and the host channel carry on."""
 
     def __init__(self):
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
         self.added = queue.SimpleQueue()
-        self.bufs = {}
         threading.Thread(target=self.run, daemon=True).start()
 
     def add(self, cell, pending=b""):
@@ -744,16 +884,35 @@ class Pump(object):
         os.write(self.wake_w, b"x")
 
     def forward(self, cell, data):
-        buf = self.bufs[cell]
-        buf += data
-        end = buf.rfind(b"\n")
-        if end < 0:
-            return
-        lines = bytes(buf[:end]).split(b"\n")
-        del buf[: end + 1]
-        out = b"".join(cell.prefix + line[1:] + b"\n" for line in lines if line)
+        """Forward the complete lines of `data`; False once the cell was ended."""
+        out = []
+        try:
+            for line in cell.lines(data):
+                if line:
+                    out.append(cell.check(line))
+        except CellViolation as exc:
+            self.end(cell, "cell %d broke the agent protocol: %s; the host ended it" % (cell.cid, exc), out)
+            return False
+        if out:
+            with _out_lock:
+                write_all(_out, b"".join(out))
+        return True
+
+    def end(self, cell, reason, out=()):
+        log("cells: " + reason)
+        try:
+            self.sel.unregister(cell.sock)
+        except (KeyError, ValueError):
+            pass
+        del cell.buf[:]
+        cell.closing = True
+        gone = json.dumps({"cell": cell.cid, "id": 0, "ev": "gone", "message": reason}).encode() + b"\n"
         with _out_lock:
-            write_all(_out, out)
+            write_all(_out, b"".join(out) + gone)
+        try:
+            threading.Thread(target=end_cell, args=(cell,), daemon=True).start()
+        except RuntimeError:  # no thread to spare: end it here
+            end_cell(cell)
 
     def run(self):
         while True:
@@ -766,7 +925,6 @@ class Pump(object):
                             cell, pending = self.added.get_nowait()
                         except queue.Empty:
                             break
-                        self.bufs[cell] = bytearray()
                         self.sel.register(cell.sock, selectors.EVENT_READ, cell)
                         if pending:
                             self.forward(cell, pending)
@@ -779,7 +937,7 @@ class Pump(object):
                     self.forward(cell, data)
                     continue
                 self.sel.unregister(cell.sock)
-                self.bufs.pop(cell, None)
+                del cell.buf[:]
                 cell.sock.close()
                 if not cell.closing:
                     send({"cell": cell.cid, "id": 0, "ev": "gone"})
@@ -799,7 +957,7 @@ def read_hello(sock, timeout):
     sock.settimeout(timeout)
     data = b""
     try:
-        while b"\n" not in data:
+        while b"\n" not in data and len(data) < 65536:
             piece = sock.recv(4096)
             if not piece:
                 return b"", b""
@@ -836,6 +994,8 @@ def op_cell_open(req, ctx):
         raise
     finally:
         theirs.close()
+    # a cell whose agent stops reading holds the host's forwarding for at most this long
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT, 0))
     cell = Cell(cid, ours, alive)
     try:
         init = read_report(report, timeout)
@@ -879,19 +1039,40 @@ def forward_to_cell(req):
     with _cells_lock:
         cell = _cells.get(cid)
     if cell is not None:
+        cell.expect(req)
         try:
             cell.sock.sendall((json.dumps(req, separators=(",", ":")) + "\n").encode())
             return
-        except OSError:
-            pass
+        except OSError as exc:  # gone, or not reading for SEND_TIMEOUT: the pump sees EOF and says so
+            log("cells: cell %s does not take its requests (%s): ending it" % (cid, exc))
+            try:
+                cell.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
     if req.get("op") not in ("data", "ack", "cancel"):
         send({"cell": cid, "id": req.get("id"), "ev": "error", "kind": "internal",
               "message": "cell %s is gone" % cid})
 
 
+AGENT_SOURCE = [None]  # this program's source: what a cell's first process execs
+
+
+def own_source():
+    """The source this interpreter was started with (`python3 -u -c <source> --cells`)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        src = argv[argv.index(b"-c") + 1].decode()
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return src if "def cell_agent_main" in src else None
+
+
 def cells_main():
     """Start the zygote while still single-threaded, then serve as the host agent."""
     global forward_cell
+    not_dumpable()  # before the fork: the zygote and every watcher inherit it
+    AGENT_SOURCE[0] = own_source()
     parent, child = socket.socketpair()
     pid = os.fork()
     if pid == 0:
@@ -910,7 +1091,9 @@ def cells_main():
     main()
 
 
-if __name__ == "__main__" and "--cells" in sys.argv:
+if __name__ == "__main__" and "--cell-agent" in sys.argv:
+    cell_agent_main()
+elif __name__ == "__main__" and "--cells" in sys.argv:
     try:
         cells_main()
     except KeyboardInterrupt:

@@ -177,17 +177,24 @@ class AgentConnection:
         self._fail(AgentError(what + self._log()))
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
+        if not isinstance(msg, dict):
+            raise AgentError(f"agent sent a message that is not an object: {str(msg)[:300]}")
         cell = msg.pop("cell", None)
-        if cell is not None:  # a reply of one of this agent's cells
-            conn = self.cells.get(cell)
+        if cell is not None:  # a reply of one of this agent's cells: the host agent checked it and set `cell`
+            conn = self.cells.get(cell) if isinstance(cell, int) else None
             if conn is not None:
                 if msg.get("ev") == "gone":
-                    conn._fail(SandboxNotRunning(f"cell {cell} ended (its processes were killed or it outlived "
-                                                 "its lifetime)"))
+                    reason = msg.get("message") or ("its processes were killed or it outlived its lifetime")
+                    conn._fail(SandboxNotRunning(f"cell {cell} ended ({reason})"))
                 else:
-                    conn._dispatch(msg)
+                    try:
+                        conn._dispatch(msg)
+                    except Exception as exc:  # noqa: BLE001 - whatever a cell's reply is, it fails only that cell
+                        conn._fail(AgentError(f"cell {cell} sent a reply that cannot be read: {exc!r}"))
             return
         rid = msg.get("id")
+        if not isinstance(rid, int):
+            return
         if rid == 0 and msg.get("ev") == "hello":
             if not self._hello.done():
                 self._hello.set_result(msg)

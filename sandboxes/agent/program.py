@@ -852,7 +852,29 @@ def _on_term(signum, frame):
     os._exit(128 + signum)
 
 
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable():
+    """PR_SET_DUMPABLE 0: the sandbox's code, though it may share the agent's uid, can no
+    longer ptrace the agent, read or write its memory (/proc/<pid>/mem), take its
+    descriptors (/proc/<pid>/fd, pidfd_getfd) or read its environment: each needs
+    CAP_SYS_PTRACE, which no sandbox process holds. Otherwise a process the model leaves
+    behind could make the agent forge the result of the next (grading) command.
+    Inherited by fork, reset by execve: the commands the agent starts are ordinary
+    dumpable processes (a debugger in the sandbox can still trace its own children)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            log("cannot make the agent non-dumpable: errno %d" % ctypes.get_errno())
+    except Exception as exc:  # no ctypes / libc: log it, keep serving
+        log("cannot make the agent non-dumpable: %r" % exc)
+
+
 def main():
+    not_dumpable()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_term)
     send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
@@ -891,7 +913,7 @@ def main():
     shutdown()
 
 
-if __name__ == "__main__" and "--cells" not in sys.argv:
+if __name__ == "__main__" and "--cells" not in sys.argv and "--cell-agent" not in sys.argv:
     try:
         main()
     except KeyboardInterrupt:
