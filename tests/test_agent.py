@@ -412,3 +412,53 @@ async def test_sigterm_to_agent_kills_its_commands(tmp_path):
         assert not any(pid_alive(p) for p in pids)
     finally:
         await sandbox.delete()
+
+
+# ---------------------------------------------------------------- the host agent's view of a cell
+def _cells_module() -> dict:
+    """The cells agent's definitions (program.py + cells_program.py), not run."""
+    ns: dict = {"__name__": "vf_cells_agent"}
+    exec(compile(agent_source(cells=True), "vf-sandbox-agent", "exec"), ns)
+    return ns
+
+
+def test_a_cells_lines_are_checked_and_tagged_by_the_channel():
+    ns = _cells_module()
+    cell, violation = ns["Cell"](7, None, None), ns["CellViolation"]
+    cell.expect({"op": "exec", "id": 3, "shell": "true", "limit": 1024})
+    cell.expect({"op": "read_file", "id": 4, "path": "/x"})
+    lines = cell.lines(b'{"id":3,"ev":"result","exit_code":3}\n{"id":4,"ev":"chunk","data":"eA=="}\n{"id":4,')
+    assert [json.loads(cell.check(x)) for x in lines] == [
+        {"cell": 7, "id": 3, "ev": "result", "exit_code": 3}, {"cell": 7, "id": 4, "ev": "chunk", "data": "eA=="}]
+    assert cell.lines(b'"ev":"result"}\n') == [b'{"id":4,"ev":"result"}']
+    cell.check(b'{"id":4,"ev":"result"}')
+    for bad in (b'{"cell":1,"id":3,"ev":"result"}',  # another cell's id: never routed by content
+                b'{"id":0,"ev":"gone"}', b'{"id":0,"ev":"hello"}', b"\x00garbage", b"[1]", b'{"id":"3","ev":"result"}',
+                b'{"id":3,"ev":"result"}'):  # request 3 was answered already
+        with pytest.raises(violation):
+            cell.check(bad)
+    # flow control: chunks beyond the window with no ack end the cell, acked ones do not
+    cell.expect({"op": "get_tar", "id": 5, "path": "/"})
+    chunk = json.dumps({"id": 5, "ev": "chunk", "data": b64(b"x" * (1 << 20))}).encode()
+    for _ in range(5):
+        cell.check(chunk)
+    cell.expect({"op": "ack", "id": 5, "bytes": 5 << 20})
+    for _ in range(5):
+        cell.check(chunk)
+    with pytest.raises(violation, match="flow control"):
+        for _ in range(3):
+            cell.check(chunk)
+
+
+def test_a_cells_endless_line_is_refused_in_linear_time():
+    ns = _cells_module()
+    cell = ns["Cell"](1, None, None)
+    piece = b"x" * 65536
+    t0 = time.perf_counter()
+    with pytest.raises(ns["CellViolation"], match="a line over"):
+        for _ in range(10_000):
+            cell.lines(piece)
+    assert len(cell.buf) <= ns["LINE_MIN"]  # bounded: never more than one line's limit held
+    assert time.perf_counter() - t0 < 2.0
+    cell.expect({"op": "exec", "id": 1, "limit": 8 << 20})  # a larger output limit allows longer lines
+    assert cell.max_line >= 3 * (8 << 20)
