@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
+
+from sandboxes.settings import ProcessSettings
 
 LOGGER = "envs"
 RUN_LOG_ONLY = {"run_log_only": True}
@@ -60,7 +61,7 @@ def setup_logging(
     sets up the root logger (so an env's own `logging.getLogger(__name__)` is JSON
     too). `file_logging` needs `log_file`."""
     if level is _UNSET:
-        level = os.environ.get("VF_LOG_LEVEL", "INFO")
+        level = ProcessSettings.from_env().log_level or "INFO"
     if file_logging and log_file is None:
         raise ValueError("log_file must be specified when file_logging is True")
     formatter: logging.Formatter = (

@@ -75,9 +75,11 @@ class RegistryAuth(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RegistryAuth | None:
         """From VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD; None when either is unset."""
-        env = os.environ if environ is None else environ
-        user, password = env.get("VF_REGISTRY_USERNAME"), env.get("VF_REGISTRY_PASSWORD")
-        return cls(username=user, password=SecretStr(password)) if user and password else None
+        from .settings import ProcessSettings
+
+        settings = ProcessSettings.from_env(environ)
+        user, password = settings.registry_username, settings.registry_password
+        return cls(username=user, password=password) if user and password else None
 
     def engine_config(self) -> dict[str, str]:
         """The Engine API's auth config (sent to the engine only)."""

@@ -12,6 +12,7 @@ import socket
 import time
 import uuid
 
+from .settings import ProcessSettings
 from .spec import SandboxSpec
 
 PREFIX = "vf-sandbox"
@@ -23,11 +24,14 @@ RUN_ID = f"{PREFIX}.run-id"
 CREATED_AT = f"{PREFIX}.created-at"
 EXPIRES_AT = f"{PREFIX}.expires-at"
 
-_RUN_ID = os.environ.get("VF_SANDBOX_RUN_ID") or uuid.uuid4().hex[:12]
+_RUN_ID: str | None = None  # decided on first use (never at import): $VF_SANDBOX_RUN_ID or a fresh id
 
 
 def run_id() -> str:
-    """This process's run id (inherit one with $VF_SANDBOX_RUN_ID)."""
+    """This process's run id (inherit one with $VF_SANDBOX_RUN_ID, read on first use)."""
+    global _RUN_ID
+    if _RUN_ID is None:
+        _RUN_ID = ProcessSettings.from_env().sandbox_run_id or uuid.uuid4().hex[:12]
     return _RUN_ID
 
 
@@ -71,7 +75,7 @@ def lifecycle_labels(spec: SandboxSpec) -> dict[str, str]:
         OWNER_PID: str(pid),
         OWNER_HOST: socket.gethostname(),
         OWNER_START: process_start_time(pid),
-        RUN_ID: _RUN_ID,
+        RUN_ID: run_id(),
         CREATED_AT: f"{now:.3f}",
         EXPIRES_AT: f"{now + spec.timeout_minutes * 60:.3f}",
     }

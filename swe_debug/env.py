@@ -298,9 +298,9 @@ def load_environment(
     from .taskset import SWETaskSet
 
     if dataset is None:
-        from .examples.builder import DEFAULT_OUT, build_dataset
+        from .examples.builder import build_dataset, default_out
 
-        path = DEFAULT_OUT / "examples.jsonl"
+        path = default_out() / "examples.jsonl"
         dataset = str(path if path.exists() else build_dataset())
     try:
         report = load_instances(dataset, split=split, named_images=bool(namespace or registry),

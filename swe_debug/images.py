@@ -30,7 +30,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -45,6 +44,7 @@ from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, ImageNotFound, InfraError, UsageError
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
+from sandboxes.settings import ProcessSettings
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -54,8 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "images" / "swe"
 DEFAULT_BASE_IMAGE = "vf-sandbox/base:bookworm"
 DEFAULT_BASE_PYTHON = "3.11"  # Debian bookworm's python3: the only interpreter of the default base image
-BASE_IMAGE = os.environ.get("VF_SWE_BASE_IMAGE", DEFAULT_BASE_IMAGE)
-CACHE_DIR = Path(os.environ.get("VF_SWE_CACHE", ROOT / ".cache" / "swe-images"))
+DEFAULT_CACHE_DIR = ROOT / ".cache" / "swe-images"
 RECIPE_VERSION = "1"
 
 
@@ -165,8 +164,8 @@ async def _run(*argv: str, cwd: str | None = None, env: dict[str, str] | None = 
 @functools.lru_cache(maxsize=1)
 def find_pip() -> list[str]:
     """A host pip to download wheels with: $VF_SWE_PIP, this interpreter's, or one on PATH."""
-    if os.environ.get("VF_SWE_PIP"):
-        return os.environ["VF_SWE_PIP"].split()
+    if configured := ProcessSettings.from_env().swe_pip:
+        return configured.split()
     candidates = [[sys.executable, "-m", "pip"]]  # a uv-made venv has none: then the system's
     candidates += [[p, "-m", "pip"] for p in (shutil.which("python3"), shutil.which("python")) if p]
     candidates += [[p] for p in (shutil.which("pip3"), shutil.which("pip")) if p]
@@ -204,8 +203,8 @@ class ImageBuilder:
 
     def __init__(
         self,
-        base_image: str = BASE_IMAGE,
-        cache_dir: Path | str = CACHE_DIR,
+        base_image: str | None = None,
+        cache_dir: Path | str | None = None,
         recipes: Path | str = RECIPES,
         backend: object | str | None = None,
         build_timeout: float = 1800,
@@ -232,8 +231,9 @@ class ImageBuilder:
         self._pushed: set[str] = set()
         self.no_cache = no_cache  # do not reuse the engine's layer cache: a truly cold build
         self.salt = salt  # mixed into every key: a separate set of tags (benchmarks' cold builds)
-        self.base_image = base_image
-        self.cache_dir = Path(cache_dir)
+        settings = ProcessSettings.from_env()  # None: $VF_SWE_BASE_IMAGE / $VF_SWE_CACHE, else the defaults
+        self.base_image = base_image or settings.swe_base_image or DEFAULT_BASE_IMAGE
+        self.cache_dir = Path(cache_dir or settings.swe_cache or DEFAULT_CACHE_DIR)
         self.recipes = Path(recipes)
         # where images are checked, pulled and built: a backend name or instance with the
         # SupportsImageBuild capability; None = the run's backend when it has it, else docker

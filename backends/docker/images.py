@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -37,13 +36,13 @@ from pydantic import BaseModel, Field
 
 from sandboxes.errors import BackendUnavailable, ImageNotFound
 from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, hash_tree, host_arch
+from sandboxes.settings import ProcessSettings
 
 from .build import EngineImages, split_name
 
 log = logging.getLogger(__name__)
 
-IMAGES_ROOT = Path(os.environ.get("VF_SANDBOX_IMAGES", Path(__file__).resolve().parents[2] / "images"))
-WHEEL_CACHE = Path(os.environ.get("VF_SANDBOX_CACHE", Path.home() / ".cache" / "vf-sandbox")) / "wheelhouse"
+REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
 HASH_LABEL = "vf-sandbox.recipe-hash"
 RECIPE_LABEL = "vf-sandbox.recipe"
 DERIVED_REPO = "vf-sandbox/python-env"
@@ -56,6 +55,18 @@ _derive_locks: dict[str, threading.Lock] = {}
 _derive_locks_guard = threading.Lock()
 
 
+def images_root() -> Path:
+    """The image recipes' directory: $VF_SANDBOX_IMAGES, else the repository's images/ (read per call)."""
+    configured = ProcessSettings.from_env().sandbox_images
+    return Path(configured) if configured else REPO_IMAGES
+
+
+def wheel_cache() -> Path:
+    """The one wheelhouse (sandboxes.settings, read per call): $VF_SANDBOX_WHEELHOUSE, else
+    $VF_SANDBOX_CACHE/wheelhouse, else ~/.cache/vf-sandbox/wheelhouse."""
+    return ProcessSettings.from_env().wheelhouse_root()
+
+
 class Recipe(BaseModel):
     """One entry of images/recipes.toml."""
 
@@ -64,7 +75,7 @@ class Recipe(BaseModel):
     script: str | None = Field(None, description="Program producing the image when absent, relative to images/.")
     aliases: list[str] = Field(default_factory=list, description="Other names this recipe stands in for.")
     description: str = ""
-    root: Path = IMAGES_ROOT
+    root: Path = Field(default_factory=images_root)
 
     @property
     def context(self) -> Path:
@@ -82,7 +93,7 @@ BuildOutcome = BuiltImage  # the name this module used before the build capabili
 
 
 def load_recipes(root: Path | None = None) -> list[Recipe]:
-    root = root or IMAGES_ROOT
+    root = root or images_root()
     index = root / "recipes.toml"
     if not index.exists():
         return []
@@ -101,7 +112,7 @@ def find_recipe(image: str, root: Path | None = None) -> Recipe | None:
 def missing_image_message(image: str) -> str:
     names = ", ".join(r.name for r in load_recipes()) or "none"
     return (
-        f"image {image!r} is not present locally and no recipe in {IMAGES_ROOT}/recipes.toml builds it. "
+        f"image {image!r} is not present locally and no recipe in {images_root()}/recipes.toml builds it. "
         f"Build it (`docker build -t {image} <context>`), load it (`docker load -i <file>.tar`) or, on a "
         f"machine with a registry, pull it (`docker pull {image}`). Recipes available: {names} "
         "(`vf-sandbox images build NAME`)."
@@ -126,7 +137,7 @@ class ImageBuilder:
     def __init__(self, url: str | None = None, root: Path | None = None):
         self.engine = EngineImages(url)
         self.url = self.engine.url
-        self.root = root or IMAGES_ROOT
+        self.root = root or images_root()
 
     def image(self, name: str) -> dict | None:
         return self.engine.inspect(name)
@@ -241,7 +252,7 @@ def fetch_wheels(
     if tuple(platforms) != RECIPE_PLATFORMS:  # recipes keep their historical cache keys
         content += ("|" + ",".join(platforms)).encode()
     key = hashlib.sha256(content + python_version.encode()).hexdigest()[:16]
-    house = WHEEL_CACHE / key
+    house = wheel_cache() / key
     if (house / ".complete").exists():
         return house
     house.mkdir(parents=True, exist_ok=True)

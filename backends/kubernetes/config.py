@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.retry import RetryPolicy
+from sandboxes.settings import ProcessSettings
 
 
 def _env(name: str) -> str | None:
-    return os.environ.get(name) or None
+    """A VF_K8S_* setting, read when a config is made (sandboxes.settings lists them)."""
+    return getattr(ProcessSettings.from_env(), name.removeprefix("VF_").lower())
 
 
 class KubernetesConfig(BaseModel):

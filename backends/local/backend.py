@@ -42,6 +42,7 @@ from sandboxes.agent.channels import ProcessChannel
 from sandboxes.errors import SandboxCreateError, SandboxNotRunning
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent
+from sandboxes.settings import ProcessSettings
 from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace
 
 from .isolation import Isolation, find_bwrap, prepare_root, warn_unconfined_once
@@ -99,7 +100,7 @@ class LocalBackend:
 
     def __init__(self, **options) -> None:
         self.config = LocalConfig(**options)
-        base = self.config.base_dir or os.environ.get("VF_LOCAL_SANDBOX_DIR") or os.path.join(tempfile.gettempdir(), "vf-sandbox-local")
+        base = self.config.base_dir or ProcessSettings.from_env().local_sandbox_dir or os.path.join(tempfile.gettempdir(), "vf-sandbox-local")
         self.base = Path(base)
         self.bwrap = find_bwrap() if self.config.use_bwrap else None
         self._keys: dict[str, str] = {}  # idempotency key -> sandbox id (this process)

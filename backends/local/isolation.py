@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from sandboxes.settings import ProcessSettings
+
 log = logging.getLogger(__name__)
 
 # Host directories mounted read-only into the sandbox root (when they exist).
@@ -62,7 +64,7 @@ def find_bwrap() -> str | None:
 
     Set VF_LOCAL_NO_BWRAP=1 to force plain processes.
     """
-    if os.environ.get("VF_LOCAL_NO_BWRAP") == "1":
+    if ProcessSettings.from_env().local_no_bwrap == "1":
         return None
     path = shutil.which("bwrap")
     if not path:

@@ -26,7 +26,6 @@ needs a registry and the network).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -40,6 +39,7 @@ from pydantic import BaseModel
 
 from sandboxes.errors import BackendUnavailable, ConfigError, ImageNotFound, InfraError
 from sandboxes.images import ImageBuildRequest, image_builder, run_sync
+from sandboxes.settings import ProcessSettings
 
 from .contract import app_source_path
 from .probe import probe_contract
@@ -51,7 +51,7 @@ from .manifest import (
     write_manifest,
 )
 
-BASE_IMAGE = os.environ.get("VF_OPENENV_BASE_IMAGE", "vf-sandbox/base:bookworm")
+DEFAULT_BASE_IMAGE = "vf-sandbox/base:bookworm"
 DEPS_REPO = "vf-sandbox/openenv-deps"
 PROJECT_REPO_PREFIX = "vf-openenv"
 FALLBACK_REQUIREMENT = "openenv-core[core]"
@@ -73,10 +73,15 @@ class BuildResult(BaseModel):
     seconds: float
 
 
+def base_image() -> str:
+    """$VF_OPENENV_BASE_IMAGE (read per call) or vf-sandbox/base:bookworm."""
+    return ProcessSettings.from_env().openenv_base_image or DEFAULT_BASE_IMAGE
+
+
 def wheelhouse_dir() -> Path:
-    """$VF_SANDBOX_WHEELHOUSE or ~/.cache/vf-sandbox/wheelhouse."""
-    env = os.environ.get("VF_SANDBOX_WHEELHOUSE")
-    return Path(env) if env else Path.home() / ".cache" / "vf-sandbox" / "wheelhouse"
+    """The one wheelhouse (sandboxes.settings): $VF_SANDBOX_WHEELHOUSE, else $VF_SANDBOX_CACHE/wheelhouse,
+    else ~/.cache/vf-sandbox/wheelhouse."""
+    return ProcessSettings.from_env().wheelhouse_root()
 
 
 def _project_files(project: Path) -> list[Path]:
@@ -160,7 +165,7 @@ def image_exists(image: str, backend: object | str | None = None) -> bool:
 def builder_available(backend: object | str | None = None) -> bool:
     """True when the build backend answers."""
     try:
-        _image_id(BASE_IMAGE, backend)
+        _image_id(base_image(), backend)
     except BackendUnavailable:
         return False
     return True
@@ -209,9 +214,10 @@ def ensure_deps_image(requirements: list[str], *, wheelhouse: Path | None = None
                       log: Callable[[str], None] = lambda s: None,
                       backend: object | str | None = None) -> tuple[str, bool]:
     """(image, built): the deps image for these requirements on the base image."""
-    base_id = _image_id(BASE_IMAGE, backend)
+    base = base_image()
+    base_id = _image_id(base, backend)
     if base_id is None:
-        raise ImageNotFound(f"base image {BASE_IMAGE} not found locally: build it with images/base/build.sh")
+        raise ImageNotFound(f"base image {base} not found locally: build it with images/base/build.sh")
     key = hashlib.sha256(("\n".join(requirements) + "\n" + base_id).encode()).hexdigest()[:16]
     tag = f"{DEPS_REPO}:{key}"
     if image_exists(tag, backend):
@@ -221,7 +227,7 @@ def ensure_deps_image(requirements: list[str], *, wheelhouse: Path | None = None
         ctx = Path(tmp)
         collect_wheels(requirements, ctx, wheelhouse=wheelhouse, log=log)
         dockerfile = (
-            f"FROM {BASE_IMAGE}\n"
+            f"FROM {base}\n"
             "COPY requirements.txt /tmp/vf-deps/requirements.txt\n"
             "COPY wheels /tmp/vf-deps/wheels\n"
             "RUN python3 -m venv /app/.venv \\\n"

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..debug import verdict
-from .builder import DEFAULT_OUT, HANG_SCRIPT, METADATA, build_dataset, build_images
+from .builder import HANG_SCRIPT, METADATA, build_dataset, build_images, default_out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -34,9 +34,10 @@ CHECKS: list[tuple[str, list[str], dict[str, str]]] = [
 
 
 @app.command()
-def build(out: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT,
+def build(out: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: $VF_SWE_EXAMPLES or .cache/swe-examples")] = None,
           images: Annotated[bool, typer.Option("--images/--no-images")] = True) -> None:
     """Fetch the sdists, write OUT/examples.jsonl and build the instance images."""
+    out = out or default_out()
     t0 = time.perf_counter()
     path = build_dataset(out)
     print(f"dataset: {path} ({time.perf_counter() - t0:.1f}s)")
@@ -46,10 +47,11 @@ def build(out: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT,
 
 
 @app.command()
-def check(out: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT,
+def check(out: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: $VF_SWE_EXAMPLES or .cache/swe-examples")] = None,
           concurrency: Annotated[int, typer.Option("-c")] = 2,
           junit_dir: Annotated[Optional[Path], typer.Option("--junit-dir")] = None) -> None:
     """Build, then run every check with vf-swe-debug and compare each verdict with the expected one."""
+    out = out or default_out()
     build(out, True)
     dataset = out / "examples.jsonl"
     bad = []
@@ -82,7 +84,7 @@ def check(out: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT,
 
 
 @app.command()
-def derive(out: Annotated[Path, typer.Option("--out", "-o")] = DEFAULT_OUT) -> None:
+def derive(out: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: $VF_SWE_EXAMPLES or .cache/swe-examples")] = None) -> None:
     """Maintainers only: run each real example without and with the gold patch and write
     FAIL_TO_PASS (fails → passes) and PASS_TO_PASS (passes → passes) into metadata.json."""
     from sandboxes import get_backend

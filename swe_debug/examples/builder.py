@@ -16,11 +16,20 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxes.settings import ProcessSettings
+
 from ..images import ROOT, ImageBuilder, find_pip, materialize_source
 from ..instances import EnvironmentSpec, SourceSpec, SWEInstance
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = Path(os.environ.get("VF_SWE_EXAMPLES", ROOT / ".cache" / "swe-examples"))
+REPO_OUT = ROOT / ".cache" / "swe-examples"
+
+
+def default_out() -> Path:
+    """Where the example taskset goes: $VF_SWE_EXAMPLES (read per call), else .cache/swe-examples."""
+    configured = ProcessSettings.from_env().swe_examples
+    return Path(configured) if configured else REPO_OUT
+
 METADATA = HERE / "metadata.json"
 HANG_SCRIPT = HERE / "hang.sh"
 
@@ -192,8 +201,9 @@ def _metadata() -> dict:
     return {iid: {k: expand_ids(v) for k, v in lists.items()} for iid, lists in raw.items()}
 
 
-def build_dataset(out: Path = DEFAULT_OUT, with_metadata: bool = True) -> Path:
-    """Write out/examples.jsonl (and out/sdists/). Returns the dataset path."""
+def build_dataset(out: Path | None = None, with_metadata: bool = True) -> Path:
+    """Write out/examples.jsonl (and out/sdists/; default `default_out()`). Returns the dataset path."""
+    out = out or default_out()
     out.mkdir(parents=True, exist_ok=True)
     sdists = out / "sdists"
     meta = _metadata() if with_metadata else {}
