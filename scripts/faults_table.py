@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the README's "Faults we test" table from a test run's JUnit report.
+"""Print the "Faults we test" table of docs/testing.md from a test run's JUnit report.
 
     .venv/bin/pytest -m faults --junitxml=test-artifacts/faults.xml   # or `make test` (test-artifacts/junit.xml)
     .venv/bin/python scripts/faults_table.py [JUNIT_XML ...]

@@ -1,6 +1,6 @@
 """The fault suite: each test injects one fault on the real Docker engine and
 asserts the outcome (marked `faults`: `pytest -m faults` runs it alone, `make
-test` runs it with the rest). Each test records its row of the README's
+test` runs it with the rest). Each test records its row of docs/testing.md's
 "Faults we test" table (`fault`, `outcome`, `figure` JUnit properties);
 `scripts/faults_table.py` prints the table from the JUnit report, with the
 rows covered by tests in other modules (listed there).

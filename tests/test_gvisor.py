@@ -124,10 +124,10 @@ def test_isolation_is_validated_on_the_spec():
 
 
 async def test_known_limit_of_debians_runsc_coreutils_ls():
-    """Pinned so that the README stays true: Debian bookworm's runsc (0.0~20221219)
+    """Pinned so that the docs stay true: Debian bookworm's runsc (0.0~20221219)
     rejects statx(AT_NO_AUTOMOUNT) with EINVAL, so coreutils >= 9 `ls`/`stat` fail inside
     gVisor sandboxes while `find`, `cat`, Python and git work. When this test fails the
-    engine's runsc is newer: drop the limit from README.md ("gVisor isolation")."""
+    engine's runsc is newer: drop the limit from docs/gvisor.md and docs/known-limits.md."""
     require_gvisor()
     version = subprocess.run(["runsc", "--version"], capture_output=True, text=True).stdout
     backend = DockerBackend()
@@ -141,7 +141,7 @@ async def test_known_limit_of_debians_runsc_coreutils_ls():
                 assert ls.exit_code != 0 and "Invalid argument" in ls.stderr, (version, ls)
             else:
                 pytest.fail(f"runsc is not Debian's 20221219 ({version.splitlines()[0]}); `ls` exit {ls.exit_code}: "
-                            "update the known-limit note in README.md and this test")
+                            "update the known-limit note in docs/gvisor.md, docs/known-limits.md and this test")
         finally:
             await sb.delete()
     finally:

@@ -6,7 +6,7 @@ licence, LICENSE.verifiers). `verifiers` and the submodules they import are
 aliased to our modules here (before reference_conftest.py, the reference's
 own conftest, is imported for its fixtures). Each test file copied here
 passes in full; the reference files that do not are listed with the reason
-in the README."""
+in docs/porting.md."""
 
 from __future__ import annotations
 
