@@ -13,10 +13,15 @@ host's channel); deleting it kills every process of the cell and frees its
 files.
 
 Hosts are created on demand (one per distinct host-shaping spec, up to
-`cells_per_host` cells each), stop admitting cells after the spec's lifetime
-(so every cell gets its full lifetime before the host's own, twice as long,
-ends), are deleted once drained, and are ordinary labelled sandboxes: the
-reaper and `vf-sandbox` cleanup see them like any other.
+`cells_per_host` cells each), admit cells for `admit_seconds(spec)` (the
+spec's lifetime, at most ADMIT_SECONDS_MAX) and live that long plus one cell
+lifetime plus HOST_SLACK_SECONDS (so every cell gets its full lifetime), are
+deleted once drained, and are ordinary labelled sandboxes: the reaper and
+`vf-sandbox` cleanup see them like any other. A host found dead (its agent's
+channel closed: the container was killed) is forgotten at once: no cell is
+opened in it again, its open cells are dropped from the listing, and the next
+cell comes from a new host. A host whose client went away (even SIGKILLed)
+ends itself: the backend runs its agent so that the container ends with it.
 """
 
 from __future__ import annotations
@@ -149,17 +154,27 @@ def cell_conf(spec: SandboxSpec, name: str) -> dict[str, Any]:
     }
 
 
+ADMIT_SECONDS_MAX = 600.0  # a host admits cells for at most 10 min (then a new one is made)
+HOST_SLACK_SECONDS = 60.0  # a host outlives its last cell's lifetime by at most this (opening a cell)
+
+
+def admit_seconds(spec: SandboxSpec) -> float:
+    """How long a host of `spec`'s cells admits new ones (from before it is created)."""
+    return min(spec.timeout_minutes * 60, ADMIT_SECONDS_MAX)
+
+
 def host_spec(spec: SandboxSpec, cells_per_host: int) -> SandboxSpec:
     """The cell host for cells of `spec`: room for `cells_per_host` of them (each cell
-    is held to the spec's own limits by its cgroup), twice their lifetime (plus a
-    margin: it admits cells only during the first), root."""
+    is held to the spec's own limits by its cgroup), a lifetime of its admission window
+    plus one cell lifetime plus a small slack (a cell admitted last still lives its
+    whole lifetime; an orphaned host ends soon after its cells would have), root."""
     return spec.model_copy(update={
         "name": f"{spec.name}-cells",
         "memory_gb": spec.memory_gb * cells_per_host,
         "pids_limit": spec.pids_limit * cells_per_host + 64,
         "cpu_cores": spec.cpu_cores * cells_per_host,
         "disk_size_gb": spec.disk_size_gb * cells_per_host,
-        "timeout_minutes": spec.timeout_minutes * 2 + 5,  # cells admitted until T each live at most T
+        "timeout_minutes": (admit_seconds(spec) + spec.timeout_minutes * 60 + HOST_SLACK_SECONDS) / 60,
         "environment_vars": {},
         "user": None,
         "workdir": "/",
@@ -170,11 +185,11 @@ def host_spec(spec: SandboxSpec, cells_per_host: int) -> SandboxSpec:
 class CellHost:
     """One cell host sandbox and the cells open in it."""
 
-    def __init__(self, sandbox: AgentSandbox, capacity: int, admit_seconds: float, owner: "CellHosts | None" = None):
+    def __init__(self, sandbox: AgentSandbox, capacity: int, admit_until: float, owner: "CellHosts | None" = None):
         self.sandbox = sandbox
         self.owner = owner
         self.capacity = capacity
-        self.admit_until = time.monotonic() + admit_seconds
+        self.admit_until = admit_until  # time.monotonic() after which no cell is opened here
         self.open = 0
         self._ids = itertools.count(1)
 
@@ -258,14 +273,16 @@ class CellHosts:
         a cell cannot give (never accepted and silently dropped)."""
         refuse_in_cells(spec)
         key = self.key(spec)
+        self._forget_dead()
         host = self._admitting(key)
         if host is None:
             async with self._locks.setdefault(key, asyncio.Lock()):
                 host = self._admitting(key)
                 if host is None:
                     n = self.per_host(spec)
+                    admit_until = time.monotonic() + admit_seconds(spec)  # the host's clock starts after this
                     sandbox = await self.create_host(host_spec(spec, n))
-                    host = CellHost(sandbox, n, spec.timeout_minutes * 60, self)
+                    host = CellHost(sandbox, n, admit_until, self)
                     self._hosts.setdefault(key, []).append(host)
                     self.stats["hosts"] += 1
         try:
@@ -283,6 +300,18 @@ class CellHosts:
         if host in hosts:
             hosts.remove(host)
         self._spawn(host.sandbox.delete())
+
+    def _forget_dead(self) -> None:
+        """Forget every host whose agent's channel closed (the container was killed or
+        died): no cell is opened there again, its cells leave the listing (each handle
+        already fails with the host's error) and its container is deleted."""
+        for key, hosts in self._hosts.items():
+            for host in [h for h in hosts if h.sandbox.connection.dead is not None]:
+                log.warning("cell host %s is gone (%s): forgetting it and its cells", host.sandbox.name,
+                            host.sandbox.connection.dead)
+                for cid in [i for i, c in self._cells.items() if c.host is host]:
+                    del self._cells[cid]
+                self._forget(key, host)
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -319,6 +348,7 @@ class CellHosts:
 
     def infos(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """The open cells carrying all `labels` (with the lifecycle labels of their spec)."""
+        self._forget_dead()
         out = []
         for cell in list(self._cells.values()):
             if all(cell.labels.get(k) == v for k, v in labels.items()):

@@ -166,6 +166,16 @@ class DockerSandbox(AgentSandbox):
 CELL_HOST_CAPS = ["SYS_ADMIN", "DAC_OVERRIDE", "MKNOD", "SYS_CHROOT", "NET_ADMIN", "SETUID", "SETGID", "SETPCAP"]
 
 
+def cell_host_agent_argv(argv: list[str]) -> list[str]:
+    """A cell host's agent under a shell that ends the host container when the agent ends
+    on its own (exit 0: its client's channel closed, even when the client was SIGKILLed):
+    nobody can reach the host's cells any more. `kill -9 -1` (root in the container) takes
+    every process but PID 1 down, `timeout` among them, and docker-init then ends the
+    container with every cell in it. An agent that failed (python3 missing, a crash) exits
+    non-zero and leaves the container to the client (which reads why, then deletes it)."""
+    return ["/bin/sh", "-c", '"$@" && kill -9 -1', "vf-cell-host", *argv]
+
+
 class DockerBackend:
     """Docker Engine backend (registered as "docker")."""
 
@@ -564,7 +574,8 @@ class DockerBackend:
             return await self._fallback(container, spec, name)
         try:
             async with self._api("start agent"):
-                channel = await DockerExecChannel.open(container, agent_argv(self.python, cells=cell_host),
+                argv = agent_argv(self.python, cells=cell_host)
+                channel = await DockerExecChannel.open(container, cell_host_agent_argv(argv) if cell_host else argv,
                                                        user="0" if cell_host else spec.user, workdir=spec.workdir)
         except aiodocker.DockerError as exc:
             if exc.status in (404, 409):
