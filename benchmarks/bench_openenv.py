@@ -10,12 +10,14 @@ by uvicorn on the host. Paths, each timing one `step`:
 
   direct              host client (aiohttp) -> host server
   relay (host proc)   host -> relay as a host subprocess (pipes) -> same server
-  relay (docker)      host -> Docker sandbox (agent over attached exec) -> relay
-                      -> same server (the sandbox shares the host network for
-                      this row only, so it is literally the same server)
   relay (docker, in-sandbox server)
                       the production set-up: server and relay both inside a
                       network-less sandbox (a different process; same code)
+
+The row "relay (docker)" of earlier runs (a sandbox with host networking reaching
+the same host server) is gone: `network=True` now joins the egress-only bridge,
+which by design reaches nothing on the host (docs/sandboxes.md), and host
+networking is refused, so no sandbox can reach the host's server any more.
 
 Two step kinds: `POST /step` (stateless HTTP) and a `/ws` session step (what
 OpenEnvEnv uses per turn). Target (issue 7): relay (docker) <= 2x direct.
@@ -120,10 +122,6 @@ async def main() -> None:
         await wait_health(direct)
         paths.append(Path_("direct", direct))
         paths.append(Path_("relay (host proc)", await Forwarder.start_local(port)))
-        # Same server through a sandbox: the sandbox shares the host network for this row only.
-        sb = await backend.create(SandboxSpec(image=manifest.image, name="bench-openenv", network=True, labels=LABELS))
-        sandboxes.append(sb)
-        paths.append(Path_("relay (docker)", await Forwarder.start_in_sandbox(sb, port)))
         # Production set-up: server and relay inside a network-less sandbox.
         sb = await backend.create(SandboxSpec(image=manifest.image, name="bench-openenv", labels=LABELS,
                                               cpu_cores=2, memory_gb=4))
