@@ -35,6 +35,12 @@ import platform
 import socket
 import struct
 
+HARDENING = 1
+"""The hardening level this runtime reports in the host agent's hello ("hardening"), which
+`rollout_isolation="auto"` requires (sandboxes.cells.AUTO_HARDENING) before it picks cells.
+1: issue 24's defences (agents not dumpable, a fresh agent per cell, identity from the
+channel and every cell line checked, lifetime enforced by the watcher, siblings hidden).
+Raise it with a defence the hostile suite proves (and the requirement with it)."""
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -1088,6 +1094,7 @@ def cells_main():
     OPS["cell_open"] = op_cell_open
     OPS["cell_close"] = op_cell_close
     forward_cell = forward_to_cell
+    HELLO["hardening"] = HARDENING
     main()
 
 

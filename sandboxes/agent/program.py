@@ -835,6 +835,7 @@ def no_cells(req):
 
 
 forward_cell = no_cells  # replaced by the cells extension (cells_program.py)
+HELLO = {}  # fields an extension adds to the hello (cells_program.py: the host's hardening level)
 
 
 def shutdown():
@@ -877,8 +878,8 @@ def main():
     not_dumpable()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_term)
-    send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
-          "python": "%d.%d.%d" % sys.version_info[:3]})
+    send(dict({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
+               "python": "%d.%d.%d" % sys.version_info[:3]}, **HELLO))
     stdin = sys.stdin.buffer
     while True:
         line = stdin.readline()
