@@ -206,6 +206,9 @@ async def test_the_cell_runs_as_the_specs_user(backend):
     lines = r.stdout.splitlines()
     assert lines[:2] == ["nobody", "/tmp/work"], r
     assert "Permission denied" in r.stderr
+    # the overlay changes its upper layer with the mounter's credentials: chmod of the user's own file works
+    await cell.write_file("/tmp/mine.sh", "echo mine\n", mode=0o755)
+    assert (await cell.exec("/tmp/mine.sh")).stdout == "mine\n"  # its mode was set
     await cell.delete()
 
 

@@ -162,8 +162,10 @@ class DockerSandbox(AgentSandbox):
 # what a cell host's agent needs to build cells: namespaces, mounts and cgroups (SYS_ADMIN),
 # the overlay's copy-up and whiteouts (DAC_OVERRIDE, MKNOD), chroot into the cell's root,
 # loopback up in its network namespace (NET_ADMIN), switching to the sandbox user (SETUID/GID),
-# emptying the cell's capability bounding set (SETPCAP)
-CELL_HOST_CAPS = ["SYS_ADMIN", "DAC_OVERRIDE", "MKNOD", "SYS_CHROOT", "NET_ADMIN", "SETUID", "SETGID", "SETPCAP"]
+# emptying the cell's capability bounding set (SETPCAP); the overlay acts on its upper layer with
+# the mounter's credentials, so a chmod / copy-up of a file of the cell's user needs FOWNER / CHOWN
+CELL_HOST_CAPS = ["SYS_ADMIN", "DAC_OVERRIDE", "MKNOD", "SYS_CHROOT", "NET_ADMIN", "SETUID", "SETGID", "SETPCAP",
+                  "FOWNER", "CHOWN"]
 
 
 def cell_host_agent_argv(argv: list[str]) -> list[str]:
