@@ -11,18 +11,28 @@ a seccomp filter that refuses namespace and mount syscalls, and run as the
 sandbox's user. Inside, a copy of the agent serves the cell over a socket; the
 host agent forwards every message tagged `"cell": N` to it.
 
-Processes (all stdlib, Python 3.7+):
+Processes (all stdlib, Python 3.7+; every one of them non-dumpable, see
+`not_dumpable` in program.py):
 
     host agent (root, the host container's capabilities)
       zygote       forked before any thread: single-threaded, so it can fork and
                    unshare safely; owns the cgroup mounts
-        watcher    the cell init's parent (outside the cell): kills it on request
-          cell agent   PID 1 of the cell's PID namespace: `main()` of program.py over
-                       the cell's socket, reaping the cell's orphans; exits at the cell's
-                       lifetime; when it ends the kernel kills every process of the cell
+        watcher    the cell init's parent (outside the cell): kills it on request and
+                   at the cell's lifetime (its own alarm, out of the cell's reach)
+          cell agent   PID 1 of the cell's PID namespace: a fresh interpreter exec'd with
+                       this program (`--cell-agent`: nothing of the zygote's memory), `main()`
+                       of program.py over the cell's socket, reaping the cell's orphans; when
+                       it ends the kernel kills every process of the cell
 
 Only the host agent and the zygote hold privilege; it is dropped in the cell
-before the cell agent runs.
+before the cell agent runs. The host agent trusts nothing a cell sends (`Cell`,
+`Pump`): each line is parsed, checked against the requests it forwarded to that
+cell, re-serialised with the id of the channel it came from and size-capped; a
+cell that breaks the protocol is ended alone.
+
+The threat model (what a cell's code can and cannot do, which layer holds each
+attack, what is still weaker than a container): CELLS_THREAT_MODEL.md beside this
+file; docs/isolation.md compares a cell with a container row by row.
 """
 
 import array
