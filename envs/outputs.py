@@ -57,6 +57,9 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
     err = state.get("error")
     if isinstance(err, BaseException):
         info: dict[str, Any] | None = error_record(err)
+        status = _http_status(err)
+        if status is not None:  # a model endpoint's HTTP status (429, 5xx, ...)
+            info["status"] = status
     elif isinstance(err, dict):
         info = err
     else:
@@ -163,6 +166,16 @@ def serialize_trajectory(steps: list[Any], max_chars: int | None = None) -> tupl
             "extras": _jsonable(step.get("extras") or {}),
         })
     return out, keep_from
+
+
+def _http_status(err: BaseException) -> int | None:
+    from sandboxes.errors import iter_causes
+
+    for cur in iter_causes(err):
+        status = getattr(cur, "status", None)
+        if isinstance(status, int) and not isinstance(status, bool):
+            return status
+    return None
 
 
 def error_verdict(err: BaseException | dict[str, Any] | None) -> str:

@@ -10,8 +10,11 @@ verdict in `info.verdict`) and metadata.json, records the run in the registry
 (`--junit-xml`) like for every other eval. What this module adds is the view:
 a line per finished instance, a progress bar and the summary table.
 
-Exit codes: 0 all valid · 1 some instance invalid, errored or a row malformed ·
-2 bad usage (unknown ids, missing files) · 130 Ctrl-C · 143 SIGTERM (finished rows kept; --resume).
+Exit codes (the same table as `vf-sandbox eval`, envs/eval/exit_codes.py): 0 all
+valid · 1 some instance invalid or a row malformed · 2 bad usage (unknown ids,
+missing files) · 3 incomplete: instances ended in sandbox / env errors or were not
+run (Docker down, stopped) -- `--resume` continues · 130 Ctrl-C · 143 SIGTERM
+(finished rows kept; --resume).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+
+from envs.eval import exit_codes
 
 from .debug import verdict
 
@@ -84,7 +89,12 @@ def run(
     detach: Annotated[bool, typer.Option("--detach", help="Hosted: submit and return (follow with `vf-sandbox runs logs ID --follow`).")] = False,
     num_workers: Annotated[int, typer.Option("--num-workers", "-w", min=1, help="Worker processes (local) or at least this many Ray actors (hosted).")] = 1,
 ) -> None:
-    """Run the debug step and the tests for every selected instance and report which are valid."""
+    """Run the debug step and the tests for every selected instance and report which are valid.
+
+    Exit codes: 0 every instance valid · 1 some instance invalid (or a row malformed) · 2 usage error ·
+    3 incomplete: instances ended in sandbox / env errors or were not run (Docker down, stopped;
+    continue with --resume) · 130 / 143 interrupted (SIGINT / SIGTERM). The same codes as
+    `vf-sandbox eval`."""
     raise typer.Exit(_main(**locals()))
 
 
@@ -131,7 +141,6 @@ def eval_config(a: dict[str, Any]):
 
 def _main(**a: Any) -> int:
     import asyncio
-    import signal
 
     from rich.console import Console
 
@@ -165,12 +174,11 @@ def _main(**a: Any) -> int:
         _print_table(console, rows, display.elapsed(), res.run_dir)
     if signals:
         console.print(f"[yellow]interrupted[/]: finished rows are in {res.run_dir} (use --resume)")
-        return 128 + int(signals[0]) if signals[0] in (signal.SIGINT, signal.SIGTERM) else 1
+        return exit_codes.for_signal(signals) or exit_codes.VERDICTS_FAILED
     if res.status != "completed":
         console.print(f"[red]{res.status}[/]: {res.error}")
-        return 1
     all_valid = bool(rows) and all(verdict(r).get("valid") for r in rows)
-    return 0 if all_valid and not res.metadata.get("input_errors") else 1
+    return exit_codes.for_swe(res.status, res.usage_error, all_valid and not res.metadata.get("input_errors"))
 
 
 def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
@@ -206,9 +214,8 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
         _print_table(console, rows, time.perf_counter() - t0, Path(final.output_dir))
     if final.status != "completed":
         console.print(f"[red]{final.status}[/]: {final.error}")
-        return 1
     all_valid = bool(rows) and all(verdict(r).get("valid") for r in rows)
-    return 0 if all_valid and not meta.get("input_errors") else 1
+    return exit_codes.for_swe(final.status, False, all_valid and not meta.get("input_errors"))
 
 
 class SWEDisplay:

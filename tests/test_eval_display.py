@@ -43,8 +43,9 @@ def test_summary_shows_stats_errors_and_samples(capsys):
     print_summary(meta, rows, plain=True)
     out = capsys.readouterr().out
     # the infra-error row has no result on the task: out of the average, counted apart
-    assert "1.0000 ± 0.0000 (over 1 scored)" in out and "not scored (infra errors)" in out
-    assert "pass@1" in out and "infra: 1" in out and "retried rollouts" in out
+    assert "1.0000 ± 0.0000 (over 1 scored)" in out and "2: 1 scored, 1 errored" in out
+    assert "not scored" in out and "sandbox: 1" in out
+    assert "pass@1" in out and "retried rollouts" in out
     assert "[b]q[/b]" in out and "[error] InfraError: gone" in out
     print_summary(meta, rows, abbreviated=True, plain=True)
     assert "samples" not in capsys.readouterr().out

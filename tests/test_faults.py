@@ -286,10 +286,10 @@ def test_docker_kill_of_a_sandbox_is_retried_as_infra_error(tmp_path, case, duri
 
 def test_sandbox_killed_without_retries_is_not_a_reward_0_row(tmp_path, case):
     """With `max_retries = 0` the killed rollout is an infrastructure failure: left out of
-    the reward average (counted apart), the run is `incomplete` (exit 1), and `--resume`
+    the reward average (counted apart), the run is `incomplete` (exit 3), and `--resume`
     runs it again to completion."""
     case.row("sandbox killed mid-rollout with `max_retries = 0`",
-             "not scored: out of the averages, run `incomplete` (exit 1); `--resume` reruns it")
+             "not scored: out of the averages, run `incomplete` (exit 3); `--resume` reruns it")
     from envs.testing.model_server import ModelServer
 
     kills: list[str] = []
@@ -297,10 +297,10 @@ def test_sandbox_killed_without_retries_is_not_a_reward_0_row(tmp_path, case):
         cmd = eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "3", "-r", "1", "-c", "1", "-s", "--max-retries", "0",
                        "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"}))
         res = subprocess.run(cmd, cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=300)
-        assert res.returncode == 1, res.stderr[-3000:]
-        assert "infrastructure error" in res.stderr and "--resume" in res.stderr
+        assert res.returncode == 3, res.stderr[-3000:]
+        assert "1 sandbox error(s)" in res.stderr and "vf-sandbox eval --resume" in res.stderr
         rows, meta, run_dir = saved_rows(tmp_path)
-        assert len(rows) == 3 and sum(1 for r in rows if r["error_kind"] == "infra") == 1
+        assert len(rows) == 3 and sum(1 for r in rows if r["error_kind"] == "infra" and r["verdict"] == "sandbox") == 1
         assert meta["status"] == "incomplete" and meta["infra_errors"] == 1 and meta["scored_rollouts"] == 2
         assert meta["avg_reward"] == 1.0  # the two solved rollouts; the killed one is not a 0
         res2 = subprocess.run(cmd + ["--resume", str(run_dir)], cwd=tmp_path, env=cli_env(tmp_path),

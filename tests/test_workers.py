@@ -115,7 +115,7 @@ def test_a_worker_dying_mid_run_loses_nothing(tmp_path, server):
 def test_every_worker_dying_fails_the_run_with_the_cause(tmp_path, server):
     # example 3 kills every worker that picks it up
     res = run(tmp_path, server, "dying-env", "-n", "6", "-r", "1", "-c", "4", "-w", "2", VF_TEST_DIE_ALWAYS="1")
-    assert res.returncode == 1
+    assert res.returncode == 3
     assert "every worker died" in res.stderr
     rows, meta = saved(tmp_path)
     assert meta["status"] == "failed"

@@ -77,6 +77,8 @@ def eval_command(
     no_interleave_scoring: bool = typer.Option(False, "--no-interleave-scoring", "-N", help="Score after generation instead of per group"),
     independent_scoring: bool = typer.Option(False, "--independent-scoring", "-i", help="Score each rollout individually"),
     max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Retries of a rollout after an infrastructure or transient model-API error, each logged \\[default: 0]"),
+    max_error_rate: Optional[float] = typer.Option(None, "--max-error-rate", help="Share of rollouts (0..1) that may end in a model / sandbox / env error and the run still be completed (exit 0) \\[default: 0]"),
+    rollout_timeout: Optional[float] = typer.Option(None, "--rollout-timeout", help="Seconds a model request of a rollout may take (the request timeout; then: a model error, retried like one) \\[default: 3600]"),
     client_max_retries: Optional[int] = typer.Option(None, "--client-max-retries", help="The model API client's own quick retries of one request (SDK max_retries), each logged \\[default: 2]"),
     num_workers: str = typer.Option("auto", "--num-workers", "-w", help="Worker processes sharing the run (auto = 1)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging"),
@@ -104,7 +106,12 @@ def eval_command(
     allow_instances_access: bool = typer.Option(False, "--allow-instances-access", help="Hosted: allow the run to create instances/pods (kubernetes, prime backends)"),
     custom_secrets: Optional[str] = typer.Option(None, "--custom-secrets", help="Hosted: JSON object of secrets injected as environment variables of the run (never recorded)"),
 ) -> None:
-    """Evaluate a model on one or more environments (or a TOML config)."""
+    """Evaluate a model on one or more environments (or a TOML config).
+
+    Exit codes: 0 every rollout scored · 2 usage error · 3 incomplete: rollouts ended in model /
+    sandbox / env errors or were not run (continue with `vf-sandbox eval --resume <run id>`;
+    accept some with --max-error-rate) · 130 / 143 interrupted (SIGINT / SIGTERM).
+    vf-swe-debug uses the same codes (and 1: some instance invalid)."""
     import logging
 
     from sandboxes.errors import ConfigError, UsageError
@@ -134,6 +141,8 @@ def eval_command(
             "num_workers": workers,
             "max_retries": max_retries,
             "client_max_retries": client_max_retries,
+            "max_error_rate": max_error_rate,
+            "rollout_timeout": rollout_timeout,
             "max_concurrent": max_concurrent,
             "save_results": save_results or None,
             "junit_xml": junit_xml,
@@ -255,12 +264,12 @@ def _run(configs, disable_tui: bool, fullscreen: bool, abbreviated: bool) -> int
         if res.run_id:
             typer.echo(f"run {res.run_id}: vf-sandbox runs show {res.run_id} · dashboard: vf-sandbox dashboard "
                        f"(http://127.0.0.1:8787/#/run/{res.run_id})")
-    signals = getattr(run_evals, "signals", [])
-    if signals:
-        return 128 + int(signals[0]) if signals[0] in (signal.SIGINT, signal.SIGTERM) else 1
-    if any(r.status == "failed" and r.usage_error for r in results):
-        return 2  # bad usage (unknown env or endpoint alias, missing key variable, ...), as for flags
-    return 0 if all(r.status == "completed" for r in results) else 1
+    from ..eval import exit_codes
+
+    code = exit_codes.for_signal(getattr(run_evals, "signals", []))
+    if code is not None:
+        return code
+    return exit_codes.for_statuses((r.status, r.usage_error) for r in results)
 
 
 @env_app.command("install")

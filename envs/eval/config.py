@@ -62,6 +62,7 @@ SETTING_KEYS = frozenset(
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
         "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
+        "max_error_rate", "rollout_timeout", "endpoint_down_after",
         "hosted", "address", "allow_sandbox_access", "allow_instances_access",
         "renderer_model_name", "renderer_config", "preserve_all_thinking", "preserve_thinking_between_tool_calls",
     }
@@ -116,6 +117,14 @@ class EvalConfig(BaseModel):
     num_workers: int = Field(1, ge=1)
     retry_initial_delay: float = Field(0.5, ge=0)
     retry_max_delay: float = Field(30.0, ge=0)
+    # -- honest results (one place for local, -w N and hosted runs)
+    max_error_rate: float = Field(0.0, ge=0, le=1, description="--max-error-rate: share of rollouts that may end in "
+                                  "a model / sandbox / env error and the run still be `completed` (exit 0).")
+    rollout_timeout: float | None = Field(None, gt=0, description="--rollout-timeout: seconds a model request of a "
+                                          "rollout may take (the clients' request timeout, 3600 s otherwise); then "
+                                          "it is a model error (timeout).")
+    endpoint_down_after: int = Field(8, ge=0, description="Consecutive rollouts failing to reach the model endpoint "
+                                     "after which nothing new starts and the run ends `incomplete` (0: never).")
     isolation: Isolation | None = Field(None, description='Kernel boundary of every sandbox of the run: "runc" or '
                                         '"gvisor"; None = what the environment asks for (runc unless it says gvisor).')
 
@@ -143,7 +152,7 @@ class EvalConfig(BaseModel):
         ignore = {"name", "max_concurrent", "max_concurrent_generation", "max_concurrent_scoring", "num_workers",
                   "verbose", "save_results", "output_dir", "resume", "resume_path", "save_to_hf_hub",
                   "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
-                  "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
+                  "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
                   "no_interleave_scoring", "backend", "backend_options", "junit_xml", "hosted", "address",
                   "allow_sandbox_access", "allow_instances_access", "custom_secret_names"}
         mine, theirs = self.public_args(), other.public_args()
@@ -473,7 +482,9 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         backend_options=dict(s.get("backend_options") or {}),
         num_workers=workers,
         isolation=isolation,
-        **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay") if s.get(k) is not None},
+        **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay", "max_error_rate", "rollout_timeout")
+           if s.get(k) is not None},
+        **({"endpoint_down_after": int(s["endpoint_down_after"])} if s.get("endpoint_down_after") is not None else {}),
         kind=s.get("kind", "eval"),
         junit_xml=s.get("junit_xml"),
         hosted=hosted,

@@ -27,7 +27,7 @@ class EvalProgress:
     done: int = 0
     resumed: int = 0
     errors: int = 0
-    infra: int = 0  # rollouts that ended in an infrastructure error: not in the average
+    infra: int = 0  # rollouts not scored (model / sandbox / env / usage error): not in the average
     reward_sum: float = 0.0
     status: str = "pending"
     started: float = field(default_factory=time.time)
@@ -290,22 +290,24 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
     stats = Table(title="results", show_header=True)
     stats.add_column("metric")
     stats.add_column("value", justify="right")
-    from ..outputs import is_infra_row
+    from ..outputs import ERROR_VERDICTS, is_scored, verdict_counts, verdict_of
 
-    scored = [r for r in rows if not is_infra_row(r)]
+    scored = [r for r in rows if is_scored(r)]
     n = len(scored)
+    counts = verdict_counts(rows)
     rewards = [float(r.get("reward") or 0.0) for r in scored]
     mean = sum(rewards) / n if n else 0.0
     std = (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5 if n else 0.0
-    stats.add_row("rollouts", str(len(rows)))
-    if len(rows) != n:
-        stats.add_row("not scored (infra errors)", f"{len(rows) - n}: rerun with --resume")
+    stats.add_row("rollouts", f"{len(rows)}: {n} scored, {counts['errored']} errored")
+    if counts["errored"]:
+        kinds = ", ".join(f"{k}: {counts[k]}" for k in ERROR_VERDICTS if counts[k])
+        stats.add_row("not scored", f"{counts['errored']} ({kinds}): out of the averages; rerun with --resume")
     stats.add_row("avg reward", f"{mean:.4f} ± {std:.4f}" + (f" (over {n} scored)" if len(rows) != n else ""))
     for key, value in sorted((metadata.get("avg_metrics") or {}).items()):
         stats.add_row(f"  {key}", f"{value:.4f}")
     for k, v in (metadata.get("pass_at_k") or {}).items():
         stats.add_row(f"pass@{k}", f"{v:.4f}")
-    kinds = collections.Counter(r.get("error_kind") for r in rows if r.get("error"))
+    kinds = collections.Counter("task (scored)" if is_scored(r) else verdict_of(r) for r in rows if r.get("error"))
     stats.add_row("errors", f"{sum(kinds.values())}" + (f" ({', '.join(f'{k}: {c}' for k, c in kinds.items())})" if kinds else ""))
     retried = sum(1 for r in rows if int(r.get("attempts", 1)) > 1)
     if retried:

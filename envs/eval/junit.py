@@ -5,8 +5,13 @@ One test case per row:
 - name: `info.instance_id` when the dataset has one, else `example <id>`
   (with `#k` for the k-th rollout when an example has several);
 - classname: `info.repo`, else the env id;
-- `<error>` when the row has an error (the rollout never reached a verdict),
-  `<failure>` when its reward is below the run's `pass_threshold`.
+- `<error>` when the row was not scored (its verdict is a model / sandbox /
+  env / usage error: the rollout never reached a result), `<failure>` when
+  its reward is below the run's `pass_threshold` (a scored task failure, e.g.
+  a bad tool call or the sandbox's own OOM, is a failure).
+
+The suite's `<properties>` hold the scored / errored counts (`scored_rollouts`,
+`errored_rollouts`, `errors_<kind>`) and the run's `status`.
 
 An environment may explain its outcome in `info["verdict"]` (a dict with
 `reason`, `detail`, `stdout_tail`, `stderr_tail`, `timings.total_s`, as
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+
+from ..outputs import ERROR_VERDICTS, is_scored, verdict_counts
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,14 +92,15 @@ def render_junit(rows: Sequence[dict[str, Any]], metadata: dict[str, Any], suite
         tc = ET.Element("testcase", classname=_clean(info.get("repo") or metadata.get("env_id") or suite),
                         name=_clean(name), time=f"{t:.3f}")
         failed = _float(r.get("reward")) < threshold
-        if r.get("error") or failed:
+        errored = not is_scored(r)
+        if errored or failed:
             reason = verdict.get("reason") or ("error" if r.get("error") else "reward")
             detail = verdict.get("detail") or (_error_text(r) if r.get("error") else
                                                f"reward {_float(r.get('reward')):g} < pass_threshold {threshold:g}")
             head = _clean(f"{reason}: {detail}".strip(": "))[:1000]
             tail = _clean("\n".join(x for x in (verdict.get("stdout_tail"), verdict.get("stderr_tail")) if x))
             msg = head + (f"\n{tail[-500:]}" if tail else "")  # reason + log tail; the body has the whole tail
-            tag = "error" if r.get("error") else "failure"
+            tag = "error" if errored else "failure"
             el = ET.SubElement(tc, tag, message=msg, type=_clean(reason))
             el.text = tail or _clean(_error_text(r)) or head
             if tag == "error":
@@ -111,6 +119,12 @@ def render_junit(rows: Sequence[dict[str, Any]], metadata: dict[str, Any], suite
         total_time = wall
     ts = ET.Element("testsuite", name=suite, tests=str(len(cases)), failures=str(failures), errors=str(errors),
                     skipped="0", time=f"{total_time:.3f}")
+    counts = verdict_counts(list(rows))
+    props = ET.SubElement(ts, "properties")
+    for name, value in [("scored_rollouts", counts["scored"]), ("errored_rollouts", counts["errored"]),
+                        *((f"errors_{k}", counts[k]) for k in ERROR_VERDICTS if counts[k]),
+                        *((("status", metadata["status"]),) if metadata.get("status") else ())]:
+        ET.SubElement(props, "property", name=name, value=_clean(value))
     ts.extend(cases)
     root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(failures), errors=str(errors),
                       time=f"{total_time:.3f}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import signal
 import time
@@ -18,9 +19,10 @@ from typing import Any
 
 from sandboxes.errors import UsageError
 
+from ..clients.base import ModelAuthError
 from ..errors import MissingKeyError
 from ..logging_utils import RUN_LOG_ONLY
-from ..outputs import is_infra_row
+from ..outputs import is_scored, verdict_counts
 from .config import EvalConfig, redact_secrets
 from .display import EvalProgress, PlainDisplay, RichDisplay
 from .setup import load_run_env, make_run_clients
@@ -104,14 +106,90 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
     return meta
 
 
+class EndpointWatch:
+    """Counts rollouts in a row that could not connect to the model endpoint; after
+    `limit` of them (0: never) the endpoint is down: `event` is set, nothing new starts."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.streak = 0
+        self.started: str | None = None
+        self.down_since: str | None = None
+        self.last_error = ""
+        self.event = asyncio.Event()
+
+    def see(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            text = str(r.get("error") or "")
+            if r.get("error_kind") == "model" and "model endpoint unreachable" in text and "timed out" not in text:
+                if self.streak == 0:
+                    self.started = now_iso()
+                self.streak += 1
+                self.last_error = text.splitlines()[0][:300]
+            else:
+                self.streak = 0
+        if self.limit and self.streak >= self.limit and self.down_since is None:
+            self.down_since = self.started
+            log.error("model endpoint down since %s: %d rollouts in a row could not connect (%s); no new rollouts "
+                      "start, those in flight finish", self.started, self.streak, self.last_error)
+            self.event.set()
+
+
+END_GRACE = 10.0  # seconds in-flight rollouts get to finish once the endpoint is down
+
+
+async def run_until_endpoint_down(gen: Any, watch: EndpointWatch) -> None:
+    """Await the run's rollouts (`gen`), or -- the endpoint is down -- give those in flight
+    END_GRACE seconds to finish (they cannot reach the model either), then cancel the rest."""
+    task = asyncio.ensure_future(gen)
+    down = asyncio.ensure_future(watch.event.wait())
+    try:
+        await asyncio.wait([task, down], return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait([task], timeout=END_GRACE)
+        if task.done():
+            task.result()
+    finally:
+        down.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def run_verdict(rows: list[dict[str, Any]], asked: int, cfg: EvalConfig, ref: str) -> tuple[str, str | None]:
+    """(status, error) of a run that went through its rollouts: `completed` only when every
+    rollout asked for was scored (or the errored share is within --max-error-rate), else
+    `incomplete`, saying what failed and the command that continues the run (`ref`: its id)."""
+    counts = verdict_counts(rows)
+    missing = max(0, asked - len(rows))
+    errored = counts["errored"]
+    if not errored and not missing:
+        return "completed", None
+    if not missing and asked and errored / asked <= cfg.max_error_rate:
+        log.warning("%s: %d of %d rollout(s) not scored, accepted by --max-error-rate %g", cfg.env_id, errored,
+                    asked, cfg.max_error_rate)
+        return "completed", None
+    parts = [f"{counts[k]} {k}" for k in ("model", "sandbox", "env", "usage") if counts[k]]
+    what = f"{errored} of {asked} rollout(s) not scored ({', '.join(parts)} error(s))" if errored else ""
+    if missing:
+        what += ("; " if what else "") + f"{missing} of {asked} not run"
+    cause = all_failed_cause(rows)
+    if cause and not missing:  # nothing was evaluated: the run failed, whatever the individual rows say
+        return "failed", f"{cause} (continue with: vf-sandbox eval --resume {ref})"
+    return "incomplete", f"{what}: left out of the averages; continue with: vf-sandbox eval --resume {ref}"
+
+
 def all_failed_cause(rows: list[dict[str, Any]]) -> str | None:
-    """When every rollout ended in an infrastructure or model-API error (nothing was
-    evaluated), the one-line cause for the run's `failed` status; else None."""
-    if not rows or not all(r.get("error") and r.get("error_kind") in ("infra", "model") for r in rows):
+    """When no rollout was scored (nothing was evaluated), the one-line cause; else None."""
+    if not rows or any(is_scored(r) for r in rows):
         return None
-    texts = collections.Counter(str(r["error"]).splitlines()[0] for r in rows)
-    kinds = collections.Counter(r["error_kind"] for r in rows)
-    what = " and ".join({"infra": "infrastructure", "model": "model API"}[k] for k in sorted(kinds))
+    from ..outputs import verdict_of
+
+    texts = collections.Counter(str(r.get("error") or "").splitlines()[0] for r in rows)
+    kinds = collections.Counter(verdict_of(r) for r in rows)
+    names = {"sandbox": "infrastructure", "model": "model API", "env": "environment code", "usage": "usage"}
+    what = " and ".join(names[k] for k in sorted(kinds))
     text, _ = texts.most_common(1)[0]
     return f"all {len(rows)} rollouts failed ({what} errors): {text}"
 
@@ -216,7 +294,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
         progress.total = len(rows) + len(todo)
         progress.done = progress.resumed = len(rows)
-        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if not is_infra_row(r))
+        progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if is_scored(r))
         progress.errors = sum(1 for r in rows if r.get("error"))
         progress.infra = 0
         progress.output = str(run_dir) if save else ""
@@ -230,14 +308,16 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             writer.open()
             writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned))
         last_meta = [time.monotonic()]
+        watch = EndpointWatch(cfg.endpoint_down_after)
 
         async def on_group(group_rows: list[dict[str, Any]]) -> None:
+            watch.see(group_rows)
             if writer is not None:
                 writer.append(group_rows)  # one write + flush + fsync per group, on the loop (no torn groups)
             rows.extend(group_rows)
             progress.done += len(group_rows)
-            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if not is_infra_row(r))
-            progress.infra += sum(1 for r in group_rows if is_infra_row(r))
+            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if is_scored(r))
+            progress.infra += sum(1 for r in group_rows if not is_scored(r))
             progress.errors += sum(1 for r in group_rows if r.get("error"))
             for r in group_rows:
                 if r.get("error"):
@@ -291,26 +371,23 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if todo:
             try:
                 async with asyncio.timeout(cfg.timeout_minutes * 60):
-                    await gen
+                    await run_until_endpoint_down(gen, watch)
             except asyncio.TimeoutError:
                 raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
-        status, error = "completed", None
-        cause = all_failed_cause(rows)
-        if cause:  # nothing was evaluated: the run failed, whatever the individual rows say
-            status, error = "failed", cause
-        elif any(is_infra_row(r) for r in rows):  # no result on those tasks: not a finished run
-            infra = sum(1 for r in rows if is_infra_row(r))
-            status = "incomplete"
-            error = (f"{infra} rollout(s) ended in an infrastructure error (sandbox or backend failed after "
-                     f"{cfg.max_retries} retries): not scored, left out of the averages; run again with --resume "
-                     f"{run_dir} to run them")
+        status, error = run_verdict(rows, progress.total, cfg, result.run_id or str(run_dir))
+        if watch.down_since is not None and status != "completed":
+            status, error = "incomplete", (
+                f"the model endpoint {base_url} is down since {watch.down_since} ({watch.streak} rollouts in a row "
+                f"could not connect: {watch.last_error}); stopped early: {len(rows)} of {progress.total} rollouts "
+                f"ran, {verdict_counts(rows)['scored']} scored. When the endpoint is back, continue with: "
+                f"vf-sandbox eval --resume {result.run_id or run_dir}")
         if cfg.save_to_hf_hub:
             push_to_hub(rows, cfg)
     except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
         status, error = "stopped", "interrupted"
     except StopRequested as exc:
         status, error = "stopped", str(exc)
-    except (UsageError, MissingKeyError) as exc:
+    except (UsageError, MissingKeyError, ModelAuthError) as exc:  # the key is refused: fix it, as a usage error
         status, error = "failed", str(exc)
         result.usage_error = True
     except Exception as exc:

@@ -69,6 +69,10 @@ def make_run_clients(cfg: EvalConfig, env: Any, check: bool = True) -> list[Any]
     from ..clients import make_client
 
     replicas = cfg.client_config.replicas()
+    if cfg.rollout_timeout:  # a model request never outlives its rollout (not 3600 s x retries, silently)
+        replicas = [c.model_copy(update={"timeout": min(c.timeout, cfg.rollout_timeout),
+                                         "connect_timeout": min(c.connect_timeout, cfg.rollout_timeout)})
+                    for c in replicas]
     if not getattr(env, "requires_model", True):
         return [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
     clients = [make_client(c) for c in replicas]  # resolves API keys (MissingKeyError)

@@ -23,7 +23,7 @@ from typing import Any
 
 from sandboxes.errors import ConfigError
 
-from ..outputs import is_infra_row
+from ..outputs import is_scored
 from ..results_file import METADATA, RESULTS, ResultsWriter, dumps
 
 __all__ = [
@@ -80,9 +80,9 @@ def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, 
 
 
 def needs_rerun(row: dict[str, Any]) -> bool:
-    """A row whose rollout ended in an infrastructure error (retries spent): no result
-    on the task, so a resume runs it again."""
-    return is_infra_row(row)
+    """A row whose rollout was not scored (a model / sandbox / env / usage error, retries
+    spent): no result on the task, so a resume runs it again."""
+    return not is_scored(row)
 
 
 def check_compatible(metadata: dict[str, Any], env_id: str, model: str, rollouts_per_example: int, num_examples: int, where: Path) -> None:

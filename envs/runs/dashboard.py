@@ -56,9 +56,24 @@ def _run_json(rec: registry.RunRecord, overview: bool = False) -> dict:
     d["outputs"] = results.outputs_state(rec)
     dx = diagnose(rec)
     d["failure_category"] = dx.category if dx else None
+    d["verdicts"] = _verdicts(rec)
     if overview:
         d.update(results.run_overview(rec))
     return d
+
+
+def _verdicts(rec: registry.RunRecord) -> dict | None:
+    """The run's scored / errored counts and its scored-only average, as its metadata.json
+    says (written by the runner at every group and at the end); None without one."""
+    try:
+        meta = json.loads((Path(rec.output_dir) / "metadata.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not isinstance(meta, dict) or "scored_rollouts" not in meta:
+        return None
+    return {"scored": meta.get("scored_rollouts", 0), "errored": meta.get("errored_rollouts", meta.get("infra_errors", 0)),
+            "by_kind": meta.get("errors_by_kind") or {}, "avg_reward_scored": meta.get("avg_reward"),
+            "status": meta.get("status")}
 
 
 def _get(request: web.Request) -> registry.RunRecord:

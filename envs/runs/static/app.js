@@ -27,7 +27,11 @@ async function api(path, opts) {
   return r.json();
 }
 function badge(run) {
-  return `<span class="badge ${esc(run.status)}" data-status="${esc(run.status)}">${esc(run.display_status || run.status)}</span>`;
+  const v = run.verdicts;  // scored / errored counts (metadata.json): a run is completed only when all were scored
+  const kinds = v && v.errored ? Object.entries(v.by_kind || {}).map(([k, n]) => `${n} ${k}`).join(", ") : "";
+  const counts = v ? ` <span class="muted verdicts" data-scored="${v.scored}" data-errored="${v.errored}">${v.scored} scored` +
+    (v.errored ? `, ${v.errored} errored (${esc(kinds)})` : "") + `</span>` : "";
+  return `<span class="badge ${esc(run.status)}" data-status="${esc(run.status)}">${esc(run.display_status || run.status)}</span>${counts}`;
 }
 function progress(run) {
   const pct = run.total ? Math.min(100, 100 * run.completed / run.total) : (run.status === "completed" ? 100 : 0);
