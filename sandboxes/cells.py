@@ -158,6 +158,23 @@ ADMIT_SECONDS_MAX = 600.0  # a host admits cells for at most 10 min (then a new 
 HOST_SLACK_SECONDS = 60.0  # a host outlives its last cell's lifetime by at most this (opening a cell)
 
 
+AUTO_HARDENING = 1
+"""The one switch of `rollout_isolation="auto"`: it picks cells only from a cell host whose
+agent reports at least this hardening level in its hello (`HARDENING` in
+agent/cells_program.py: the level at which the hostile-rollout suite's attacks are all
+refused, issue 24), and a container per rollout otherwise. "namespace" asked outright
+is not affected."""
+
+
+def auto_refusal(cell: "CellSandbox") -> str | None:
+    """Why `rollout_isolation="auto"` must not pick cells like `cell` (its host's agent
+    lacks the hardening AUTO_HARDENING requires), or None."""
+    level = cell.host.sandbox.connection.hello.get("hardening") or 0
+    if not isinstance(level, int) or level < AUTO_HARDENING:
+        return f"the cell host's agent reports hardening level {level!r}, 'auto' requires {AUTO_HARDENING}"
+    return None
+
+
 def admit_seconds(spec: SandboxSpec) -> float:
     """How long a host of `spec`'s cells admits new ones (from before it is created)."""
     return min(spec.timeout_minutes * 60, ADMIT_SECONDS_MAX)

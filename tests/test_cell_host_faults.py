@@ -181,3 +181,21 @@ def test_cell_host_lifetime_is_bounded_by_its_cells_lifetime():
         host = host_spec(spec, 4)
         assert host.timeout_minutes * 60 == pytest.approx(admit + lifetime + HOST_SLACK_SECONDS)
         assert HOST_SLACK_SECONDS <= 60
+
+
+# --------------------------------------------------------------------------- auto's one switch
+
+
+async def test_auto_picks_cells_only_from_a_host_with_the_required_hardening(monkeypatch):
+    """`sandboxes.cells.AUTO_HARDENING` is the one switch: a cell host whose agent reports
+    less hardening than it requires gets the env a container per rollout under "auto"."""
+    import sandboxes.cells as cells
+
+    monkeypatch.setattr(cells, "AUTO_HARDENING", cells.AUTO_HARDENING + 1)
+    labels = unique_labels()
+    env = bash_env(labels, n=2)
+    rows = await run_env(env, tool_script([("bash", {"command": "echo ok"})]), n=2, concurrency=2)
+    assert [r["error"] for r in rows] == [None, None]
+    assert [tool_messages(r)[0].strip() for r in rows] == ["ok", "ok"]
+    assert env.rollout_isolation_in_use() == "container"
+    assert wait_gone(labels) == []

@@ -47,7 +47,7 @@ from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox
 from sandboxes.agent.client import AgentConnection
 from sandboxes.agent.protocol import agent_argv
-from sandboxes.cells import CellHosts, is_cell_id
+from sandboxes.cells import CellHosts, auto_refusal, is_cell_id
 from sandboxes.errors import (
     AgentError,
     BackendUnavailable,
@@ -446,7 +446,8 @@ class DockerBackend:
         Only under runc (a cell's memory limit is not enforced under gVisor), without
         network or GPUs, and proven by opening and closing one cell: that starts the
         spec's cell host (the first rollouts' need it anyway) and finds an engine whose
-        cgroups cannot be divided or an image without python3."""
+        cgroups cannot be divided or an image without python3; and only where the cell
+        host's agent has the hardening `sandboxes.cells.AUTO_HARDENING` requires."""
         why = ("isolation='gvisor'" if spec.isolation != "runc"
                else "no python3 in the image" if spec.image in self._no_agent else "")
         if not why:
@@ -455,8 +456,10 @@ class DockerBackend:
             except ConfigError as exc:  # what a cell cannot give (refuse_in_cells, CellsUnsupported, no python3)
                 why = str(exc)
             else:
+                why = auto_refusal(cell) or ""
                 await cell.delete()
-                return True
+                if not why:
+                    return True
         log.info("rollout_isolation='auto': a container per sandbox of %s (%s)", spec.image, why)
         return False
 
