@@ -298,7 +298,8 @@ class SupportsCells(Protocol):
         opening one (which starts the spec's cell host: the first rollouts need it
         anyway). False, with the reason logged, for what a cell cannot give (network,
         GPUs, a kernel boundary other than runc), an engine whose cgroups cannot be
-        divided, or an image without python3 for the cell agent. Raises InfraError
+        divided, an image without python3 for the cell agent, or a cell host without
+        the hardening `sandboxes.cells.AUTO_HARDENING` requires. Raises InfraError
         when the substrate itself fails (never read as "no cells")."""
         ...
 
