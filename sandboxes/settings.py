@@ -41,13 +41,13 @@ class ProcessSettings(BaseModel):
     log_level: str | None = Field(None, description="Level of the `envs` logger when `setup_logging` is given none. Default: INFO.")
     # -- images and caches
     sandbox_images: str | None = Field(None, description="Directory of the image recipes (`recipes.toml`). Default: the repository's `images/`.")
-    sandbox_cache: str | None = Field(None, description="The cache root: downloaded wheels (`<root>/wheelhouse`), shared by derived Python images (PythonEnv packages), image recipes and OpenEnv dependency images. Default: `~/.cache/vf-sandbox`.")
-    sandbox_wheelhouse: str | None = Field(None, description="The wheelhouse directory itself (overrides `<VF_SANDBOX_CACHE>/wheelhouse`; `vf-sandbox openenv build --wheelhouse` overrides both).")
+    sandbox_cache: str | None = Field(None, description="The one cache root: downloaded wheels in `<root>/wheelhouse/<key>` (`sandboxes/wheels.py`), for derived Python images (PythonEnv packages), image recipes, OpenEnv dependency images and SWE environment layers. Default: `~/.cache/vf-sandbox`.")
+    sandbox_wheelhouse: str | None = Field(None, description="The wheelhouse directory itself (overrides `<VF_SANDBOX_CACHE>/wheelhouse`; `vf-sandbox openenv build --wheelhouse` overrides both for that build).")
     openenv_base_image: str | None = Field(None, description="Base image of OpenEnv dependency images. Default: `vf-sandbox/base:bookworm`.")
     swe_base_image: str | None = Field(None, description="Base image of SWE environment layers. Default: `vf-sandbox/base:bookworm`.")
-    swe_cache: str | None = Field(None, description="Where SWE environment layers' wheels are downloaded (`<dir>/wheels/<key>`). Default: the repository's `.cache/swe-images`.")
+    swe_cache: str | None = Field(None, description="When set, SWE environment layers' wheels go to `<dir>/wheels/<key>` instead of the one wheelhouse (as `ImageBuilder(cache_dir=...)` does). Default: unset.")
     swe_examples: str | None = Field(None, description="Where `python -m swe_debug.examples build` writes the example taskset (and where SWEDebugEnv looks for it). Default: the repository's `.cache/swe-examples`.")
-    swe_pip: str | None = Field(None, description="The pip command (split on spaces) that downloads wheels on the host. Default: this interpreter's pip, else python3/python -m pip, else pip3/pip on PATH.")
+    swe_pip: str | None = Field(None, description="The pip command (split on spaces) that downloads wheels on the host, for every wheelhouse download (`sandboxes/wheels.py`). Default: this interpreter's pip, else python3/python -m pip, else pip3/pip on PATH, else `uvx pip`.")
     # -- backends
     local_sandbox_dir: str | None = Field(None, description="Where the local backend makes its sandboxes' directories (its `base_dir` option wins). Default: `<tmp>/vf-sandbox-local`.")
     local_no_bwrap: str | None = Field(None, description="`1`: the local backend runs plain processes even where bubblewrap works.")

@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import logging
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -44,6 +41,7 @@ from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, ImageNotFound, InfraError, UsageError
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
+from sandboxes import wheels
 from sandboxes.settings import ProcessSettings
 
 from .instances import EnvironmentSpec, SWEInstance
@@ -54,7 +52,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "images" / "swe"
 DEFAULT_BASE_IMAGE = "vf-sandbox/base:bookworm"
 DEFAULT_BASE_PYTHON = "3.11"  # Debian bookworm's python3: the only interpreter of the default base image
-DEFAULT_CACHE_DIR = ROOT / ".cache" / "swe-images"
 RECIPE_VERSION = "1"
 
 
@@ -161,18 +158,13 @@ async def _run(*argv: str, cwd: str | None = None, env: dict[str, str] | None = 
     return proc.returncode or 0, out.decode("utf-8", "replace")
 
 
-@functools.lru_cache(maxsize=1)
 def find_pip() -> list[str]:
-    """A host pip to download wheels with: $VF_SWE_PIP, this interpreter's, or one on PATH."""
-    if configured := ProcessSettings.from_env().swe_pip:
-        return configured.split()
-    candidates = [[sys.executable, "-m", "pip"]]  # a uv-made venv has none: then the system's
-    candidates += [[p, "-m", "pip"] for p in (shutil.which("python3"), shutil.which("python")) if p]
-    candidates += [[p] for p in (shutil.which("pip3"), shutil.which("pip")) if p]
-    for argv in candidates:
-        if subprocess.run([*argv, "--version"], capture_output=True).returncode == 0:
-            return argv
-    raise ImageBuildError("no pip on the host to download wheels with (set VF_SWE_PIP)")
+    """A host pip to download wheels with (`sandboxes.wheels.find_pip`: $VF_SWE_PIP, this
+    interpreter's, python3's, one on PATH)."""
+    try:
+        return wheels.find_pip()
+    except wheels.WheelDownloadError as exc:
+        raise ImageBuildError(str(exc)) from exc
 
 
 PullListener = Callable[[PullProgress], None]
@@ -233,7 +225,10 @@ class ImageBuilder:
         self.salt = salt  # mixed into every key: a separate set of tags (benchmarks' cold builds)
         settings = ProcessSettings.from_env()  # None: $VF_SWE_BASE_IMAGE / $VF_SWE_CACHE, else the defaults
         self.base_image = base_image or settings.swe_base_image or DEFAULT_BASE_IMAGE
-        self.cache_dir = Path(cache_dir or settings.swe_cache or DEFAULT_CACHE_DIR)
+        # wheels: `cache_dir/wheels` when one is given (or $VF_SWE_CACHE), else the one wheelhouse
+        cache_dir = cache_dir or settings.swe_cache
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.wheel_root = self.cache_dir / "wheels" if self.cache_dir else None
         self.recipes = Path(recipes)
         # where images are checked, pulled and built: a backend name or instance with the
         # SupportsImageBuild capability; None = the run's backend when it has it, else docker
@@ -346,47 +341,20 @@ class ImageBuilder:
     # ------------------------------------------------------------------ wheelhouse
 
     async def wheelhouse(self, env: EnvironmentSpec) -> Path:
-        """Download (once) the wheels of `env` on the host for the image's Python."""
-        key = _sha(env.python_version, json.dumps(env.packages), json.dumps(env.no_deps_packages),
-                   *([host_arch().machine] if host_arch().machine != "x86_64" else []))[:16]
-        dest = self.cache_dir / "wheels" / key
-        if (dest / ".complete").exists():
-            return dest
-        async with self._lock("wheels-" + key):
-            if (dest / ".complete").exists():
-                return dest
-            tmp = Path(tempfile.mkdtemp(prefix="wheels-", dir=self._mkdir(self.cache_dir / "wheels")))
-            pip = find_pip()
-            pyver = env.python_version.replace(".", "")
-            arch = host_arch().machine
-            target = [
-                "--only-binary=:all:", "--python-version", env.python_version, "--implementation", "cp",
-                "--abi", f"cp{pyver}", "--abi", "abi3", "--abi", "none",
-                "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_17_{arch}",
-                "--platform", f"manylinux_2_28_{arch}", "--platform", f"linux_{arch}", "--platform", "any",
-            ]
-            for reqs, extra in ((env.packages, []), (env.no_deps_packages, ["--no-deps"])):
-                if not reqs:
-                    continue
-                code, out = await _run(*pip, "download", "-q", "--disable-pip-version-check", "-d", str(tmp), *target, *extra, *reqs, timeout=900)
-                if code != 0:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise ImageBuildError(f"pip download failed for {reqs}:\n{out[-2000:]}")
-            (tmp / ".complete").write_text(json.dumps(env.model_dump()))
-            if dest.exists() and not (dest / ".complete").exists():
-                shutil.rmtree(dest, ignore_errors=True)  # debris of an interrupted rename
-            try:
-                tmp.rename(dest)
-            except OSError:  # another process finished the same wheelhouse first
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not (dest / ".complete").exists():
-                    raise
-            return dest
-
-    @staticmethod
-    def _mkdir(p: Path) -> Path:
-        p.mkdir(parents=True, exist_ok=True)
-        return p
+        """Download (once) the wheels of `env` on the host for the image's Python, into the
+        one wheelhouse (`sandboxes.wheels`; `cache_dir/wheels` when the builder was given one)."""
+        arch = host_arch().machine
+        target = dict(
+            python_version=env.python_version,
+            abis=[f"cp{env.python_version.replace('.', '')}", "abi3", "none"],
+            platforms=[f"manylinux2014_{arch}", f"manylinux_2_17_{arch}", f"manylinux_2_28_{arch}",
+                       f"linux_{arch}", "any"],
+        )
+        try:
+            return await asyncio.to_thread(wheels.fetch_wheels, env.packages, no_deps=env.no_deps_packages,
+                                           root=self.wheel_root, **target)
+        except wheels.WheelDownloadError as exc:
+            raise ImageBuildError(str(exc)) from exc
 
     # ------------------------------------------------------------------ layers
 
@@ -411,8 +379,8 @@ class ImageBuilder:
                                 {"vf-sandbox.swe-layer": "env", "vf-sandbox.swe-key": key[:16]}, env_repository())
 
         async def fill(c: Path) -> None:
-            wheels = await self.wheelhouse(env)
-            shutil.copytree(wheels, c / "wheels", ignore=shutil.ignore_patterns(".complete"))
+            house = await self.wheelhouse(env)
+            wheels.copy_wheels(house, c / "wheels")
             (c / "requirements.txt").write_text("\n".join(env.packages) + "\n" if env.packages else "")
             (c / "requirements-nodeps.txt").write_text("\n".join(env.no_deps_packages) + "\n" if env.no_deps_packages else "")
             (c / "env-setup.sh").write_text("\n".join(["true", *env.setup]) + "\n")

@@ -133,3 +133,41 @@ def test_from_env_reads_only_what_it_is_given():
 def test_docs_settings_page_is_current():
     assert reference_markdown() in (ROOT / "docs" / "settings.md").read_text(), \
         "docs/settings.md is out of date: paste sandboxes.settings.reference_markdown() into it"
+
+
+def test_one_wheelhouse_for_every_image_kind(tmp_path, monkeypatch):
+    """Derived/recipe images, OpenEnv and SWE layers download into the same root, one
+    directory per request, written once (a second ask is a lookup, no pip run)."""
+    import asyncio
+
+    from backends.docker import images as docker_images
+    from envs.openenv import build as openenv_build
+    from sandboxes import wheels
+    from swe_debug.images import ImageBuilder
+    from swe_debug.instances import EnvironmentSpec
+
+    monkeypatch.setenv("VF_SANDBOX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VF_SANDBOX_WHEELHOUSE", raising=False)
+    monkeypatch.delenv("VF_SWE_CACHE", raising=False)
+    calls: list[list[str]] = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv)
+        dest = Path(argv[argv.index("-d") + 1])
+        (dest / f"pkg{len(calls)}-1.0-py3-none-any.whl").write_text("wheel")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(wheels, "find_pip", lambda: ["pip"])
+    monkeypatch.setattr(wheels.subprocess, "run", fake_run)
+    root = tmp_path / "cache" / "wheelhouse"
+    houses = {
+        docker_images.fetch_wheels(["pytest==8.3.5"]),
+        asyncio.run(ImageBuilder().wheelhouse(EnvironmentSpec(packages=["pytest==7.4.4"]))),
+    }
+    openenv_build.collect_wheels(["openenv-core[core]"], tmp_path / "ctx")
+    assert all(h.parent == root for h in houses) and len(houses) == 2
+    assert len(list(root.iterdir())) == 3 and len(calls) == 3
+    assert list((tmp_path / "ctx" / "wheels").glob("*.whl"))
+    docker_images.fetch_wheels(["pytest==8.3.5"])  # cached: no pip run
+    assert len(calls) == 3
+    assert all("--only-binary=:all:" in argv for argv in calls)

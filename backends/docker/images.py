@@ -24,7 +24,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from sandboxes.errors import BackendUnavailable, ImageNotFound
 from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, hash_tree, host_arch
+from sandboxes import wheels
 from sandboxes.settings import ProcessSettings
 
 from .build import EngineImages, split_name
@@ -59,12 +59,6 @@ def images_root() -> Path:
     """The image recipes' directory: $VF_SANDBOX_IMAGES, else the repository's images/ (read per call)."""
     configured = ProcessSettings.from_env().sandbox_images
     return Path(configured) if configured else REPO_IMAGES
-
-
-def wheel_cache() -> Path:
-    """The one wheelhouse (sandboxes.settings, read per call): $VF_SANDBOX_WHEELHOUSE, else
-    $VF_SANDBOX_CACHE/wheelhouse, else ~/.cache/vf-sandbox/wheelhouse."""
-    return ProcessSettings.from_env().wheelhouse_root()
 
 
 class Recipe(BaseModel):
@@ -213,27 +207,15 @@ class ImageBuilder:
         with tempfile.TemporaryDirectory(prefix="vf-image-") as tmp:
             ctx = Path(tmp) / "ctx"
             shutil.copytree(recipe.context, ctx, symlinks=True)
-            wheels = ctx / "wheels.txt"
-            if wheels.exists():
-                house = fetch_wheels(wheels)
-                shutil.copytree(house, ctx / "wheelhouse")
-                shutil.copy(wheels, ctx / "wheelhouse" / "wheels.txt")
+            wanted = ctx / "wheels.txt"
+            if wanted.exists():
+                wheels.copy_wheels(fetch_wheels(wanted), ctx / "wheelhouse")
+                shutil.copy(wanted, ctx / "wheelhouse" / "wheels.txt")
             request = ImageBuildRequest(
                 repository=repository, tag=tag, dockerfile=(ctx / "Dockerfile").read_text(), context=ctx,
                 context_digest=digest, labels={HASH_LABEL: digest, RECIPE_LABEL: recipe.name},
             )
             return self.engine.build(request, force=True)
-
-
-def _pip() -> list[str]:
-    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
-        return [sys.executable, "-m", "pip"]
-    for exe in ("pip3", "pip"):
-        if path := shutil.which(exe):
-            return [path]
-    if uvx := shutil.which("uvx"):  # uv-made venvs have no pip: run one from PyPI
-        return [uvx, "pip"]
-    raise ImageNotFound("no pip on the host to download the recipe's wheels (install pip or uv)")
 
 
 def fetch_wheels(
@@ -243,28 +225,18 @@ def fetch_wheels(
 ) -> Path:
     """Download the wheels of `requirements` (a requirements file or a list of
     requirement strings) and their dependencies for Linux/CPython
-    `python_version` on the host, cached by content."""
+    `python_version` on the host, into the one wheelhouse (`sandboxes.wheels`)."""
     if isinstance(requirements, Path):
-        content, args, what = requirements.read_bytes(), ["-r", str(requirements)], str(requirements)
+        reqs = [line.strip() for line in requirements.read_text().splitlines()
+                if line.strip() and not line.strip().startswith("#")]
     else:
-        args = sorted(set(requirements))
-        content, what = "\n".join(args).encode(), " ".join(args)
-    if tuple(platforms) != RECIPE_PLATFORMS:  # recipes keep their historical cache keys
-        content += ("|" + ",".join(platforms)).encode()
-    key = hashlib.sha256(content + python_version.encode()).hexdigest()[:16]
-    house = wheel_cache() / key
-    if (house / ".complete").exists():
-        return house
-    house.mkdir(parents=True, exist_ok=True)
+        reqs = list(requirements)
     arch = host_arch().machine
-    plat_args = [a for p in platforms for a in ("--platform", p if p == "any" else f"{p}_{arch}")]
-    argv = [*_pip(), "download", "-q", "-d", str(house), *args, "--only-binary=:all:",
-            "--python-version", python_version, "--implementation", "cp", *plat_args]
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ImageNotFound(f"downloading wheels for {what} failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
-    (house / ".complete").write_text("ok\n")
-    return house
+    try:
+        return wheels.fetch_wheels(reqs, python_version=python_version,
+                                   platforms=[p if p == "any" else f"{p}_{arch}" for p in platforms])
+    except wheels.WheelDownloadError as exc:
+        raise ImageNotFound(f"downloading wheels for {' '.join(reqs)} failed: {exc}") from exc
 
 
 def ensure_image(name: str, url: str | None = None, force: bool = False) -> str:
@@ -299,7 +271,7 @@ def derive_image(base: str, packages: Sequence[str], url: str | None = None) -> 
         house = fetch_wheels(packages, _python_version(builder.url, base), DERIVED_PLATFORMS)
         with tempfile.TemporaryDirectory(prefix="vf-python-env-") as tmp:
             ctx = Path(tmp)
-            shutil.copytree(house, ctx / "wheelhouse", ignore=shutil.ignore_patterns(".complete"))
+            wheels.copy_wheels(house, ctx / "wheelhouse")
             reqs = " ".join(shlex.quote(p) for p in packages)
             repository, digest = split_name(tag)
             request = ImageBuildRequest(

@@ -29,7 +29,6 @@ import hashlib
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from pydantic import BaseModel
 from sandboxes.errors import BackendUnavailable, ConfigError, ImageNotFound, InfraError
 from sandboxes.images import ImageBuildRequest, image_builder, run_sync
 from sandboxes.settings import ProcessSettings
+from sandboxes.wheels import WheelDownloadError, copy_wheels, fetch_wheels
 
 from .contract import app_source_path
 from .probe import probe_contract
@@ -178,36 +178,18 @@ def _build(request: ImageBuildRequest, backend: object | str | None, log: Callab
     return built.name
 
 
-def _pip() -> list[str]:
-    """A pip to download wheels with: this interpreter's, else one on PATH."""
-    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
-        return [sys.executable, "-m", "pip"]
-    for name in ("pip3", "pip"):
-        if shutil.which(name):
-            return [name]
-    raise BuildError("no pip found to download wheels (install pip on the host)")
-
-
 def collect_wheels(requirements: list[str], dest: Path, *, wheelhouse: Path | None = None,
                    log: Callable[[str], None] = lambda s: None) -> None:
-    """Copy exactly the wheels `requirements` need into `dest`, downloading into the
-    wheelhouse first when it lacks some (the only step that uses the network)."""
-    wheelhouse = wheelhouse or wheelhouse_dir()
-    wheelhouse.mkdir(parents=True, exist_ok=True)
-    req_file = dest / "requirements.txt"
+    """Copy exactly the wheels `requirements` need into `dest/wheels` (and the requirements
+    into `dest/requirements.txt`), from the one wheelhouse (`sandboxes.wheels`), which
+    downloads them once: the only step that uses the network. `wheelhouse` overrides its root."""
     dest.mkdir(parents=True, exist_ok=True)
-    req_file.write_text("\n".join(requirements) + "\n")
-    wheels = dest / "wheels"
-    offline = [*_pip(), "download", "-q", "--no-index", "--find-links", str(wheelhouse),
-               "--only-binary=:all:", "-d", str(wheels), "-r", str(req_file)]
+    (dest / "requirements.txt").write_text("\n".join(requirements) + "\n")
     try:
-        _run(offline, what="pip download (offline, from the wheelhouse)")
-        return
-    except BuildError:
-        log(f"downloading wheels into {wheelhouse} ...")
-    _run([*_pip(), "download", "-q", "--only-binary=:all:", "-d", str(wheelhouse), "-r", str(req_file)],
-         what="pip download")
-    _run(offline, what="pip download (offline, from the wheelhouse)")
+        house = fetch_wheels(requirements, root=wheelhouse or wheelhouse_dir(), log=log)
+    except WheelDownloadError as exc:
+        raise BuildError(str(exc)) from exc
+    copy_wheels(house, dest / "wheels")
 
 
 def ensure_deps_image(requirements: list[str], *, wheelhouse: Path | None = None,

@@ -21,7 +21,7 @@ def build_cmd(
     project: Path = typer.Argument(..., help="OpenEnv project directory (has openenv.yaml and server/app.py)."),
     force: bool = typer.Option(False, "--force", help="Rebuild the project image even if its content is unchanged."),
     wheelhouse: Path | None = typer.Option(
-        None, "--wheelhouse", help="Wheel cache (default $VF_SANDBOX_WHEELHOUSE or ~/.cache/vf-sandbox/wheelhouse)."
+        None, "--wheelhouse", help="Wheelhouse root (default: the one wheelhouse, $VF_SANDBOX_WHEELHOUSE, else $VF_SANDBOX_CACHE/wheelhouse, else ~/.cache/vf-sandbox/wheelhouse)."
     ),
 ) -> None:
     """Build PROJECT's image and write PROJECT/.build.json."""
