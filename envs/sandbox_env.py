@@ -49,7 +49,15 @@ everywhere in vf-sandbox. Rollout retries are `set_max_retries`.
 
 Per-rollout metrics: `sandbox_ready_wait_time`, `sandbox_command_count`,
 `sandbox_command_execution_time` (seconds, total), `sandbox_oom`,
-`sandbox_timeout`.
+`sandbox_timeout`, `sandbox_pids_limit`.
+
+What the sandbox's own code does is the rollout's result, never an
+infrastructure error: a command killed for memory flags `sandbox_oom`; a
+memory bomb that takes the whole sandbox down (gVisor: the host's OOM killer
+hits the sandbox's kernel) flags it too, the tool call says so and the
+rollout ends (`sandbox_killed_by_oom` stop condition), scored and not retried;
+a command that returns but leaves processes filling the pids limit (a fork
+bomb) is reported as exit 137, its processes killed (`sandbox_pids_limit`).
 
 No backend module is imported here: the backend comes from
 `sandboxes.get_backend(name | instance)`.
@@ -78,7 +86,7 @@ from sandboxes import (
     is_infra_error,
 )
 
-from .decorators import cleanup, teardown
+from .decorators import cleanup, stop, teardown
 from .rubrics.rubric import Rubric
 from .sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, render_exec
 from .sandbox_tools.shell_session import ShellSession
@@ -86,6 +94,9 @@ from .tool_env import StatefulToolEnv
 from .types import Messages, State
 
 log = logging.getLogger("envs.sandbox")
+
+SANDBOX_OOM_TEXT = ("[the sandbox ran out of memory and was killed with everything in it (exit 137, out of memory): "
+                    "no further commands can run]")
 
 ROLLOUT_ISOLATIONS = ("auto", "container", "namespace")
 """SandboxEnv's `rollout_isolation`: "auto" (the default) = a cell per rollout where the
@@ -251,17 +262,29 @@ class SandboxEnv(StatefulToolEnv):
         """
         live = self._live(sandbox_id)
         state = live.extra.get("state")
+        if live.extra.get("killed_by_oom"):
+            return SANDBOX_OOM_TEXT
         t0 = time.monotonic()
-        try:  # an InfraError (sandbox or agent gone) propagates: the rollout is retried
+        pids_full = False
+        try:  # an InfraError (sandbox or agent gone) propagates: the rollout is retried...
             oom: int | None = None
             if live.shell is not None:
                 res = await live.shell.run(command, self.timeout_per_command_seconds)
                 text, timed_out, code, oom = res.render(), res.timed_out, res.exit_code, res.oom_kills
+                pids_full = res.pids_limit
             else:
                 text, timed_out, code = await self._exec_once(live, command, state)
+        except InfraError:
+            # ...unless the sandbox's own code killed it: its memory bomb took the whole sandbox
+            # down (gVisor): the rollout's result (sandbox_oom), never an infrastructure error
+            if await self._killed_by_oom(live, state):
+                return SANDBOX_OOM_TEXT
+            raise
         finally:
             self._count_command(state, t0)
         if state is not None:
+            if pids_full:
+                state["sandbox_pids_limit"] = True
             if timed_out:
                 state["sandbox_timeout"] = True
             if oom is not None:
@@ -269,6 +292,25 @@ class SandboxEnv(StatefulToolEnv):
             elif code in (137, -9, None) and not timed_out:
                 await self._check_oom(live, state)
         return text
+
+    async def _killed_by_oom(self, live: SandboxRollout, state: State | None) -> bool:
+        """The rollout's sandbox died of its own OOM (the backend's `died_of_oom`, where it can
+        tell): flag it (`sandbox_oom`) and end the rollout (`sandbox_killed_by_oom` stop)."""
+        died = getattr(live.sandbox, "died_of_oom", None)
+        if died is None or not await died():
+            return False
+        live.extra["killed_by_oom"] = True
+        if state is not None:
+            state["sandbox_oom"] = True
+            state["sandbox_killed_by_oom"] = True
+        log.info("sandbox %s was OOM-killed by its own commands: a task failure (sandbox_oom), not retried",
+                 live.sandbox.id)
+        return True
+
+    @stop
+    async def sandbox_killed_by_oom(self, state: State) -> bool:
+        """The sandbox's own code ran it out of memory and it is gone: the rollout ends (scored)."""
+        return bool(state.get("sandbox_killed_by_oom"))
 
     @staticmethod
     def _count_command(state: State | None, started: float) -> None:
@@ -500,6 +542,7 @@ class SandboxEnv(StatefulToolEnv):
         state.setdefault("sandbox_command_execution_time", 0.0)
         state["sandbox_oom"] = False
         state["sandbox_timeout"] = False
+        state["sandbox_pids_limit"] = False
         if self.persistent_shell and "bash" in self.tool_map:
             # bash driven directly: the agent's buffer keeps each command's head and newest
             # bytes, so no shell-host interpreter is started per rollout (~20 ms of CPU)
@@ -539,7 +582,7 @@ class SandboxEnv(StatefulToolEnv):
         task = asyncio.current_task()
         cancelling = bool(task is not None and task.cancelling())  # Ctrl-C / run stopped: just delete
         try:
-            if state.get("error") is None and not cancelling:
+            if state.get("error") is None and not cancelling and not state.get("sandbox_killed_by_oom"):
                 await self.post_rollout(state)
         except Exception as exc:
             if is_infra_error(exc) and state.get("error") is None:
@@ -551,6 +594,7 @@ class SandboxEnv(StatefulToolEnv):
                 self.record_metric(state, name, float(state.get(name) or 0.0))
             self.record_metric(state, "sandbox_oom", float(bool(state.get("sandbox_oom"))))
             self.record_metric(state, "sandbox_timeout", float(bool(state.get("sandbox_timeout"))))
+            self.record_metric(state, "sandbox_pids_limit", float(bool(state.get("sandbox_pids_limit"))))
             if cancelling or not (self.keep_sandbox_for_scoring and state.get("error") is None):
                 await asyncio.shield(self._delete(live))
 

@@ -32,9 +32,11 @@ import asyncio
 import contextlib
 import hashlib
 import http.client
+import json
 import logging
 import re
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -135,6 +137,7 @@ class DockerSandbox(AgentSandbox):
     def __init__(self, connection: AgentConnection, *, backend: "DockerBackend", **kw: Any):
         super().__init__(connection, backend_name="docker", **kw)
         self._backend = backend
+        self._created_at = time.time()  # bounds the engine-event query of died_of_oom
 
     async def _destroy(self) -> None:
         await self._backend.delete(self.id)
@@ -145,6 +148,23 @@ class DockerSandbox(AgentSandbox):
         if self._conn.dead is None:
             return await super().alive()
         return await self._backend._running(self.id)
+
+    async def died_of_oom(self) -> bool:
+        """The container was OOM-killed as a whole (the engine's `oom` event for it). Under
+        gVisor a memory bomb takes the whole sandbox down (the host's OOM killer hits the
+        sentry, whose memory is the sandbox's): that is the sandbox's own doing, a task
+        failure, not an infrastructure error. The engine keeps its recent events after an
+        AutoRemove container is gone; an engine that cannot answer counts as "no"."""
+        docker = await self._backend._client()
+        params = {"since": str(int(self._created_at) - 5), "until": str(int(time.time()) + 1),
+                  "filters": json.dumps({"container": [self.id], "event": ["oom"]})}
+        try:
+            async with docker._query("events", params=params, timeout=10) as resp:
+                text = await resp.text()
+        except Exception as exc:  # noqa: BLE001 - cannot tell: the caller keeps the infra error
+            log.debug("events of %s: %s", self.id, exc)
+            return False
+        return '"oom"' in text
 
     async def gone(self) -> bool:
         """Only the engine's own answer counts: no such container (404) or not running.

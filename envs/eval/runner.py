@@ -108,7 +108,7 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
 
 class EndpointWatch:
     """Counts rollouts in a row that could not connect to the model endpoint; after
-    `limit` of them (0: never) the endpoint is down: `event` is set, nothing new starts."""
+    `limit` of them (0: never) the endpoint is down: `event` is set and the run stops."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -130,22 +130,25 @@ class EndpointWatch:
                 self.streak = 0
         if self.limit and self.streak >= self.limit and self.down_since is None:
             self.down_since = self.started
-            log.error("model endpoint down since %s: %d rollouts in a row could not connect (%s); no new rollouts "
-                      "start, those in flight finish", self.started, self.streak, self.last_error)
+            log.error("model endpoint down since %s: %d rollouts in a row could not connect (%s); stopping the run: "
+                      "no new rollouts start", self.started, self.streak, self.last_error)
             self.event.set()
 
 
-END_GRACE = 10.0  # seconds in-flight rollouts get to finish once the endpoint is down
+END_GRACE = 0.0  # seconds the groups finishing right then get once the endpoint is down (a refused
+# connection fails a rollout in milliseconds: any grace lets the run start and fail many more)
 
 
 async def run_until_endpoint_down(gen: Any, watch: EndpointWatch) -> None:
-    """Await the run's rollouts (`gen`), or -- the endpoint is down -- give those in flight
-    END_GRACE seconds to finish (they cannot reach the model either), then cancel the rest."""
+    """Await the run's rollouts (`gen`), or -- the endpoint is down -- stop: groups finishing
+    within END_GRACE are kept, the rest is cancelled like a stopped run's (those rollouts
+    could not reach the model either: they are "not run", and `--resume` runs them). A
+    longer grace would let the run start new rollouts that fail at once, burning the dataset."""
     task = asyncio.ensure_future(gen)
     down = asyncio.ensure_future(watch.event.wait())
     try:
         await asyncio.wait([task, down], return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
+        if not task.done() and END_GRACE > 0:
             await asyncio.wait([task], timeout=END_GRACE)
         if task.done():
             task.result()

@@ -41,6 +41,8 @@ from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
 from .prelude import OOM_FILES
+
+PIDS_DIRS = ("/sys/fs/cgroup", "/sys/fs/cgroup/pids")  # cgroup v2, v1: pids.max / pids.current
 from .common import (
     DEFAULT_OUTPUT_LIMIT,
     GUARD_SECONDS,
@@ -75,6 +77,7 @@ class ShellResult(BaseModel):
     dropped_bytes: int = 0
     duration: float = 0.0
     oom_kills: int | None = None
+    pids_limit: bool = False  # the command left processes filling the sandbox's pids limit (a fork bomb)
     note: str | None = None
 
     def render(self) -> str:
@@ -118,20 +121,47 @@ class ShellSession(ProcessSession):
         self._lock = asyncio.Lock()
         self.restarts = 0
         self._last_oom: int | None = None
+        self._last_pids_full = False
+        self._last_bg = False  # the command left a background job running
+        self._last_pids: int | None = None  # the sandbox's pids.current after it
 
     # ------------------------------------------------------------------ wire format
     def _end(self, seq: int) -> str:
         return f"|{self._session}.{seq}\x1e\n"
 
     def _line(self, command: str, seq: int, prefix: str = "") -> str:
-        # bash reads the OOM-kill counter itself, with builtins only (nothing forks): `<status>,<count>`
+        # bash reads the OOM-kill counter and whether the pids cgroup is (nearly) full itself,
+        # with builtins only (nothing forks: a fork bomb may hold every pid): `<status>,<oom count>,<pids full>,
+        # <started a background job>,<pids.current>`
         return (
-            f"{prefix}builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; "
+            f"{prefix}__vf_b=$!; builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; __vf_p=; "
+            "__vf_g=; [[ $! != \"$__vf_b\" ]] && __vf_g=1; __vf_c=; "
             f"for __vf_f in {' '.join(OOM_FILES)}; do [[ -r $__vf_f ]] && "
             "while builtin read -r __vf_k __vf_v; do [[ $__vf_k == oom_kill ]] && __vf_o=$__vf_v; "
             "done < $__vf_f; done; "
-            f"builtin printf '\\036%d,%s{self._end(seq)[:-2]}\\036\\n' \"$__vf_rc\" \"$__vf_o\"\n"
+            f"for __vf_f in {' '.join(PIDS_DIRS)}; do [[ -r $__vf_f/pids.max ]] && "
+            "{ builtin read -r __vf_m < $__vf_f/pids.max; builtin read -r __vf_c < $__vf_f/pids.current; "
+            "[[ $__vf_m =~ ^[0-9]+$ && $__vf_c =~ ^[0-9]+$ ]] && (( __vf_c * 10 >= __vf_m * 9 )) && __vf_p=1; "
+            "builtin break; }; done; "
+            f"builtin printf '\\036%d,%s,%s,%s,%s{self._end(seq)[:-2]}\\036\\n' \"$__vf_rc\" \"$__vf_o\" \"$__vf_p\" "
+            "\"$__vf_g\" \"$__vf_c\"\n"
         )
+
+    async def _watch_background(self, proc: BackgroundProcess, timeout: float) -> None:
+        """The command left a background job: is it a fork bomb (the sandbox's pids count
+        still climbing to its limit)? A few builtin-only probes (0.1 s apart, ~1 s at most)
+        until the count stops climbing; `_last_pids_full` says what they found. A command
+        that starts a server costs one probe."""
+        before = self._last_pids or 0
+        for _ in range(10):
+            await asyncio.sleep(0.1)
+            self._seq += 1
+            data, until = self._request(":", self._seq)
+            out = await send_and_read(proc, data, until, min(timeout, 10.0), "a probe")
+            complete, _, _ = self._parse(out, self._seq)
+            if not complete or self._last_pids_full or self._last_pids is None or self._last_pids < before + 8:
+                return
+            before = self._last_pids
 
     def _request(self, command: str, seq: int, prefix: str = "") -> tuple[str, str]:
         """(bytes to write, marker ending the reply) for command number `seq`."""
@@ -145,12 +175,18 @@ class ShellSession(ProcessSession):
         if i < 0:
             return False, out, None
         start = out.rfind("\x1e", 0, i)
-        status, _, oom = out[start + 1 : i].partition(",")
+        status, _, rest = out[start + 1 : i].partition(",")
+        oom, _, rest = rest.partition(",")
+        full, _, rest = rest.partition(",")
+        bg, _, pids = rest.partition(",")
         try:
             code = int(status)
         except ValueError:
             code = None
         self._last_oom = int(oom) if oom.isdigit() else None
+        self._last_pids_full = full == "1"
+        self._last_bg = bg == "1"
+        self._last_pids = int(pids) if pids.isdigit() else None
         return True, out[:start], code
 
     def _mark_cut(self, proc: BackgroundProcess, out: str) -> tuple[str, int]:
@@ -195,11 +231,22 @@ class ShellSession(ProcessSession):
             seq = self._seq
             data, until = self._request(command, seq)
             self._last_oom = None
+            self._last_pids_full = False
             t0 = time.monotonic()
             out, dropped = self._mark_cut(proc, await send_and_read(proc, data, until, timeout, "a command"))
             res = ShellResult()
             complete, text, res.exit_code = self._parse(out, seq)
-            if not complete:
+            if complete and self._last_bg and not self._last_pids_full and self._last_pids is not None:
+                await self._watch_background(proc, timeout)
+            if complete and self._last_pids_full:
+                # the command "ended" but what it started fills the pids limit (a fork bomb returns 0 at
+                # once while its children hold every pid): not a success; its processes are killed
+                res.pids_limit = res.restarted = True
+                res.note = (f"the command exited {res.exit_code} but left processes filling the sandbox's "
+                            "process limit (a fork bomb?): they were killed (exit 137) and the shell restarted: "
+                            "working directory, variables and functions were reset")
+                res.exit_code = 137
+            elif not complete:
                 status = await status_after_missing_reply(proc, t0, timeout, "bash")
                 if not status.running:
                     res.restarted = True

@@ -1,0 +1,466 @@
+"""Honest results (issue 26): every fault gives each rollout a verdict kind, the run a
+true status and exit code, the dashboard the same counts, and `--resume` (once the
+fault is gone) finishes with every rollout scored once.
+
+Each test runs `vf-sandbox eval` as a subprocess against a real model server (its own
+process where the test kills it) and, for sandbox faults, the real Docker engine
+(gVisor where the engine has runsc). Helpers and the leak check come from
+tests/test_faults.py (`case`, `eval_cmd`, `cli_env`, `saved_rows`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from test_faults import ENVS, case, cli_env, eval_cmd, killing_policy, saved_rows  # noqa: F401  (case: fixture)
+
+pytestmark = [pytest.mark.faults]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVER = """
+import asyncio, sys
+from envs.testing.model_server import ModelServer, compute
+async def slow(req):
+    await asyncio.sleep({delay})
+    return compute()(req)
+async def main():
+    srv = ModelServer(slow, port={port})
+    await srv.start()
+    print("up", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+GARBAGE = """
+from aiohttp import web
+async def chat(request):
+    return web.Response(text="<html>502 upstream garbage{{", content_type="application/json")
+async def models(request):
+    return web.json_response({{"data": []}})
+app = web.Application()
+app.router.add_post("/v1/chat/completions", chat)
+app.router.add_get("/v1/models", models)
+web.run_app(app, host="127.0.0.1", port={port}, print=lambda *a: print("up", flush=True))
+"""
+
+
+class ServerProcess:
+    """A model server in its own process (killable with SIGKILL)."""
+
+    def __init__(self, code: str, port: int | None = None):
+        self.port = port or free_port()
+        self.proc = subprocess.Popen([sys.executable, "-c", code.format(port=self.port, delay=0.05)], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout.readline().strip() == "up"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def run_id_of(out: str) -> str:
+    line = next(x for x in out.splitlines() if x.startswith("run ") and "runs show" in x)
+    return line.split()[1].rstrip(":")
+
+
+def dashboard_view(tmp_path: Path, run_id: str) -> dict:
+    """What the dashboard API serves for the run (GET /api/runs/{id})."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from envs.runs import dashboard
+
+    async def go() -> dict:
+        app = dashboard.make_app(endpoints_path=str(tmp_path / "none.toml"), allow_launch=False)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as c:
+            resp = await c.get(f"/api/runs/{run_id}")
+            assert resp.status == 200, await resp.text()
+            return await resp.json()
+
+    old = os.environ.get("VF_RUNS_DB")
+    os.environ["VF_RUNS_DB"] = str(tmp_path / "runs.db")
+    try:
+        return asyncio.run(go())
+    finally:
+        if old is None:
+            os.environ.pop("VF_RUNS_DB", None)
+        else:
+            os.environ["VF_RUNS_DB"] = old
+
+
+def run(cmd: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+
+
+def check_incomplete(tmp_path: Path, res: subprocess.CompletedProcess, kinds: dict[str, int], status: str = "incomplete"):
+    """Exit 3, status, verdict counts in rows, metadata and the dashboard, the resume command printed."""
+    assert res.returncode == 3, res.stderr[-3000:]
+    rows, meta, run_dir = saved_rows(tmp_path)
+    counts = Counter(r["verdict"] for r in rows)
+    errored = sum(kinds.values())
+    assert {k: v for k, v in counts.items() if k != "scored"} == kinds, counts
+    assert meta["status"] == status and meta["errored_rollouts"] == errored
+    assert meta["errors_by_kind"] == kinds and meta["scored_rollouts"] == counts["scored"]
+    scored = [r for r in rows if r["verdict"] == "scored"]
+    if scored:  # the average is over scored rows only
+        assert meta["avg_reward"] == pytest.approx(sum(r["reward"] for r in scored) / len(scored))
+    rid = run_id_of(res.stdout)
+    assert f"vf-sandbox eval --resume {rid}" in res.stderr
+    view = dashboard_view(tmp_path, rid)
+    assert view["run"]["status"] == status, view["run"]
+    assert view["run"]["verdicts"]["scored"] == counts["scored"] and view["run"]["verdicts"]["errored"] == errored
+    assert view["run"]["verdicts"]["by_kind"] == kinds
+    return rows, meta, run_dir, rid
+
+
+def check_resumed(tmp_path: Path, res: subprocess.CompletedProcess, n: int, r: int, rid: str) -> list[dict]:
+    """The resumed run: exit 0, completed, every rollout scored exactly once."""
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, meta, _ = saved_rows(tmp_path)
+    assert Counter(x["example_id"] for x in rows) == {i: r for i in range(n)}  # none lost, none twice
+    assert all(x["verdict"] == "scored" for x in rows)
+    assert meta["status"] == "completed" and meta["scored_rollouts"] == n * r and meta["errored_rollouts"] == 0
+    view = dashboard_view(tmp_path, rid)
+    assert view["run"]["status"] == "completed" and view["run"]["verdicts"]["errored"] == 0
+    return rows
+
+
+# --------------------------------------------------------------------------- model faults
+
+
+def test_model_server_killed_mid_run_some_rows_then_resume(tmp_path, record_property):
+    """The model server process is SIGKILLed after some rows: the rest are `model` errors
+    (connection refused), the run is `incomplete` (exit 3), the average is over the scored
+    rows only; the endpoint-down rule stops the run early; `--resume` after a restart
+    finishes with every rollout scored once."""
+    srv = ServerProcess(SERVER)
+    cmd = eval_cmd(tmp_path, srv.base_url, "math-single", "-n", "30", "-r", "2", "-c", "2", "-s",
+                   "--client-max-retries", "0")
+    try:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            saved = list((tmp_path / "outputs").glob("evals/*/*/results.jsonl"))
+            if saved and len(saved[0].read_text().splitlines()) >= 6:
+                break
+            time.sleep(0.05)
+        srv.kill()
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        srv.kill()
+    res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    rows, meta, run_dir, rid = check_incomplete(tmp_path, res, {"model": Counter(r["verdict"] for r in saved_rows(
+        tmp_path)[0])["model"]})
+    model_rows = [r for r in rows if r["verdict"] == "model"]
+    assert model_rows and all("model endpoint unreachable" in r["error"] for r in model_rows)
+    assert any("connection refused" in r["error"] for r in model_rows)
+    assert len(rows) < 60  # the endpoint-down rule stopped it: it did not burn through the dataset
+    assert "is down since" in err and time.monotonic() - t0 < 60
+    record_property("figure", f"{len(rows) - len(model_rows)} scored, {len(model_rows)} model errors, "
+                              f"{60 - len(rows)} not run")
+    with ServerProcess(SERVER) as again:
+        res2 = run(eval_cmd(tmp_path, again.base_url, "math-single", "-n", "30", "-r", "2", "-c", "2", "-s",
+                            "--resume", str(run_dir)), tmp_path)
+    check_resumed(tmp_path, res2, 30, 2, rid)
+
+
+def test_model_server_killed_before_any_row_all_rows_fail(tmp_path):
+    """The server dies right after the endpoint check: no rollout is scored: the run
+    `failed` (nothing evaluated) with exit 3, stopped early, and `--resume` completes it."""
+    srv = ServerProcess(SERVER.replace("await asyncio.sleep({delay})", "await asyncio.sleep(30)"))
+    cmd = eval_cmd(tmp_path, srv.base_url, "math-single", "-n", "20", "-r", "1", "-c", "2", "-s",
+                   "--client-max-retries", "0")
+    try:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "outputs").glob("evals/*/*/metadata.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the first requests are in flight
+        srv.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        srv.kill()
+    res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    assert res.returncode == 3, err[-3000:]
+    rows, meta, run_dir = saved_rows(tmp_path)
+    assert rows and all(r["verdict"] == "model" for r in rows) and len(rows) < 20
+    assert meta["status"] == "incomplete" and meta["scored_rollouts"] == 0 and "is down since" in err
+    rid = run_id_of(out)
+    assert dashboard_view(tmp_path, rid)["run"]["status"] == "incomplete"
+    with ServerProcess(SERVER) as again:
+        res2 = run(eval_cmd(tmp_path, again.base_url, "math-single", "-n", "20", "-r", "1", "-c", "2", "-s",
+                            "--resume", str(run_dir)), tmp_path)
+    check_resumed(tmp_path, res2, 20, 1, rid)
+
+
+@pytest.mark.parametrize("fault", ["500", "garbage", "hang"])
+def test_model_faults_are_model_errors_then_resume(tmp_path, fault):
+    """Answering 500s, answering garbage, hanging past --rollout-timeout: each rollout is a
+    `model` error (with the HTTP status where there is one), nothing is averaged, exit 3;
+    `--resume` against a healthy server scores every rollout once."""
+    from envs.testing.model_server import ModelServer, fail, stall
+
+    base = ["math-single", "-n", "3", "-r", "2", "-c", "6", "-s", "--client-max-retries", "0"]
+    t0 = time.monotonic()
+    if fault == "garbage":
+        with ServerProcess(GARBAGE) as srv:
+            res = run(eval_cmd(tmp_path, srv.base_url, *base), tmp_path)
+    else:
+        policy = fail(500) if fault == "500" else stall(120)
+        extra = ["--rollout-timeout", "2"] if fault == "hang" else []
+        with ModelServer(policy).run_in_thread() as srv:
+            res = run(eval_cmd(tmp_path, srv.base_url, *base, *extra), tmp_path)
+    elapsed = time.monotonic() - t0
+    rows, meta, run_dir, rid = check_incomplete(tmp_path, res, {"model": 6}, status="failed")
+    if fault == "500":
+        assert all(r["error_info"]["status"] == 500 and "answered 500" in r["error"] for r in rows)
+    if fault == "hang":
+        assert all("timed out" in r["error"] for r in rows) and elapsed < 60  # not 3600 s x 3
+    assert "all 6 rollouts failed (model API errors)" in res.stderr
+    from envs.testing.model_server import compute
+
+    with ModelServer(compute()).run_in_thread() as good:
+        res2 = run(eval_cmd(tmp_path, good.base_url, *base, "--resume", str(run_dir)), tmp_path)
+    check_resumed(tmp_path, res2, 3, 2, rid)
+
+
+# --------------------------------------------------------------------------- env faults
+
+REWARD_ENV = '''
+import os
+import envs as vf
+
+def load_environment(marker: str = ""):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    parser = vf.Parser(extract_fn=vf.extract_boxed_answer)
+
+    def correct(completion, answer, parser, example_id) -> float:
+        if example_id % 2 and not os.path.exists(marker):
+            return {}["missing"]  # a bug in the reward function: KeyError
+        return 1.0 if parser.parse_answer(completion) == answer else 0.0
+
+    return vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[correct], parser=parser), parser=parser)
+'''
+
+
+def with_envs_dir(cmd: list[str], where: Path) -> list[str]:
+    i = cmd.index("-p")
+    return cmd[: i + 1] + [str(where)] + cmd[i + 2:]
+
+
+def test_reward_function_raising_is_an_env_error_then_resume(tmp_path):
+    """A reward function raising KeyError on half the rows: those are `env` errors with
+    the traceback in the row and the run log, never a silent 0; average over the scored
+    half, exit 3; fixed, `--resume` scores them."""
+    from envs.testing.model_server import ModelServer, compute
+
+    pkg = tmp_path / "envs_here" / "honest_reward"
+    pkg.mkdir(parents=True)
+    (pkg / "honest_reward.py").write_text(REWARD_ENV)
+    (pkg / "pyproject.toml").write_text('[project]\nname = "honest-reward"\nversion = "0.1.0"\n')
+    marker = tmp_path / "fixed"
+    args = ["honest-reward", "-n", "6", "-r", "1", "-s", "-a", json.dumps({"marker": str(marker)})]
+    with ModelServer(compute()).run_in_thread() as srv:
+        res = run(with_envs_dir(eval_cmd(tmp_path, srv.base_url, *args), tmp_path / "envs_here"), tmp_path)
+        rows, meta, run_dir, rid = check_incomplete(tmp_path, res, {"env": 3})
+        bad = [r for r in rows if r["verdict"] == "env"]
+        assert sorted(r["example_id"] for r in bad) == [1, 3, 5]
+        assert all(r["error_type"] == "ScoringError" and "KeyError" in r["error_info"]["traceback"] for r in bad)
+        assert meta["avg_reward"] == 1.0  # the 3 scored rows; the raising ones are not a 0
+        log = subprocess.run([sys.executable, "-m", "envs.cli.app", "runs", "logs", rid], cwd=tmp_path,
+                             env=cli_env(tmp_path), capture_output=True, text=True, timeout=60).stdout
+        assert "Traceback" in log and "KeyError: 'missing'" in log
+        marker.write_text("fixed")
+        res2 = run(with_envs_dir(eval_cmd(tmp_path, srv.base_url, *args, "--resume", str(run_dir)),
+                                 tmp_path / "envs_here"), tmp_path)
+    check_resumed(tmp_path, res2, 6, 1, rid)
+
+
+def test_max_error_rate_accepts_errors_explicitly(tmp_path):
+    """--max-error-rate 0.5 accepts the 3 of 6 env errors: completed, exit 0, counts still shown."""
+    from envs.testing.model_server import ModelServer, compute
+
+    pkg = tmp_path / "envs_here" / "honest_reward"
+    pkg.mkdir(parents=True)
+    (pkg / "honest_reward.py").write_text(REWARD_ENV)
+    (pkg / "pyproject.toml").write_text('[project]\nname = "honest-reward"\nversion = "0.1.0"\n')
+    with ModelServer(compute()).run_in_thread() as srv:
+        res = run(with_envs_dir(eval_cmd(tmp_path, srv.base_url, "honest-reward", "-n", "6", "-r", "1", "-s",
+                                         "--max-error-rate", "0.5"), tmp_path / "envs_here"), tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, meta, _ = saved_rows(tmp_path)
+    assert meta["status"] == "completed" and meta["errored_rollouts"] == 3 and meta["scored_rollouts"] == 3
+    assert "6: 3 scored, 3 errored" in res.stdout and "accepted by --max-error-rate" in res.stderr
+
+
+# --------------------------------------------------------------------------- sandbox faults
+
+BOMB_MEM = "python3 -c 'x = bytearray(3 << 30)'; echo status=$?"
+FORK_BOMB = "bomb() { bomb | bomb & }; bomb"
+
+
+def bomb_policy(first: str, seen: list[str]):
+    """bash-files solver that runs `first` as its first command, then checks the shell
+    still works, then gives a (wrong) answer."""
+    from envs.testing.model_server import Reply, ToolCallSpec
+
+    def policy(req):
+        turn = req.n_tool_turns()
+        if turn == 0:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": first})])
+        seen.append(req.tool_results()[-1])
+        if turn == 1:
+            return Reply(tool_calls=[ToolCallSpec("bash", {"command": "echo still-here"})])
+        return Reply(content="\\boxed{-1}")
+
+    return policy
+
+
+def gvisor_available() -> bool:
+    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
+                         timeout=60)
+    return "runsc" in out.stdout
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("isolation", ["runc", "gvisor"])
+def test_memory_bomb_is_a_scored_task_failure(tmp_path, case, isolation):
+    """A model's memory bomb: under runc the command is OOM-killed, under gVisor the whole
+    sandbox dies; either way the rollout is scored (reward 0, `sandbox_oom` 1, attempts 1:
+    never retried, never an infra error), the run `completed`, exit 0."""
+    if isolation == "gvisor" and not gvisor_available():
+        pytest.skip("the engine has no runsc runtime")
+    case.row(f"memory bomb under {isolation}", "scored: reward 0, sandbox_oom=1, not retried; run completed, exit 0")
+    from envs.testing.model_server import ModelServer
+
+    seen: list[str] = []
+    with ModelServer(bomb_policy(BOMB_MEM, seen)).run_in_thread() as srv:
+        res = run(eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "1", "-r", "1", "-s", "--max-retries", "2",
+                           "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"}),
+                           "-x", f"isolation={isolation},memory_gb=1"), tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,), meta, _ = saved_rows(tmp_path)
+    assert row["verdict"] == "scored" and not row["error"] and row["attempts"] == 1, row
+    assert row["metrics"]["sandbox_oom"] == 1.0 and row["reward"] == 0.0
+    assert meta["status"] == "completed" and meta["scored_rollouts"] == 1 and meta["errored_rollouts"] == 0
+    if isolation == "gvisor":  # the sandbox is gone: the rollout ended there, the model was told
+        assert row["stop_condition"] == "sandbox_killed_by_oom" and "ran out of memory" in seen[0]
+    else:
+        assert "status=137" in seen[0] and seen[1].strip() == "still-here"
+    case.figure(f"{isolation}: reward 0, sandbox_oom 1, attempts 1, stop {row['stop_condition']}")
+
+
+@pytest.mark.docker
+def test_fork_bomb_is_not_exit_0(tmp_path, case):
+    """A bash fork bomb returns at once while its children hold the pids limit: the tool
+    result says so (exit 137, processes killed), `sandbox_pids_limit` 1, the next command
+    works, the rollout is scored and the run completed."""
+    case.row("bash fork bomb (returns at once, children hold the pids limit)",
+             "tool result exit 137 + note, processes killed, next command works; scored, completed")
+    from envs.testing.model_server import ModelServer
+
+    seen: list[str] = []
+    with ModelServer(bomb_policy(FORK_BOMB, seen)).run_in_thread() as srv:
+        res = run(eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "1", "-r", "1", "-s",
+                           "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"})),
+                  tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,), meta, _ = saved_rows(tmp_path)
+    assert "process limit" in seen[0] and "exit 137" in seen[0], seen
+    assert seen[1].strip() == "still-here", seen
+    assert row["verdict"] == "scored" and row["metrics"]["sandbox_pids_limit"] == 1.0 and row["attempts"] == 1
+    assert meta["status"] == "completed"
+    case.figure(f"first tool result: {seen[0][:80]!r}")
+
+
+@pytest.mark.docker
+def test_sandbox_killed_mid_rollout_is_a_sandbox_error_then_resume(tmp_path, case):
+    """`docker kill` of a rollout's sandbox with no retries: a `sandbox` error, out of the
+    average, incomplete (exit 3), on the dashboard; `--resume` scores it."""
+    case.row("sandbox killed mid-rollout, no retries", "verdict sandbox; incomplete, exit 3; --resume scores it")
+    from envs.testing.model_server import ModelServer
+
+    kills: list[str] = []
+    with ModelServer(killing_policy(False, kills)).run_in_thread() as srv:
+        cmd = eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "2", "-r", "1", "-c", "1", "-s", "--max-retries",
+                       "0", "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container"}))
+        res = run(cmd, tmp_path)
+        rows, meta, run_dir, rid = check_incomplete(tmp_path, res, {"sandbox": 1})
+        assert meta["avg_reward"] == 1.0
+        res2 = run(cmd + ["--resume", str(run_dir)], tmp_path)
+    check_resumed(tmp_path, res2, 2, 1, rid)
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+def test_eval_and_swe_debug_agree_on_exit_codes(tmp_path):
+    """One table for both CLIs: documented in both --help texts, and the same statuses map to
+    the same codes (swe-debug adds 1 for an invalid instance)."""
+    from envs.eval import exit_codes
+
+    for argv in (["-m", "envs.cli.app", "eval", "--help"], ["-m", "swe_debug.cli", "--help"]):
+        out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "COLUMNS": "300"})
+        text = " ".join(out.stdout.split())
+        for needle in ("Exit codes", "0 every", "2 usage error", "3 incomplete", "130 / 143 interrupted"):
+            assert needle in text, (argv, needle)
+    for status, usage in [("completed", False), ("incomplete", False), ("failed", False), ("stopped", False),
+                          ("failed", True)]:
+        assert exit_codes.for_swe(status, usage, True) == exit_codes.for_statuses([(status, usage)])
+    assert exit_codes.for_swe("completed", False, False) == 1
+    assert exit_codes.for_signal([2]) == 130 and exit_codes.for_signal([15]) == 143
+
+
+@pytest.mark.docker
+def test_docker_down_exits_3_for_both_clis(tmp_path):
+    """The sandbox backend unreachable is a sandbox (infrastructure) error: exit 3 from both."""
+    from envs.testing.model_server import ModelServer, compute
+
+    env = {**cli_env(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    with ModelServer(compute()).run_in_thread() as srv:
+        res = subprocess.run(eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "1", "-r", "1"), cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3, res.stderr[-3000:]
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text(json.dumps({"instance_id": "x__y-1", "repo": "x/y", "base_commit": "0" * 40, "patch": "",
+                              "test_patch": "", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]",
+                              "image": "vf-sandbox/python:3.11"}) + "\n")
+    swe = subprocess.run([sys.executable, "-m", "swe_debug.cli", str(ds), "-o", str(tmp_path / "swe"), "-q",
+                          "--debug-step", "none"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert swe.returncode == res.returncode == 3, swe.stdout[-2000:] + swe.stderr[-2000:]
