@@ -46,13 +46,23 @@ pytestmark = pytest.mark.docker
 async def test_killed_cell_host_retries_land_on_a_new_host_and_the_run_completes():
     """`docker kill` of the cell host while two rollouts run in it, with the default warm
     pool of cells (three per running rollout, all on that host) and 2 retries: every
-    rollout ends solved, the retried ones on cells of another host."""
+    rollout ends solved after at most one retry, no rollout is handed a cell already
+    known dead, and the retries run on cells of another host."""
     import docker
 
     labels = unique_labels()
     env = bash_env(labels, n=4)  # rollout_isolation="auto": cells on Docker, default warm pool
     killed: list[str] = []
-    after_kill: set[str] = set()
+    acquired: list[tuple[str, bool]] = []  # (sandbox id, known gone when handed out)
+    kill_at: list[int] = []
+    acquire = env._acquire
+
+    async def recording_acquire(spec, state):
+        sb, pooled = await acquire(spec, state)
+        acquired.append((sb.id, sb.known_gone()))
+        return sb, pooled
+
+    env._acquire = recording_acquire
 
     def second_call(req: PolicyRequest) -> dict:
         if not killed:
@@ -61,23 +71,20 @@ async def test_killed_cell_host_retries_land_on_a_new_host_and_the_run_completes
             client.containers.get(host).kill()
             client.close()
             killed.append(host)
+            kill_at.append(len(acquired))
         return {"command": "echo after"}
 
-    def first_call(req: PolicyRequest) -> dict:
-        if killed:
-            after_kill.update(env.active_sandboxes)
-        return {"command": "echo before"}
-
-    policy = tool_script([("bash", first_call), ("bash", second_call)])
+    policy = tool_script([("bash", {"command": "echo before"}), ("bash", second_call)])
     rows = await run_env(env, policy, n=4, max_retries=2, concurrency=2)
     assert env.rollout_isolation_in_use() == "namespace"
     assert len(killed) == 1
     assert [r["error"] for r in rows] == [None] * 4, [r["error"] for r in rows]
     assert all(tool_messages(r) == ["before", "after"] for r in rows)
     assert any(r["attempts"] == 2 for r in rows)  # the rollouts in the killed host ran again...
-    assert all(r["attempts"] <= 2 for r in rows)  # ...once: never again on a cell of the dead host
-    hosts_after = {container_of(i) for i in after_kill}
-    assert hosts_after and killed[0] not in hosts_after, (killed, hosts_after)
+    assert all(r["attempts"] <= 2 for r in rows), [r["attempts"] for r in rows]  # ...once: never on its cells again
+    assert not [i for i, gone in acquired if gone], acquired  # no rollout was handed a dead cell
+    hosts_after = [container_of(i) for i, _ in acquired[kill_at[0]:]]
+    assert [h for h in hosts_after if h != killed[0]], (killed, hosts_after)  # a new host served the retries
     assert wait_gone(labels) == []
 
 
