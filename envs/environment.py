@@ -107,6 +107,10 @@ def _rows_of(dataset: Any) -> list[dict[str, Any]]:
 class Environment(ABC):
     """Abstract base of every environment."""
 
+    retry_if: Callable[..., bool] | None = None
+    """The run's retry rules (`envs.eval.config.retry_predicate`: `retry_if(error, attempt)`);
+    None: retry what `is_retryable` accepts (infrastructure, transient model errors)."""
+
     def __init__(
         self,
         dataset: Any = None,
@@ -557,7 +561,8 @@ class Environment(ABC):
                 attempt = ctx.retry_state.attempt_number
                 state = await self._rollout_once(input, client, model, sampling_args)
                 err = state.get("error")
-                if err is not None and attempt < attempts_allowed and is_retryable(err):
+                if err is not None and attempt < attempts_allowed and (
+                        is_retryable(err) if self.retry_if is None else self.retry_if(err, attempt)):
                     try:
                         await self.discard_attempt(state)
                     except Exception as exc:  # releasing the dropped attempt must not end the run

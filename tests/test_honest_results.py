@@ -464,3 +464,55 @@ def test_docker_down_exits_3_for_both_clis(tmp_path):
                           "--debug-step", "none"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert swe.returncode == res.returncode == 3, swe.stdout[-2000:] + swe.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- retry rules
+
+
+def test_retry_rules_by_http_status_with_backoff_and_cap(tmp_path):
+    """[[retry_rules]] in the run definition: 503s are retried (backoff, up to 3 times,
+    attempts in the row), a 429 is not (no rule for it): a `model` error with its status."""
+    from envs.testing.model_server import ModelServer, compute, fail, fail_first
+
+    toml = tmp_path / "run.toml"
+
+    def write(url: str) -> None:
+        toml.write_text(textwrap.dedent(f'''
+            model = "test-model"
+            api_base_url = "{url}"
+            api_key_var = "VF_FAULTS_TEST_KEY"
+            endpoints_path = "{tmp_path / 'none.toml'}"
+            env_dir_path = "{ENVS}"
+            client_max_retries = 0
+            retry_initial_delay = 0.05
+            retry_max_delay = 0.2
+            max_concurrent = 1
+
+            [[retry_rules]]
+            statuses = ["5xx"]
+            max_retries = 3
+
+            [[eval]]
+            env_id = "math-single"
+            num_examples = 2
+            rollouts_per_example = 1
+        '''))
+    (tmp_path / "none.toml").write_text("")
+    cmd = [sys.executable, "-m", "envs.cli.app", "eval", str(toml), "-o", str(tmp_path / "outputs"), "-d"]
+    with ModelServer(fail_first(3, 503, then=compute())).run_in_thread() as srv:
+        write(srv.base_url)
+        res = run(cmd, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, meta, _ = saved_rows(tmp_path)
+    assert sorted(r["attempts"] for r in rows) == [1, 4], rows  # 3 retries of the first, backoff 0.05 s doubling
+    assert all(r["verdict"] == "scored" for r in rows) and meta["status"] == "completed"
+    assert meta["eval_config"]["retry_rules"][0]["statuses"] == ["5xx"]
+    for p in (tmp_path / "outputs").glob("evals/*/*"):
+        subprocess.run(["rm", "-rf", str(p)], check=True)
+    with ModelServer(fail(429)).run_in_thread() as srv:
+        write(srv.base_url)
+        res = run(cmd, tmp_path)
+        calls = srv.count
+    assert res.returncode == 3, res.stderr[-3000:]
+    rows, meta, _ = saved_rows(tmp_path)
+    assert calls == 2 and all(r["attempts"] == 1 and r["error_info"]["status"] == 429 for r in rows)

@@ -62,7 +62,7 @@ SETTING_KEYS = frozenset(
         "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
         "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
         "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
-        "max_error_rate", "rollout_timeout", "endpoint_down_after",
+        "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_rules",
         "hosted", "address", "allow_sandbox_access", "allow_instances_access",
         "renderer_model_name", "renderer_config", "preserve_all_thinking", "preserve_thinking_between_tool_calls",
     }
@@ -77,6 +77,52 @@ ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_typ
 # client settings that change what a rollout's model sees or returns (the endpoint, keys,
 # headers and connection limits may change between a run and its resume)
 CLIENT_RESULT_FIELDS = ("client_type", *RENDERER_KEYS)
+
+
+class RetryRule(BaseModel):
+    """One rule of the run's rollout retries (like the reference's RetryConfig include
+    list): a rollout that ended in an error is run again (a fresh state and sandbox, after
+    the run's backoff: retry_initial_delay doubling up to retry_max_delay, at least a
+    server's Retry-After) when every condition the rule gives holds, at most `max_retries`
+    times (default: the run's --max-retries). Attempts are recorded in the row (`attempts`)."""
+
+    model_config = {"extra": "forbid"}
+
+    kinds: list[str] = Field(default_factory=list, description='Error verdict kinds: "model", "sandbox", "env".')
+    statuses: list[int | str] = Field(default_factory=list, description='HTTP statuses of model errors: 429, 503, '
+                                      'or "5xx".')
+    pattern: str | None = Field(None, description="A regular expression searched in the error text (Type: message).")
+    max_retries: int | None = Field(None, ge=0, description="Cap of retries under this rule.")
+
+    def matches(self, exc: BaseException) -> bool:
+        from ..errors import error_text, error_record
+        from ..outputs import _http_status, error_verdict
+
+        if self.kinds and error_verdict(exc) not in self.kinds:
+            return False
+        if self.statuses:
+            status = _http_status(exc)
+            if status is None or not any(status == s or (isinstance(s, str) and s.lower() == f"{status // 100}xx")
+                                         for s in self.statuses):
+                return False
+        return not self.pattern or re.search(self.pattern, error_text(error_record(exc))) is not None
+
+
+def retry_predicate(rules: list[RetryRule], max_retries: int):
+    """`retry_if(exc, attempt)` of the run's rules: the first rule matching `exc` decides,
+    within its own cap; None without rules (the default: infrastructure and transient
+    model errors are retried)."""
+    if not rules:
+        return None
+
+    def retry_if(exc: BaseException, attempt: int = 1) -> bool:
+        for rule in rules:
+            if rule.matches(exc):
+                cap = max_retries if rule.max_retries is None else rule.max_retries
+                return attempt <= cap
+        return False
+
+    return retry_if
 
 
 class EvalConfig(BaseModel):
@@ -125,6 +171,9 @@ class EvalConfig(BaseModel):
                                           "it is a model error (timeout).")
     endpoint_down_after: int = Field(8, ge=0, description="Consecutive rollouts failing to reach the model endpoint "
                                      "after which nothing new starts and the run ends `incomplete` (0: never).")
+    retry_rules: list[RetryRule] = Field(default_factory=list, description="Which errors retry a rollout (TOML "
+                                         "[[retry_rules]]); empty: infrastructure and transient model errors "
+                                         "(connection, 429, 5xx). --max-retries is the overall attempt budget.")
     isolation: Isolation | None = Field(None, description='Kernel boundary of every sandbox of the run: "runc" or '
                                         '"gvisor"; None = what the environment asks for (runc unless it says gvisor).')
 
@@ -146,13 +195,18 @@ class EvalConfig(BaseModel):
         return RetryPolicy.from_max_retries(self.max_retries, initial_delay=self.retry_initial_delay,
                                             max_delay=self.retry_max_delay)
 
+    def rollout_retries(self) -> int:
+        """Extra tries a rollout may get: --max-retries, or more where a retry rule allows more."""
+        caps = [r.max_retries for r in self.retry_rules if r.max_retries is not None]
+        return max([self.max_retries, *caps])
+
     def definition_diff(self, other: "EvalConfig") -> list[str]:
         """What differs between two definitions in ways that change a rollout's result
         (run control such as concurrency, output and resume settings is ignored)."""
         ignore = {"name", "max_concurrent", "max_concurrent_generation", "max_concurrent_scoring", "num_workers",
                   "verbose", "save_results", "output_dir", "resume", "resume_path", "save_to_hf_hub",
                   "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
-                  "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
+                  "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_rules", "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
                   "no_interleave_scoring", "backend", "backend_options", "junit_xml", "hosted", "address",
                   "allow_sandbox_access", "allow_instances_access", "custom_secret_names"}
         mine, theirs = self.public_args(), other.public_args()
@@ -485,6 +539,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay", "max_error_rate", "rollout_timeout")
            if s.get(k) is not None},
         **({"endpoint_down_after": int(s["endpoint_down_after"])} if s.get("endpoint_down_after") is not None else {}),
+        **({"retry_rules": list(s["retry_rules"])} if s.get("retry_rules") else {}),
         kind=s.get("kind", "eval"),
         junit_xml=s.get("junit_xml"),
         hosted=hosted,

@@ -55,7 +55,7 @@ class GroupRunner:
         cfg = self.cfg
         task = asyncio.ensure_future(self.env.run_group(
             inputs, self.clients[gid % len(self.clients)], cfg.model, cfg.sampling_args, sem=sem,
-            max_retries=cfg.max_retries, independent_scoring=cfg.independent_scoring, score=True,
+            max_retries=cfg.rollout_retries(), independent_scoring=cfg.independent_scoring, score=True,
             scoring_sem=scoring_sem))
         self._tasks.add(task)
         try:

@@ -23,6 +23,10 @@ def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
     env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
     env.set_backend(cfg.backend, cfg.backend_options)
     env.set_retry_policy(cfg.retry_policy())
+    if cfg.retry_rules:  # which errors retry a rollout: the run's rules (local, -w N and hosted alike)
+        from .config import retry_predicate
+
+        env.retry_if = retry_predicate(cfg.retry_rules, cfg.max_retries)
     if cfg.isolation is not None:
         env.set_isolation(cfg.isolation)
     if cfg.extra_env_kwargs:
