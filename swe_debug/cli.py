@@ -27,6 +27,8 @@ import typer
 
 from envs.eval import exit_codes
 
+from envs.cli.eval_cmd import AUTO_RESUME, OptionalResumeCommand
+
 from .debug import verdict
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -50,7 +52,7 @@ def _split_ids(values: list[str] | None) -> list[str]:
     return out
 
 
-@app.command()
+@app.command(cls=OptionalResumeCommand)
 def run(
     dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name.")],
     split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
@@ -67,7 +69,7 @@ def run(
     timeout_minutes: Annotated[float, typer.Option("--timeout-minutes", help="Minutes for the whole run (then it stops: finished rows kept, --resume).")] = 1440,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Base directory of the run (default outputs); results go to OUTPUT_DIR/evals/swe-debug--none/<run>/.")] = None,
     junit_xml: Annotated[Optional[Path], typer.Option("--junit-xml", help="Write a JUnit XML report here.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the latest unfinished run in OUTPUT_DIR (instances with an infra error run again).")] = False,
+    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue a run: its run id or results directory, or, with no value, the newest unfinished run of these flags in the run registry (instances not scored run again).")] = None,
     backend: Annotated[str, typer.Option("--backend", help="Sandbox backend: docker, local, kubernetes, prime, ...")] = "docker",
     check_fails_before: Annotated[bool, typer.Option("--check-fails-before", help="Also run without the patch; every FAIL_TO_PASS test must fail there.")] = False,
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Gold runs per instance; mixed verdicts are reported `flaky`.")] = 1,
@@ -128,7 +130,10 @@ def eval_config(a: dict[str, Any]):
     cli = {
         "env_args": env_args(a), "model": MODEL, "api_key_var": "EMPTY", "num_examples": -1, "rollouts_per_example": 1,
         "max_concurrent": a["concurrency"], "max_retries": a["max_retries"], "save_results": True,
-        "output_dir": str(a["output_dir"]) if a["output_dir"] else None, "resume": a["resume"] or None,
+        "output_dir": str(a["output_dir"]) if a["output_dir"] else None,
+        # --resume: absent (None; False from older callers), bare (AUTO_RESUME; True) or a run id / directory
+        "resume": a["resume"] not in (None, False) or None,
+        "resume_path": a["resume"] if isinstance(a["resume"], str) and a["resume"] != AUTO_RESUME else None,
         "name": a["name"] or run_name(a["dataset"], a["debug_step"].value), "kind": "swe-debug", "junit_xml": str(a["junit_xml"]) if a["junit_xml"] else None,
         "backend": a["backend"], "timeout_minutes": a["timeout_minutes"], "isolation": a["isolation"],
         "num_workers": a.get("num_workers", 1),
@@ -169,6 +174,9 @@ def _main(**a: Any) -> int:
     with display:
         (res,) = asyncio.run(run_evals([cfg], display))
     signals = getattr(run_evals, "signals", [])
+    if res.run_id:  # one id: the registry's and the results directory's name
+        console.print(f"run {res.run_id}: vf-sandbox runs show {res.run_id} (continue: --resume {res.run_id})",
+                      highlight=False)
     rows = sorted(res.rows, key=lambda r: r.get("example_id") or 0)
     if res.run_dir is not None and rows:
         _print_table(console, rows, display.elapsed(), res.run_dir)

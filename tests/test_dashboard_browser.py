@@ -156,7 +156,7 @@ def test_runs_list_shows_real_runs_with_live_progress(world, page):
     assert "toy-env" in row.inner_text() and "4/4" in row.inner_text()
     assert page.locator(f'tr[data-run-id="{ids["failed"]}"] .badge').inner_text() == "failed"
     # SIGKILLed run: shown as vanished, never "running"
-    assert page.locator(f'tr[data-run-id="{ids["killed"]}"] .badge').inner_text() == "failed (vanished)"
+    assert page.locator(f'tr[data-run-id="{ids["killed"]}"] .badge').inner_text() == "incomplete (vanished)"
     # the running run's progress moves without a reload
     live = page.locator(f'tr[data-run-id="{ids["running"]}"]')
     assert live.locator(".badge").inner_text() == "running"

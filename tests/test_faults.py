@@ -643,7 +643,7 @@ def test_bad_cli_input_exits_2_and_keeps_earlier_results(tmp_path, case):
         "malformed TOML": (base + [str(tmp_path / "broken.toml")], "line 3"),
         "bad -a JSON": (base + ["bash-files", "-a", "{bad", "-e", str(tmp_path / "none.toml")] + common, "invalid JSON"),
         "unknown env": (base + ["nope-env", "-e", str(tmp_path / "none.toml")] + common, "unknown environment 'nope-env'"),
-        "unknown endpoint alias": (base + [str(tmp_path / "alias.toml")], "endpoint_id 'unknown-alias' not in"),
+        "unknown endpoint alias": (base + [str(tmp_path / "alias.toml")], "no endpoint 'unknown-alias' in"),
         "missing API key": (base + ["bash-files", "-m", "m", "-b", "http://127.0.0.1:9/v1", "-k", "VF_FAULTS_UNSET_KEY",
                                     "-e", str(tmp_path / "none.toml")] + common, "VF_FAULTS_UNSET_KEY"),
         "SWE rows missing fields": ([sys.executable, "-m", "swe_debug.cli", str(swe_rows), "-i", "no-patch", "-o",

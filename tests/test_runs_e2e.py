@@ -143,7 +143,7 @@ def test_sigkilled_eval_shows_vanished(env, slow_server):
         p.send_signal(signal.SIGKILL)
         p.wait(10)
         r = registry.get_run(r.id)
-        assert r.status == "failed" and r.vanished and "vanished" in r.error
+        assert r.status == "incomplete" and r.vanished and "vanished" in r.error
         assert "running" not in vf(env, "runs", "list").stdout
     finally:
         if p.poll() is None:

@@ -72,8 +72,8 @@ def test_sigkill_is_shown_vanished_not_running(env):
     p.kill()
     p.wait()
     r = registry.get_run(rid)
-    assert r.status == "failed" and r.vanished
-    assert "vanished" in r.error
+    assert r.status == "incomplete" and r.vanished  # its rows are kept: a resume continues it
+    assert "vanished" in r.error and f"--resume {rid}" in r.error
     assert registry.list_runs(status="running") == []
 
 
@@ -84,7 +84,7 @@ def test_reused_pid_is_not_alive(env):
         wait_progress(rid, 1)
         with registry.connect() as conn:
             conn.execute("UPDATE runs SET pid_start='1' WHERE id=?", (rid,))
-        assert registry.get_run(rid).status == "failed"
+        assert registry.get_run(rid).status == "incomplete"
     finally:
         p.kill()
         p.wait()
@@ -165,7 +165,7 @@ def test_sigkill_during_writes_never_corrupts_the_registry(env, tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     for _, rid in procs:
         r = registry.get_run(rid)
-        assert r.status == "failed" and r.vanished and r.completed > 10
+        assert r.status == "incomplete" and r.vanished and r.completed > 10
 
 
 async def test_concurrent_runs_in_one_process_get_their_own_log_lines(env, tmp_path):

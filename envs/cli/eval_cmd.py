@@ -15,12 +15,13 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 env_app = typer.Typer(help="Manage environment packages.", add_completion=False, no_args_is_help=True)
 app.add_typer(env_app, name="env")
 
-_AUTO = "__auto__"
+AUTO_RESUME = _AUTO = "__auto__"
 
 
-class _EvalCommand(TyperCommand):
+class OptionalResumeCommand(TyperCommand):
     """Lets `--resume/-R` take an optional value: a bare `--resume` (last, or
-    followed by another option) means "the latest incomplete matching run"."""
+    followed by another option) means "the newest incomplete run of this definition"
+    (AUTO_RESUME). Used by `vf-sandbox eval` and `vf-swe-debug`."""
 
     def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
         fixed = []
@@ -30,6 +31,9 @@ class _EvalCommand(TyperCommand):
             else:
                 fixed.append(arg)
         return super().parse_args(ctx, fixed)
+
+
+_EvalCommand = OptionalResumeCommand
 
 
 def _parse_workers(value: str) -> int | None:
@@ -87,7 +91,8 @@ def eval_command(
     abbreviated_summary: bool = typer.Option(False, "--abbreviated-summary", "-A", help="Summary without sample rollouts"),
     output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Base output directory \\[default: ./outputs]"),
     save_results: bool = typer.Option(False, "--save-results", "-s", help="Save results to disk"),
-    resume: Optional[str] = typer.Option(None, "--resume", "-R", help="Resume a run (PATH, or the latest incomplete matching run when omitted)"),
+    resume: Optional[str] = typer.Option(None, "--resume", "-R", help="Continue a run: its run id or results directory (alone, it needs no other flag), or, with no value, the newest incomplete run of this definition in the run registry; runs exactly its errored and missing rollouts"),
+    extend: bool = typer.Option(False, "--extend", help="With --resume: allow a larger -n to add examples to a completed run"),
     state_columns: Optional[str] = typer.Option(None, "--state-columns", "-C", help="Extra state columns to save (comma-separated)"),
     save_to_hf_hub: bool = typer.Option(False, "--save-to-hf-hub", "-H", help="Push results to the Hugging Face Hub"),
     hf_hub_dataset_name: Optional[str] = typer.Option(None, "--hf-hub-dataset-name", "-D", help="Dataset name on the HF Hub"),
@@ -97,7 +102,7 @@ def eval_command(
     backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend of sandbox-backed envs: docker | local | kubernetes | prime \\[default: docker]"),
     backend_options: Optional[str] = typer.Option(None, "--backend-options", help="JSON object passed to the sandbox backend's constructor"),
     junit_xml: Optional[str] = typer.Option(None, "--junit-xml", help="Also write the results as a JUnit XML report (a test case per rollout) for CI"),
-    from_run: Optional[str] = typer.Option(None, "--from-run", help="Run again from a recorded run definition: a run id or a results directory (explicit flags override it)"),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help="Start a NEW run with the definition of a recorded run: a run id or a results directory (explicit flags override it; to continue that run use --resume ID)"),
     hosted: bool = typer.Option(False, "--hosted", help="Run as a Ray job on a cluster (see --address); needs vf-sandbox[ray]"),
     address: Optional[str] = typer.Option(None, "--address", help="Hosted: the Ray dashboard address http://HOST:8265 \\[default: $RAY_ADDRESS]"),
     follow: bool = typer.Option(False, "--follow", help="Hosted: stream the run's logs until it ends and exit with its status"),
@@ -132,6 +137,7 @@ def eval_command(
         run_control = {  # flags that still apply to a TOML config or a recorded run
             "resume": resume is not None or None,
             "resume_path": resume_path,
+            "extend": extend or None,
             "output_dir": output_dir,
             "verbose": verbose or None,
             "timeout_minutes": timeout_minutes,
@@ -166,8 +172,13 @@ def eval_command(
                    "-D": hf_hub_dataset_name, "--heartbeat-url": heartbeat_url}
         given = [flag for flag, value in content.items() if value not in (None, False, [], "")]
         is_toml = len(env_ids) == 1 and env_ids[0].endswith(".toml")
+        if extend and resume is None:
+            raise ConfigError("--extend only applies with --resume (it lets a resume add examples to a completed run)")
+        resume_alone = resume_path is not None and not env_ids and from_run is None
+        if resume_alone:  # `--resume ID`: the run's own recorded definition, continued
+            from_run = resume_path
         if from_run is not None or is_toml:
-            source = "--from-run" if from_run is not None else "a TOML config"
+            source = ("--resume RUN" if resume_alone else "--from-run") if from_run is not None else "a TOML config"
             if from_run is None and (num_examples is not None or rollouts_per_example is not None):
                 given += [f for f, v in (("-n", num_examples), ("-r", rollouts_per_example)) if v is not None]
             if given:
@@ -178,9 +189,13 @@ def eval_command(
             if env_ids:
                 raise ConfigError("--from-run replaces the environment ids / TOML config; pass one or the other")
             run_control.update({"num_examples": num_examples, "rollouts_per_example": rollouts_per_example})
-            configs = [config_from_run(from_run, run_control)]
+            configs = [config_from_run(from_run, run_control, flag="--resume" if resume_alone else "--from-run")]
+            if not resume_alone:
+                typer.echo(f"--from-run {from_run}: a new run with the definition of {from_run} (to continue that "
+                           f"run instead: vf-sandbox eval --resume {from_run})", err=True)
         elif not env_ids:
-            raise ConfigError("give an environment id, a TOML config or --from-run RUN")
+            raise ConfigError("give an environment id, a TOML config, --from-run RUN (a new run) or --resume RUN "
+                              "(continue one)")
         elif is_toml:
             configs = configs_from_toml(env_ids[0], run_control)
         else:
@@ -216,7 +231,7 @@ def eval_command(
             }
             configs = configs_from_cli(env_ids, cli)
         if resume_path is not None and len(configs) != 1:
-            raise ConfigError("--resume PATH applies to exactly one eval")
+            raise ConfigError("--resume RUN applies to exactly one eval")
         if any(c.hosted for c in configs):
             if not all(c.hosted for c in configs):
                 raise ConfigError("either every eval of the config is hosted or none is")

@@ -150,7 +150,10 @@ class EvalConfig(BaseModel):
     save_results: bool = False
     output_dir: str | None = None
     resume: bool = False
-    resume_path: str | None = None
+    resume_path: str | None = Field(None, description="--resume REF: a run id (or unique prefix) or a results "
+                                    "directory; None with resume=True: the newest incomplete run of this definition "
+                                    "in the run registry.")
+    extend: bool = Field(False, description="--extend: a resume may add examples (a larger -n) to a completed run.")
     save_to_hf_hub: bool = False
     hf_hub_dataset_name: str | None = None
     timeout_minutes: float = Field(120.0, gt=0, le=MAX_TIMEOUT_MINUTES)
@@ -204,7 +207,7 @@ class EvalConfig(BaseModel):
         """What differs between two definitions in ways that change a rollout's result
         (run control such as concurrency, output and resume settings is ignored)."""
         ignore = {"name", "max_concurrent", "max_concurrent_generation", "max_concurrent_scoring", "num_workers",
-                  "verbose", "save_results", "output_dir", "resume", "resume_path", "save_to_hf_hub",
+                  "verbose", "save_results", "output_dir", "resume", "resume_path", "extend", "save_to_hf_hub",
                   "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
                   "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_rules", "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
                   "no_interleave_scoring", "backend", "backend_options", "junit_xml", "hosted", "address",
@@ -354,6 +357,46 @@ def load_endpoints(path: str | Path | None) -> dict[str, list[Endpoint]]:
     return out
 
 
+NO_MODEL = "none"
+"""The model name of runs that call no model (vf-swe-debug): never an endpoint alias."""
+
+
+def endpoint_registries(path: str | Path | None) -> list[Path]:
+    """The endpoint registries an alias is looked up in, in order: the one given
+    (-e / endpoints_path) alone; else `configs/endpoints.toml` in the working directory
+    and each of its parents, then the vf-sandbox checkout's own."""
+    if path is not None:
+        return [Path(path)]
+    rel = Path(BUILTIN_DEFAULTS["endpoints_path"])
+    here = Path.cwd()
+    out = [here / rel, *(d / rel for d in here.parents)]
+    checkout = Path(__file__).resolve().parents[2] / rel
+    if checkout not in out:
+        out.append(checkout)
+    return out
+
+
+def is_alias_like(model: str) -> bool:
+    """A model name with no provider prefix ("local", not "openai/gpt-4.1-mini"): with no
+    --api-base-url it can only mean an endpoint alias."""
+    return "/" not in model and model != NO_MODEL
+
+
+def unknown_endpoint_message(name: str, looked_in: list[Path], known: list[str]) -> str:
+    import difflib
+
+    shown = [str(p) + ("" if p.exists() else " (absent)") for p in looked_in[:3]]
+    if len(looked_in) > 3:
+        shown.append(f"... {len(looked_in) - 3} more, up to {looked_in[-1]}")
+    where = looked_in[0] if len(looked_in) == 1 else BUILTIN_DEFAULTS["endpoints_path"].removeprefix("./")
+    msg = f"no endpoint {name!r} in {where} (looked in: {'; '.join(shown)})"
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return msg + f"; did you mean {close[0]!r}?"
+    return msg + (f"; known endpoints: {', '.join(known)}" if known else "") + (
+        ". Name a registry with -e PATH, or give the model's URL with -b URL (and its key variable with -k)")
+
+
 # --------------------------------------------------------------------------- env pyproject defaults
 
 
@@ -391,24 +434,25 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
     if not env_id:
         raise ConfigError("an eval needs an env_id")
     s = _merge_layers(settings, BUILTIN_DEFAULTS)
-    endpoints_path = s["endpoints_path"]
     cache = endpoints_cache if endpoints_cache is not None else {}
-    if endpoints_path not in cache:
-        cache[endpoints_path] = load_endpoints(endpoints_path)
-    registry = cache[endpoints_path]
+    candidates = endpoint_registries(settings.get("endpoints_path"))
+    for path in candidates:
+        if str(path) not in cache:
+            cache[str(path)] = load_endpoints(path)
 
     endpoint_id = settings.get("endpoint_id")
     model = s["model"]
+    wanted = endpoint_id if endpoint_id is not None else model
+    found = next((p for p in candidates if wanted in cache[str(p)]), None)
+    endpoints_path = str(found or next((p for p in candidates if p.exists()), candidates[0]))
     replicas: list[Endpoint] = []
-    if endpoint_id is not None:
-        if not Path(endpoints_path).exists():
-            raise ConfigError(f"endpoint_id {endpoint_id!r} needs an endpoints registry, but {endpoints_path} does not exist")
-        if endpoint_id not in registry:
-            raise ConfigError(f"endpoint_id {endpoint_id!r} not in {endpoints_path}; known: {', '.join(sorted(registry)) or 'none'}")
-        replicas = registry[endpoint_id]
-    elif model in registry:
-        endpoint_id = model
-        replicas = registry[model]
+    if found is not None:
+        endpoint_id = wanted
+        replicas = cache[str(found)][wanted]
+    elif endpoint_id is not None or (not settings.get("api_base_url") and is_alias_like(model)):
+        # a bare name with no -b is an endpoint alias: never send it to the default hosted endpoint
+        known = sorted({k for p in candidates for k in cache[str(p)]})
+        raise ConfigError(unknown_endpoint_message(wanted, candidates, known))
 
     headers: dict[str, str] = {}
     client_type = settings.get("api_client_type")
@@ -474,6 +518,9 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         value = s[key]
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if s["num_examples"] == 0 or s["num_examples"] < -1:
+        raise ConfigError(f"num_examples (-n) must be a positive number of examples, or -1 for the whole dataset; "
+                          f"got {s['num_examples']}")
     if s["rollouts_per_example"] < 1:
         raise ConfigError("rollouts_per_example must be >= 1")
     if s["max_concurrent"] == 0:
@@ -527,6 +574,7 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         output_dir=s.get("output_dir"),
         resume=bool(s.get("resume", False)),
         resume_path=s.get("resume_path"),
+        extend=bool(s.get("extend", False)),
         save_to_hf_hub=bool(s.get("save_to_hf_hub", False)),
         hf_hub_dataset_name=s.get("hf_hub_dataset_name"),
         timeout_minutes=float(timeout),
@@ -760,39 +808,43 @@ def _has_redacted(value: Any) -> bool:
     return value == REDACTED
 
 
-def _recorded_definition(source: str) -> tuple[dict[str, Any], str]:
+def _recorded_definition(source: str, flag: str = "--from-run") -> tuple[dict[str, Any], str]:
     """The stored definition of a run id (run registry) or of a results directory
-    (its metadata.json), with a description of where it came from."""
+    (the registry's row for it, else its metadata.json), with where it came from."""
+    from ..runs.registry import AmbiguousRunId, find_run
+
     p = Path(source)
+    try:
+        rec = find_run(source)
+    except AmbiguousRunId as exc:
+        raise ConfigError(f"{flag} {source}: {exc}") from None
+    if rec is not None and rec.args.get("client_config"):
+        return dict(rec.args or {}), f"run {rec.id}"
     if p.is_dir() or p.name == "metadata.json":
         meta_path = p / "metadata.json" if p.is_dir() else p
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = json.loads(meta_path.read_bytes().decode("utf-8"))
         except FileNotFoundError:
-            raise ConfigError(f"--from-run {source}: no metadata.json there") from None
+            raise ConfigError(f"{flag} {source}: no metadata.json there") from None
         except ValueError as exc:
-            raise ConfigError(f"--from-run {source}: metadata.json is not valid JSON: {exc}") from None
+            raise ConfigError(f"{flag} {source}: {meta_path} is not valid JSON: {exc}") from None
         return dict(meta.get("eval_config") or {}), str(meta_path)
-    from ..runs.registry import AmbiguousRunId, get_run
-
-    try:
-        rec = get_run(source)
-    except AmbiguousRunId as exc:
-        raise ConfigError(f"--from-run {source}: {exc}") from None
     if rec is None:
-        raise ConfigError(f"--from-run {source}: no such run in the registry (and not a results directory)")
+        raise ConfigError(f"{flag} {source}: no run {source!r} in the run registry (and not a results directory); "
+                          "list the runs: vf-sandbox runs list")
     return dict(rec.args or {}), f"run {rec.id}"
 
 
-def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> EvalConfig:
+def config_from_run(source: str, overrides: dict[str, Any] | None = None, flag: str = "--from-run") -> EvalConfig:
     """The run definition recorded for `source` (a run id or a results directory),
     with the given run-control overrides applied and validated again. Header values
-    are never recorded (they may carry tokens): redacted ones are dropped with a warning."""
+    are never recorded (they may carry tokens): redacted ones are dropped with a warning.
+    `flag` names the option in messages (--from-run: a new run; --resume: continue it)."""
     import logging
 
-    data, where = _recorded_definition(source)
+    data, where = _recorded_definition(source, flag)
     if not data.get("env_id") or "client_config" not in data:
-        raise ConfigError(f"--from-run {source}: {where} holds no run definition (recorded by an older version?)")
+        raise ConfigError(f"{flag} {source}: {where} holds no run definition (recorded by an older version?)")
     cc = data["client_config"]
     dropped = sorted(k for k, v in (cc.get("extra_headers") or {}).items() if v == REDACTED)
     cc["extra_headers"] = {k: v for k, v in (cc.get("extra_headers") or {}).items() if v != REDACTED}
@@ -803,7 +855,7 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> Eva
         logging.getLogger("envs.eval").warning(
             "--from-run: header value(s) %s were not recorded (they may hold secrets); running without them",
             ", ".join(sorted(set(dropped))))
-    for key in ("resume", "resume_path"):  # a rerun is a new run unless asked to resume
+    for key in ("resume", "resume_path", "extend"):  # a rerun is a new run unless asked to resume
         data.pop(key, None)
     overrides = dict(overrides or {})
     client_retries = overrides.pop("client_max_retries", None)
@@ -813,14 +865,17 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None) -> Eva
     data.update({k: v for k, v in overrides.items() if v is not None})
     secret_opts = sorted(k for k, v in (data.get("backend_options") or {}).items() if v == REDACTED)
     if secret_opts:
-        raise ConfigError(f"--from-run {source}: backend option(s) {', '.join(secret_opts)} look secret and were not "
+        raise ConfigError(f"{flag} {source}: backend option(s) {', '.join(secret_opts)} look secret and were not "
                           "recorded; pass them with --backend-options (better: name an environment variable)")
     if _has_redacted(data.get("env_args")) or _has_redacted(data.get("extra_env_kwargs")):
-        raise ConfigError(f"--from-run {source}: secret-looking environment argument(s) were not recorded; pass them "
+        raise ConfigError(f"{flag} {source}: secret-looking environment argument(s) were not recorded; pass them "
                           "again with -a / -x (better: name an environment variable)")
     if data.get("backend") not in backend_names():
         raise ConfigError(f"unknown sandbox backend {data.get('backend')!r}; known: {', '.join(backend_names())}")
+    n = data.get("num_examples")
+    if isinstance(n, int) and (n == 0 or n < -1):
+        raise ConfigError(f"num_examples (-n) must be a positive number of examples, or -1 for the whole dataset; got {n}")
     try:
         return EvalConfig.model_validate(data)
     except ValueError as exc:
-        raise ConfigError(f"--from-run {source}: the recorded definition is not valid here: {exc}") from None
+        raise ConfigError(f"{flag} {source}: the recorded definition is not valid here: {exc}") from None

@@ -29,7 +29,6 @@ import re
 import shutil
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 from typing import IO, Any
 
@@ -111,7 +110,7 @@ def submit(cfg: EvalConfig, secrets: dict[str, str]) -> Any:
     """Record the run here and submit it as a Ray job; returns its registry row."""
     from ..runs import registry
     from ..runs.hosted import job_id, jobs_client
-    from .writer import find_resumable, new_run_dir
+    from .resume import find_incomplete, new_run, resolve_ref
 
     from .config import normalise_address
 
@@ -119,14 +118,18 @@ def submit(cfg: EvalConfig, secrets: dict[str, str]) -> Any:
     client = jobs_client(cfg.address)
     resume_dir: Path | None = None
     if cfg.resume:
-        resume_dir = Path(cfg.resume_path) if cfg.resume_path else find_resumable(
-            cfg.output_dir, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples)
+        if cfg.resume_path:
+            resume_dir = resolve_ref(cfg.resume_path)[0]
+        else:
+            prior = find_incomplete(cfg)  # the newest incomplete hosted run of this definition in the registry
+            resume_dir = Path(prior.output_dir) if prior is not None else None
         if resume_dir is not None and not (resume_dir / "results.jsonl").exists():
             raise ConfigError(f"--resume {resume_dir}: no results.jsonl there (pull the run first: vf-sandbox runs pull ID)")
-    local_dir = resume_dir or new_run_dir(cfg.output_dir, cfg.env_id, cfg.model)
+    new_id, new_dir = new_run(cfg)  # one id: the registry row's and the results directory's name
+    local_dir = resume_dir or new_dir
     local_dir.mkdir(parents=True, exist_ok=True)
     rec = registry.RunRecorder.start(kind=cfg.kind, name=cfg.name, env_id=cfg.env_id, model=cfg.model,
-                                     args=cfg.public_args(), output_dir=local_dir, run_id=uuid.uuid4().hex[:12],
+                                     args=cfg.public_args(), output_dir=local_dir, run_id=new_id,
                                      resume=resume_dir is not None, capture_logging=False)
     rec.detach()
     row = registry.get_run(rec.id)

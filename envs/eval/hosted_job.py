@@ -95,7 +95,7 @@ def prepare(spec: HostedJobSpec, results_root: Path) -> EvalConfig:
                                  "resume": False, "resume_path": None}
     shipped = Path(RESUME_DIR)
     if spec.resume and (shipped / "results.jsonl").exists() and (shipped / "metadata.json").exists():
-        run_dir = env_model_dir(base, cfg.env_id, cfg.model) / spec.run_id[:8]
+        run_dir = env_model_dir(base, cfg.env_id, cfg.model) / spec.run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         for name in ("results.jsonl", "metadata.json"):
             shutil.copyfile(shipped / name, run_dir / name)

@@ -27,16 +27,11 @@ from .config import EvalConfig, redact_secrets
 from .display import EvalProgress, PlainDisplay, RichDisplay
 from .setup import load_run_env, make_run_clients
 from .junit import write_junit
+from .resume import plan_run
 from .writer import (
     ResultsWriter,
-    check_compatible,
-    check_same_definition,
     check_same_inputs,
-    find_resumable,
-    load_existing,
     missing_inputs,
-    needs_rerun,
-    new_run_dir,
     now_iso,
 )
 
@@ -59,21 +54,22 @@ class StopRequested(Exception):
     """The run was asked to stop (signal or timeout)."""
 
 
-def _recorder(cfg: EvalConfig, run_dir: Path) -> Any:
+def _recorder(cfg: EvalConfig, run_dir: Path, run_id: str | None = None) -> Any:
     try:
         from envs.runs.registry import RunRecorder
     except ImportError:
         return None
     try:
         return RunRecorder.start(
-            kind=cfg.kind, name=cfg.name, env_id=cfg.env_id, model=cfg.model, args=cfg.public_args(), output_dir=str(run_dir)
+            kind=cfg.kind, name=cfg.name, env_id=cfg.env_id, model=cfg.model, args=cfg.public_args(),
+            output_dir=str(run_dir), run_id=run_id, resume=None if run_id is None else False,
         )
     except Exception as exc:  # the registry is best-effort; never block an eval on it
         log.warning("run registry unavailable: %s", exc)
         return None
 
 
-def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_dir: Path | None, started: float, status: str, base_url: str, prior_ms: float, planned_examples: int = 0) -> dict[str, Any]:
+def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_dir: Path | None, started: float, status: str, base_url: str, prior_ms: float, planned_examples: int = 0, first_date: str | None = None) -> dict[str, Any]:
     n_examples = max(len({r.get("example_id") for r in rows}), planned_examples)
     meta = env.build_metadata(
         rows,
@@ -88,6 +84,8 @@ def _build_metadata(env: Any, cfg: EvalConfig, rows: list[dict[str, Any]], run_d
         path_to_save=str(run_dir) if run_dir else "",
     )
     meta["env_id"] = cfg.env_id
+    if first_date:  # a resumed run keeps its start date
+        meta["date"] = first_date
     meta["env_args"] = redact_secrets(cfg.env_args)
     if planned_examples and 0 <= planned_examples < cfg.num_examples:
         meta["num_examples_requested"] = cfg.num_examples
@@ -245,31 +243,21 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     clients: list[Any] = []
     beats: list[asyncio.Future[Any]] = []
     planned = 0  # examples this run covers (metadata num_examples, also with -n -1)
+    first_date: str | None = None
     try:
         # Where the run goes is settled first, so that the registry records even a run
         # that dies while loading its environment or checking its endpoint.
+        # (envs.eval.resume: a new run's id names its directory; a resume continues a registry run)
         save = cfg.save_results or cfg.resume
-        resumed = False
-        if cfg.resume:
-            if cfg.resume_path:
-                run_dir = Path(cfg.resume_path)
-            else:
-                run_dir = find_resumable(cfg.output_dir, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples)
-                if run_dir is None:
-                    log.info("%s: no incomplete run to resume; starting a new one", cfg.env_id)
-            if run_dir is not None:
-                rows, old_meta = load_existing(run_dir)
-                check_compatible(old_meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
-                check_same_definition(old_meta, cfg, run_dir)
-                prior_ms = float(old_meta.get("time_ms", 0.0))
-                resumed = True
-        if run_dir is None:
-            run_dir = new_run_dir(cfg.output_dir, cfg.env_id, cfg.model)
+        plan = plan_run(cfg)
+        run_dir, rows, resumed, prior_ms = plan.run_dir, plan.rows, plan.resumed, plan.prior_ms
+        first_date = plan.first_date
         result.run_dir = run_dir
-        rec = _recorder(cfg, run_dir)
-        if rec is not None:
-            result.run_id = rec.id
-            log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, rec.id, rec.id)
+        if not resumed:  # a resume is recorded once it passed its checks: a refused one leaves the run as it was
+            rec = _recorder(cfg, run_dir, plan.run_id)
+            result.run_id = rec.id if rec is not None else plan.run_id
+            if rec is not None:
+                log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, rec.id, rec.id)
         if cfg.num_workers > 1 and not cfg.hosted:  # hosted: the workers are Ray actors
             from .workers import warm_up_workers
 
@@ -279,7 +267,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if getattr(env, "requires_model", True):
             log.info("%s: model %s at %s (client retries per request: %d, --client-max-retries; "
                      "rollout retries: %d, --max-retries)", cfg.env_id, cfg.model, base_url,
-                     cfg.client_config.max_retries, cfg.rollout_retries())
+                     cfg.client_config.max_retries, cfg.max_retries)
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
         planned = len({i.get("example_id") for i in inputs})
         if 0 <= planned < cfg.num_examples:
@@ -287,14 +275,13 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                         "(x %d rollouts = %d)", cfg.env_id, cfg.num_examples, planned, cfg.rollouts_per_example,
                         len(inputs))
         todo = inputs
-        rerun = [r for r in rows if needs_rerun(r)] if resumed else []
-        if rerun:  # infra errors are no result: drop those rows and run them again
-            rows = [r for r in rows if not needs_rerun(r)]
-            log.info("%s: %d rollout(s) ended in an infra error; running them again", cfg.env_id, len(rerun))
-        if resumed:
+        if resumed:  # rows not scored were dropped by plan_run: they run again with the missing ones
             check_same_inputs(inputs, rows, run_dir)
             todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
-            log.info("%s: resuming %s: %d rollouts saved, %d to run", cfg.env_id, run_dir, len(rows), len(todo))
+            rec = _recorder(cfg, run_dir)
+            result.run_id = rec.id if rec is not None else None
+            log.info("%s: resuming run %s (%s): %d rollouts saved, %d to run", cfg.env_id, result.run_id or run_dir,
+                     run_dir, len(rows), len(todo))
         progress.total = len(rows) + len(todo)
         progress.done = progress.resumed = len(rows)
         progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if is_scored(r))
@@ -306,10 +293,10 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         display.update(idx)
         if save:
             writer = ResultsWriter(run_dir)
-            if rerun:
+            if plan.rewrite:
                 writer.rewrite(rows)
             writer.open()
-            writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned))
+            writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned, first_date))
         last_meta = [time.monotonic()]
         watch = EndpointWatch(cfg.endpoint_down_after)
 
@@ -338,7 +325,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
             if writer is not None and time.monotonic() - last_meta[0] > 1.0:
                 last_meta[0] = time.monotonic()
-                writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned))
+                writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned, first_date))
 
         beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
         if beat is not None:
@@ -368,7 +355,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 interleave_scoring=not cfg.no_interleave_scoring,
                 state_columns=cfg.state_columns,
                 independent_scoring=cfg.independent_scoring,
-                max_retries=cfg.rollout_retries(),
+                max_retries=cfg.max_retries,
                 on_group=on_group,
             )
         if todo:
@@ -404,7 +391,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if env is not None:
             await _teardown(env)
         if env is not None and run_dir is not None:
-            result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms, planned)
+            result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms, planned, first_date)
             if error:
                 result.metadata["error"] = error
             if cfg.junit_xml:
@@ -425,7 +412,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 log.warning("cannot write metadata: %s", exc)
         if rec is not None:
             rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
-            rec.finish(status=status, error=error)
+            rec.finish(status=status, error=error, error_kind="usage" if result.usage_error else None)
         display.update(idx)
         if error and status == "failed":  # the console gets it once, from the CLI's last line
             log.error("%s: %s", cfg.env_id, error, extra=RUN_LOG_ONLY)

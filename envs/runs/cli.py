@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .registry import END_STATES, is_hosted
+from .registry import END_STATES, is_hosted, resume_command
 
 if TYPE_CHECKING:
     from .registry import RunRecord
@@ -39,15 +39,17 @@ def _use_db(db: Optional[str]) -> None:
 
 
 def _get(run_id: str) -> "RunRecord":
-    from .registry import AmbiguousRunId, get_run
+    """The run named by a run id (or unique prefix) or by its results directory."""
+    from .registry import AmbiguousRunId, find_run
 
     try:
-        rec = get_run(run_id)
+        rec = find_run(run_id)
     except AmbiguousRunId as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     if rec is None:
-        typer.echo(f"error: no run {run_id!r}", err=True)
+        typer.echo(f"error: no run {run_id!r} in the run registry (by id or results directory); "
+                   "list the runs: vf-sandbox runs list", err=True)
         raise typer.Exit(2)
     return rec
 
@@ -124,7 +126,7 @@ def _status_text(rec: "RunRecord", outputs: str) -> str:
 
 @runs_app.command("show")
 def show_cmd(
-    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix), or its results directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
     db: Optional[str] = DbOpt,
 ) -> None:
@@ -163,7 +165,10 @@ def show_cmd(
     for k, v in sorted(rec.args.items()):
         c.print(f"  [dim]{k:<11}[/] {json.dumps(v, default=str)}", highlight=False)
     if rec.kind == "eval" and rec.args.get("client_config"):
-        c.print(f"  [dim]{'rerun':<11}[/] vf-sandbox eval --from-run {rec.id}", highlight=False)
+        if rec.status not in ("completed", "running"):
+            c.print(f"  [dim]{'continue':<11}[/] {resume_command(rec)}", highlight=False)
+        c.print(f"  [dim]{'rerun':<11}[/] vf-sandbox eval --from-run {rec.id}  (a new run, same definition)",
+                highlight=False)
     _print_summary(c, summary, rec, outputs)
 
 
@@ -203,7 +208,7 @@ def _print_summary(c, s: dict, rec: "RunRecord", outputs: str) -> None:
 
 @runs_app.command("logs")
 def logs_cmd(
-    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix), or its results directory."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
     tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
     poll: float = typer.Option(0.3, "--poll-interval", help="Seconds between reads with --follow."),
@@ -267,7 +272,7 @@ def follow_log(run_id: str, *, follow: bool, tail: int = 0, poll: float = 0.3):
 
 @runs_app.command("stop")
 def stop_cmd(
-    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix), or its results directory."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for a graceful stop."),
     force: bool = typer.Option(False, "--force", help="SIGKILL the run if it has not stopped in time."),
     keep_sandboxes: bool = typer.Option(False, "--keep-sandboxes",

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .registry import RunRecord
+from .registry import RunRecord, resume_command
 
 
 class Diagnosis(BaseModel):
@@ -43,7 +43,7 @@ _RULES: list[tuple[str, re.Pattern[str], str]] = [
     ("timeout",
      re.compile(r"timeout after [\d.]+ minute|TimeoutError", re.I),
      "the run hit its time limit: raise --timeout-minutes, evaluate fewer examples (-n/-r) or raise -c; "
-     "finished groups are kept: vf-sandbox eval --from-run {id} -R"),
+     "finished groups are kept: vf-sandbox eval --resume {id}"),
     ("sandbox infrastructure",
      re.compile(r"infrastructure errors|" + "|".join(_INFRA_NAMES)),
      "check the sandbox backend (`docker info`, `vf-sandbox sandboxes ls`); transient failures pass with "
@@ -64,16 +64,18 @@ def diagnose(rec: RunRecord, summary: dict[str, Any] | None = None) -> Diagnosis
     time limit (--timeout-minutes); None for other runs."""
     if rec.status == "stopped" and _TIMEOUT.search(rec.error or ""):
         return Diagnosis(category="timeout", hint=_TIMEOUT_HINT.format(id=rec.id))
-    if rec.status != "failed":
-        return None
-    if rec.vanished:
+    if rec.vanished and rec.status in ("failed", "incomplete"):
         return Diagnosis(category="process vanished",
                          hint="the run's process was killed (SIGKILL, out of memory, reboot); check memory "
-                              f"limits, then continue it: vf-sandbox eval --from-run {rec.id} -R")
+                              f"limits, then continue it: {resume_command(rec)}")
+    if rec.status != "failed":
+        return None
     text = rec.error or ""
     for category, pattern, hint in _RULES:
         if pattern.search(text):
             return Diagnosis(category=category, hint=hint.format(id=rec.id))
+    if rec.error_kind == "usage":  # refused for bad usage (an unknown image, endpoint, flag...): not the env's code
+        return Diagnosis(category="configuration", hint=next(h for c, _, h in _RULES if c == "configuration"))
     kinds = (summary or {}).get("errors_by_kind") or {}
     if kinds.get("model") and kinds.get("model") >= max(kinds.values()):
         return Diagnosis(category="model API", hint=_MODEL_HINT.format(id=rec.id))

@@ -26,8 +26,13 @@ system (not NFS).
 A run whose process vanished (SIGKILL, OOM, machine reboot) cannot record its
 own end; `reconcile()` — run by every read — checks each `running` row's pid
 AND the pid's start time (so a reused pid is not mistaken for the run) and
-marks dead ones `failed` with `vanished=1` (or `stopped` when a stop had been
-requested), so no run stays stuck on `running`.
+marks dead ones `incomplete` with `vanished=1` (or `stopped` when a stop had been
+requested), so no run stays stuck on `running`: its saved rows are kept and
+`vf-sandbox eval --resume ID` continues it. The run's metadata.json, left at
+`running` by the dead process, is brought to the same status.
+
+A run has one id: the registry row's id is also the name of its results
+directory (`new_run_id`), and every verb takes either (`find_run`).
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ RunStatus = Literal["running", "completed", "incomplete", "failed", "stopped"]
 END_STATES = ("completed", "incomplete", "failed", "stopped")  # incomplete: infra-error rollouts left (--resume)
 DB_ENV = "VF_RUNS_DB"
 STATE_DIR_ENV = "VF_STATE_DIR"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: error_kind
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -84,6 +89,7 @@ CREATE TABLE IF NOT EXISTS runs (
     status          TEXT NOT NULL,
     vanished        INTEGER NOT NULL DEFAULT 0,
     error           TEXT,
+    error_kind      TEXT,
     completed       INTEGER NOT NULL DEFAULT 0,
     total           INTEGER NOT NULL DEFAULT 0,
     errors          INTEGER NOT NULL DEFAULT 0,
@@ -98,6 +104,7 @@ CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_started ON runs(started_at);
 CREATE INDEX IF NOT EXISTS runs_output_dir ON runs(output_dir);
 """
+_MIGRATIONS = {2: "ALTER TABLE runs ADD COLUMN error_kind TEXT"}  # version -> statement bringing a registry to it
 
 
 class RunRecord(BaseModel):
@@ -119,6 +126,9 @@ class RunRecord(BaseModel):
     vanished: bool = False
     """True when the process died without recording an end state (SIGKILL, OOM...)."""
     error: str | None = None
+    error_kind: str | None = None
+    """What kind of failure ended the run: "usage" (bad flags, config, unknown endpoint or image:
+    retrying cannot help; exit 2), else None."""
     completed: int = 0
     total: int = 0
     errors: int = 0
@@ -184,8 +194,13 @@ def _initialise(conn: sqlite3.Connection, p: Path) -> None:
             try:
                 if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     conn.execute("PRAGMA journal_mode=WAL")
-                if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version < SCHEMA_VERSION:
+                    fresh = conn.execute("SELECT 1 FROM sqlite_master WHERE name='runs'").fetchone() is None
                     conn.executescript(_SCHEMA)
+                    for v in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
+                        if not fresh:
+                            conn.execute(_MIGRATIONS[v])
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 return
             except sqlite3.OperationalError as exc:
@@ -258,10 +273,10 @@ def reconcile(path: str | os.PathLike[str] | None = None) -> list[str]:
             if rec.stop_requested_at is not None:
                 status, err = "stopped", rec.error
             else:
-                status = "failed"
+                status = "incomplete"  # its saved rows are kept: a resume continues it
                 err = rec.error or (
                     f"process vanished: pid {rec.pid} exited without recording an end state "
-                    "(killed, crashed or out of memory)"
+                    f"(killed, crashed or out of memory); continue it: {resume_command(rec)}"
                 )
             cur = conn.execute(
                 "UPDATE runs SET status=?, vanished=1, error=?, ended_at=?, updated_at=? "
@@ -271,7 +286,31 @@ def reconcile(path: str | os.PathLike[str] | None = None) -> list[str]:
             if cur.rowcount:
                 changed.append(rec.id)
                 _append_log(rec.log_path, f"run {rec.id} marked {status}: {err or 'process gone'}")
+                _settle_metadata(rec.output_dir, status, err)
     return changed
+
+
+def resume_command(rec: RunRecord) -> str:
+    """The command that continues a run."""
+    if rec.kind == "swe-debug":
+        return f"vf-swe-debug {rec.args.get('env_args', {}).get('dataset', 'DATASET')} --resume {rec.id}"
+    return f"vf-sandbox eval --resume {rec.id}"
+
+
+def _settle_metadata(output_dir: str, status: str, error: str | None) -> None:
+    """A vanished run's metadata.json still says `running`: give it the registry's verdict
+    (atomically; best-effort, the registry is what `runs` reads)."""
+    meta = Path(output_dir) / "metadata.json"
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("status") != "running":
+            return
+        data.update(status=status, error=error)
+        tmp = meta.with_name(f".metadata.json.settle{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, meta)
+    except (OSError, ValueError):
+        pass
 
 
 def list_runs(
@@ -327,6 +366,26 @@ def get_run(run_id: str, path: str | os.PathLike[str] | None = None) -> RunRecor
                 raise AmbiguousRunId(f"{run_id!r} matches several runs: {[x['id'] for x in rows]}")
             r = rows[0] if rows else None
     return _row(r) if r is not None else None
+
+
+def find_run(ref: str | os.PathLike[str], path: str | os.PathLike[str] | None = None) -> RunRecord | None:
+    """The run named by `ref`: a run id (or unique prefix), or a path — its results
+    directory (or a file in it, e.g. results.jsonl). None when unknown.
+    Raises AmbiguousRunId when an id prefix matches several runs."""
+    p = Path(ref).expanduser()
+    if p.exists() or os.sep in str(ref):
+        cands = [p.resolve()]
+        if p.is_file():
+            cands.append(p.resolve().parent)
+        reconcile(path)
+        with closing(connect(path)) as conn:
+            for c in cands:
+                r = conn.execute("SELECT * FROM runs WHERE output_dir=? ORDER BY started_at DESC LIMIT 1",
+                                 (str(c),)).fetchone()
+                if r is not None:
+                    return _row(r)
+        return None
+    return get_run(str(ref), path)
 
 
 def request_stop(run_id: str, path: str | os.PathLike[str] | None = None) -> None:
@@ -465,15 +524,16 @@ class RunRecorder:
                 if prior is not None:
                     rid = prior["id"]
                     log_path = prior["log_path"]
+                    # started_at stays the run's first start (a resume continues the run)
                     conn.execute(
-                        "UPDATE runs SET status='running', vanished=0, error=NULL, ended_at=NULL, "
+                        "UPDATE runs SET status='running', vanished=0, error=NULL, error_kind=NULL, ended_at=NULL, "
                         "stop_requested_at=NULL, pid=?, pid_start=?, host=?, sandbox_run_id=?, "
-                        "attempts=attempts+1, started_at=?, updated_at=?, args=?, "
+                        "attempts=attempts+1, updated_at=?, args=?, "
                         "name=COALESCE(?, name), model=COALESCE(?, model) WHERE id=?",
-                        (pid, pid_start, host, sandbox_run_id(), now, now, args_json, name, model, rid),
+                        (pid, pid_start, host, sandbox_run_id(), now, args_json, name, model, rid),
                     )
                 else:
-                    rid = run_id or _take_env_run_id() or uuid.uuid4().hex[:12]
+                    rid = run_id or new_run_id()
                     ldir = logs_dir(path)
                     ldir.mkdir(parents=True, exist_ok=True)
                     log_path = str(ldir / f"{rid}.log")
@@ -527,8 +587,10 @@ class RunRecorder:
         except sqlite3.Error as exc:  # progress is best-effort; never kill the run over it
             log.warning("run registry: progress update failed: %s", exc)
 
-    def finish(self, status: RunStatus = "completed", error: str | None = None) -> None:
-        """Record the end state (idempotent: only the first call counts)."""
+    def finish(self, status: RunStatus = "completed", error: str | None = None,
+               error_kind: str | None = None) -> None:
+        """Record the end state (idempotent: only the first call counts); `error_kind`
+        "usage" marks a run refused for bad usage."""
         if status not in END_STATES:
             raise ValueError(f"finish status must be one of {END_STATES}, not {status!r}")
         with self._lock:
@@ -540,8 +602,9 @@ class RunRecorder:
             for attempt in range(3):  # busy_timeout already waited 30 s per attempt
                 try:
                     self._conn.execute(
-                        "UPDATE runs SET status=?, error=?, ended_at=?, updated_at=?, vanished=0 WHERE id=?",
-                        (status, error, now, now, self.id),
+                        "UPDATE runs SET status=?, error=?, error_kind=?, ended_at=?, updated_at=?, vanished=0 "
+                        "WHERE id=?",
+                        (status, error, error_kind, now, now, self.id),
                     )
                     break
                 except sqlite3.Error as exc:  # never mask the run's own outcome
@@ -636,6 +699,12 @@ def _has_results(out: str) -> bool:
     if p.is_file():
         return p.stat().st_size > 0
     return (p / "results.jsonl").exists() or (p / "metadata.json").exists()
+
+
+def new_run_id() -> str:
+    """A fresh run id (12 hex digits; `$VF_RUN_ID` once when set): the registry row's id
+    and the name of the run's results directory."""
+    return _take_env_run_id() or uuid.uuid4().hex[:12]
 
 
 def _take_env_run_id() -> str | None:
