@@ -194,9 +194,9 @@ def test_junit_of_a_plain_eval():
     assert cases["example 1"].find("error").text == "ModelError: 500"
 
 
-def test_resume_reruns_only_infra_error_rows_and_survives_a_torn_line(tmp_path):
+def test_resume_reruns_only_unscored_rows_and_survives_a_torn_line(tmp_path):
     infra = {"type": "SandboxCreateError", "message": "daemon gone", "kind": "infra"}
-    task = {"type": "ValueError", "message": "bad", "kind": "task"}
+    task = {"type": "ToolParseError", "message": "bad arguments", "kind": "task"}  # the model's: a scored failure
     w = ResultsWriter(tmp_path)
     w.append([{"example_id": 0, "reward": 1.0}])
     w.append([{"example_id": 1, "reward": 0.0, "error": infra, "error_kind": "infra"}])
@@ -209,6 +209,8 @@ def test_resume_reruns_only_infra_error_rows_and_survives_a_torn_line(tmp_path):
     assert [r["example_id"] for r in rows] == [0, 1, 2]
     assert [needs_rerun(r) for r in rows] == [False, True, False]
     assert needs_rerun({"error": "SandboxCreateError: x", "error_info": {"kind": "infra"}})  # the newer row shape
+    assert needs_rerun({"error": "ValueError: x", "error_info": {"type": "ValueError", "kind": "task"}})  # env's code
+    assert needs_rerun({"error": "x", "verdict": "model"}) and not needs_rerun({"reward": 0.0, "verdict": "scored"})
     kept = [r for r in rows if not needs_rerun(r)]
     inputs = [{"example_id": i} for i in range(4)]
     assert missing_inputs(inputs, kept, 1) == [{"example_id": 1}, {"example_id": 3}]
