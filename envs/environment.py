@@ -37,6 +37,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sandboxes.cancel import cancel_and_settle
 from sandboxes.retry import RetryPolicy, is_retryable
 
@@ -104,6 +106,21 @@ def _rows_of(dataset: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in dataset]
 
 
+class EnvSettings(BaseModel):
+    """The settings every environment takes through `set_kwargs` (`-x key=value`,
+    `extra_env_kwargs`). Only the keys given are applied."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    concurrency: int = Field(1, ge=1, description="Rollouts at once; sizes the sync-code thread pool.")
+    max_seq_len: int | None = Field(None, ge=1, description="Maximum sequence length (None: no limit).")
+    score_rollouts: bool = Field(True, description="Score rollouts (False: reward 0, no rubric call).")
+    max_retries: int = Field(0, ge=0, description="Extra tries of a rollout after a retryable error.")
+    retry_policy: RetryPolicy | None = Field(None, description="The whole rollout retry policy.")
+    isolation: str = Field("runc", description='Sandbox kernel boundary: "runc" or "gvisor".')
+    max_workers: int = Field(512, description="Refused with advice: the run sizes the pool from -c.")
+
+
 class Environment(ABC):
     """Abstract base of every environment."""
 
@@ -127,9 +144,27 @@ class Environment(ABC):
         max_seq_len: int | None = None,
         score_rollouts: bool = True,
         pass_threshold: float = 0.5,
+        tool_defs: list[Tool] | list[dict[str, Any]] | None = None,
+        client: Any = None,
+        model: str | None = None,
         **kwargs: Any,
     ):
-        self.logger = log
+        """`tool_defs`: provider-agnostic tool definitions (vf.Tool or its dicts), as
+        the reference. `client` / `model`: what `generate` / `evaluate` use when a
+        call gives none (the reference stores them from its `**kwargs`).
+        Any other keyword argument is an error (the reference stores it as an
+        attribute nobody reads; `oai_tools` is refused as the reference does)."""
+        if "oai_tools" in kwargs:
+            raise ValueError(
+                "`oai_tools` is no longer supported. Use `tool_defs` with provider-agnostic "
+                "tool definitions: [{'name': ..., 'description': ..., 'parameters': {...}}]."
+            )
+        if kwargs:
+            raise TypeError(
+                f"{type(self).__name__}() got unexpected keyword argument(s) {', '.join(map(repr, sorted(kwargs)))}; "
+                f"settings after construction go through set_kwargs (settable: {', '.join(self.settable_kwargs())})"
+            )
+        self.logger = logging.getLogger(f"envs.{type(self).__name__}")  # under the package logger
         self.message_type = message_type
         if hasattr(system_prompt, "content") and not isinstance(system_prompt, str):  # vf.SystemMessage
             system_prompt = system_prompt.content  # type: ignore[union-attr]
@@ -139,6 +174,9 @@ class Environment(ABC):
         self.rubric = rubric or Rubric(parser=self.parser)
         if rubric is not None and parser is None and getattr(rubric, "parser", None) is not None:
             self.parser = rubric.parser
+        rubric_parser = getattr(self.rubric, "parser", None)
+        if rubric_parser is not None and type(rubric_parser) is not type(self.parser):
+            self.logger.warning("The parser and rubric parser are different. This may cause unexpected behavior.")
         self.sampling_args = dict(sampling_args or {})
         self.max_workers = max_workers
         self.concurrency = max_workers
@@ -149,7 +187,11 @@ class Environment(ABC):
         self.score_rollouts = score_rollouts
         self.pass_threshold = pass_threshold
         self.retry_policy = RetryPolicy(attempts=1, initial_delay=0.5, max_delay=30.0, jitter=0.25)
-        self.tool_defs: list[Tool] | None = getattr(self, "tool_defs", None)
+        self.tool_defs: list[Tool] | None = (
+            self._normalize_tool_defs(tool_defs) if tool_defs is not None else getattr(self, "tool_defs", None)
+        )
+        self.client = client
+        self.model = model
         self._dataset_src = dataset
         self._eval_dataset_src = eval_dataset
         self._dataset_rows: list[dict[str, Any]] | None = None
@@ -158,8 +200,44 @@ class Environment(ABC):
         self._atexit_registered = False
         self._cleanup_handlers: list[Callable[..., Any]] | None = None
         self._stop_conditions: list[Callable[..., Any]] | None = None
-        for key, value in kwargs.items():
-            setattr(self, key, value)
+
+    @staticmethod
+    def _normalize_tool_defs(tools: Iterable[Any] | None) -> list[Tool] | None:
+        """vf.Tool objects from vf.Tool or its dicts; the OpenAI `{"type": "function"}`
+        form is refused (as the reference)."""
+        if tools is None:
+            return None
+        out: list[Tool] = []
+        for tool in tools:
+            if isinstance(tool, Tool):
+                out.append(tool)
+            elif isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+                raise ValueError(
+                    "Legacy OpenAI tool schema is no longer supported. Use `tool_defs` entries in vf.Tool "
+                    "format: {'name': ..., 'description': ..., 'parameters': {...}}."
+                )
+            elif isinstance(tool, dict):
+                out.append(Tool.model_validate(tool))
+            else:
+                raise TypeError(f"a tool definition is a vf.Tool or a dict, not {type(tool).__name__}")
+        return out
+
+    @property
+    def requires_group_rollouts(self) -> bool:
+        """True when a reward function of the rubric scores a whole group."""
+        from .rubrics.rubric import is_group_func
+
+        def funcs(rubric: Any) -> Iterable[Callable[..., Any]]:
+            for sub in getattr(rubric, "rubrics", None) or []:
+                yield from funcs(sub)
+            yield from getattr(rubric, "funcs", None) or []
+
+        return any(is_group_func(f) for f in funcs(self.rubric))
+
+    @property
+    def provides_advantages(self) -> bool:
+        """True when the rubric computes its own advantages (the classic rubrics do not)."""
+        return bool(getattr(self.rubric, "has_advantages", False))
 
     # ------------------------------------------------------------------ datasets
     def _format_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -276,30 +354,50 @@ class Environment(ABC):
         return inp  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ configuration
+    Settings: type[EnvSettings] = EnvSettings
+    """The keys `set_kwargs` accepts (pydantic fields: validated before any is applied).
+    A subclass with settings of its own extends it and handles them in `apply_settings`."""
+
     def set_kwargs(self, **kwargs: Any) -> None:
-        """Apply `-x` / `extra_env_kwargs`: through `set_<key>` when the env has one,
-        else onto an attribute the env already has. Any other key is refused with a
-        ConfigError naming it (a setting that would be silently ignored is a bug)."""
+        """Apply `-x` / `extra_env_kwargs`: the keys this env declares in its `Settings`
+        model, validated together; an undeclared key is refused with a ConfigError
+        listing the valid ones, and nothing is applied when any key or value is refused."""
+        from pydantic import ValidationError
+
         from sandboxes.errors import ConfigError
 
-        unknown = [k for k in kwargs if not callable(getattr(self, f"set_{k}", None))
-                   and (not hasattr(self, k) or callable(getattr(self, k)))]  # never a method
+        name = type(self).__name__
+        unknown = sorted(set(kwargs) - set(self.Settings.model_fields))
         if unknown:
             raise ConfigError(
-                f"{type(self).__name__} has no setting {', '.join(map(repr, unknown))} "
+                f"{name} has no setting {', '.join(map(repr, unknown))} "
                 f"(extra_env_kwargs / -x); settable: {', '.join(self.settable_kwargs())}"
             )
-        for key, value in kwargs.items():
-            setter = getattr(self, f"set_{key}", None)
-            if callable(setter):
-                setter(value)
-            else:
-                setattr(self, key, value)
+        try:
+            values = self.Settings.model_validate(kwargs)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"invalid setting(s) for {name} (extra_env_kwargs / -x): {problems}") from None
+        self.apply_settings({key: getattr(values, key) for key in kwargs})
 
-    def settable_kwargs(self) -> list[str]:
-        """Keys `set_kwargs` accepts through a setter (attributes are accepted too)."""
-        return sorted(n[4:] for n in dir(self) if n.startswith("set_") and n != "set_kwargs"
-                      and callable(getattr(self, n, None)))
+    def apply_settings(self, values: dict[str, Any]) -> None:
+        """Apply validated settings (keys of `Settings`), each through its setter."""
+        setters: dict[str, Callable[[Any], None]] = {
+            "concurrency": self.set_concurrency,
+            "max_seq_len": self.set_max_seq_len,
+            "score_rollouts": self.set_score_rollouts,
+            "max_retries": self.set_max_retries,
+            "retry_policy": self.set_retry_policy,
+            "isolation": self.set_isolation,
+            "max_workers": self.set_max_workers,
+        }
+        for key, value in values.items():
+            setters[key](value)
+
+    @classmethod
+    def settable_kwargs(cls) -> list[str]:
+        """The keys `set_kwargs` accepts."""
+        return sorted(cls.Settings.model_fields)
 
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
         """The run's sandbox backend (name + constructor options). Envs without
@@ -375,6 +473,15 @@ class Environment(ABC):
         self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None = None
     ) -> State:
         now = time.time()
+        info = input.get("info")
+        if isinstance(info, dict) and "oai_tools" in info:
+            raise ValueError(
+                "info['oai_tools'] is no longer supported. Use info['tool_defs'] with provider-agnostic "
+                "tool definitions: [{'name': ..., 'description': ..., 'parameters': {...}}]."
+            )
+        # a row's own tools (info["tool_defs"]) win over the env's
+        tool_defs = self._normalize_tool_defs(info["tool_defs"]) if isinstance(info, dict) and "tool_defs" in info \
+            else self.tool_defs
         state = State(
             input=input,
             client=client,
@@ -382,7 +489,7 @@ class Environment(ABC):
             sampling_args={**self.sampling_args, **(sampling_args or {})},
             is_completed=False,
             is_truncated=False,
-            tool_defs=list(self.tool_defs) if self.tool_defs else None,
+            tool_defs=list(tool_defs) if tool_defs else None,
             trajectory=[],
             trajectory_id=uuid.uuid4().hex,
             timing=RolloutTiming(start_time=now),
@@ -621,7 +728,6 @@ class Environment(ABC):
         independent_scoring: bool = False,
         score: bool = True,
         scoring_sem: asyncio.Semaphore | None = None,
-        **kwargs: Any,
     ) -> list[State]:
         """Run a group of rollouts (one example) concurrently, then score it
         (unless `score=False`: the caller scores later with `_finish_states`)."""
@@ -642,8 +748,8 @@ class Environment(ABC):
     async def generate(
         self,
         inputs: Any,
-        client: Any,
-        model: str,
+        client: Any = None,
+        model: str | None = None,
         sampling_args: SamplingArgs | None = None,
         max_concurrent: int = -1,
         results_path: Any = None,
@@ -661,7 +767,6 @@ class Environment(ABC):
         on_group: GroupCallback | None = None,
         interleave_scoring: bool = True,
         max_concurrent_scoring: int = -1,
-        **kwargs: Any,
     ) -> GenerateOutputs:
         """Run rollouts for `inputs` (rows repeated per rollout; grouped by example_id).
 
@@ -670,9 +775,23 @@ class Environment(ABC):
         `on_group(rows)` is awaited after each completed group (results
         writing hooks in here); `on_progress(done_rows, total)` likewise.
         `max_retries` (extra tries of a rollout after the first) overrides the
-        env's own policy for this call; None keeps it (`set_max_retries`)."""
+        env's own policy for this call; None keeps it (`set_max_retries`).
+        `client` / `model` default to the constructor's. `shuffle` /
+        `shuffle_seed` say how `inputs` were drawn (recorded in the metadata;
+        `evaluate` does the shuffling). `on_log(message)` gets the saving
+        messages (default: the env's logger). `push_to_hf_hub` (with
+        `save_results`) pushes the rows to the Hugging Face Hub dataset
+        `hf_hub_dataset_name`."""
         from .clients import ClientConfig, make_client
 
+        client = client if client is not None else self.client
+        model = model if model is not None else self.model
+        if client is None or model is None:
+            raise TypeError(f"{type(self).__name__}.generate() needs a client and a model "
+                            "(none given here or to the constructor)")
+        if push_to_hf_hub and not hf_hub_dataset_name:
+            raise ValueError("push_to_hf_hub needs hf_hub_dataset_name (the Hub dataset to push to)")
+        log_message = on_log or self.logger.info
         self._register_atexit()
         rows = [self._to_input(r) if "prompt" in r and "example_id" in r else r for r in _rows_of(inputs)]
         if rows and any("example_id" not in r for r in rows):
@@ -702,6 +821,7 @@ class Environment(ABC):
 
             writer = ResultsWriter(results_path)
             writer.open()
+            log_message(f"Saving results to {results_path}")
         if on_start is not None:
             on_start(total)
         outputs: list[RolloutOutput] = []
@@ -756,10 +876,23 @@ class Environment(ABC):
             time_ms=elapsed_ms,
             state_columns=state_columns or [],
             path_to_save=str(results_path or ""),
+            shuffle=shuffle,
+            shuffle_seed=((0 if shuffle_seed is None else shuffle_seed) if shuffle else None),
         )
         if writer is not None:
             writer.write_metadata(metadata)
+            log_message(f"Saved final results to {results_path}")
+        if push_to_hf_hub and save_results:
+            self._push_to_hf_hub(outputs, hf_hub_dataset_name)  # type: ignore[arg-type]
+            log_message(f"Pushed {len(outputs)} rows to the Hugging Face Hub dataset {hf_hub_dataset_name}")
         return {"outputs": outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+
+    @staticmethod
+    def _push_to_hf_hub(outputs: list[RolloutOutput], dataset_name: str) -> None:
+        """The rows as a Hugging Face Hub dataset (`outputs.make_dataset`, as the reference)."""
+        from .outputs import make_dataset
+
+        make_dataset({"outputs": outputs}).push_to_hub(dataset_name)
 
     def build_metadata(self, outputs: list[RolloutOutput], **fields: Any) -> dict[str, Any]:
         from datetime import datetime, timezone
@@ -778,13 +911,13 @@ class Environment(ABC):
         meta.update(aggregate(outputs, self.pass_threshold))
         return meta
 
-    def generate_sync(self, inputs: Any, client: Any, model: str, **kwargs: Any) -> GenerateOutputs:
+    def generate_sync(self, inputs: Any, client: Any = None, model: str | None = None, **kwargs: Any) -> GenerateOutputs:
         return asyncio.run(self.generate(inputs, client, model, **kwargs))
 
     async def evaluate(
         self,
-        client: Any,
-        model: str,
+        client: Any = None,
+        model: str | None = None,
         sampling_args: SamplingArgs | None = None,
         num_examples: int = -1,
         rollouts_per_example: int = 1,
@@ -798,9 +931,15 @@ class Environment(ABC):
         max_retries: int | None = None,
         shuffle: bool = False,
         shuffle_seed: int | None = None,
-        **kwargs: Any,
+        on_start: Callable[..., Any] | None = None,
+        on_progress: Callable[..., Any] | list[Callable[..., Any]] | None = None,
+        on_log: Callable[..., Any] | None = None,
+        on_group: GroupCallback | None = None,
+        interleave_scoring: bool = True,
+        max_concurrent_scoring: int = -1,
     ) -> GenerateOutputs:
-        """Evaluate on the eval dataset: `num_examples` x `rollouts_per_example` rollouts."""
+        """Evaluate on the eval dataset: `num_examples` x `rollouts_per_example` rollouts
+        (shuffled with `shuffle_seed`, default 0, when `shuffle`); the rest as `generate`."""
         inputs = self.get_eval_inputs(num_examples, rollouts_per_example, shuffle, shuffle_seed)
         return await self.generate(
             inputs,
@@ -813,10 +952,19 @@ class Environment(ABC):
             save_results=save_results,
             independent_scoring=independent_scoring,
             max_retries=max_retries,
-            **kwargs,
+            push_to_hf_hub=push_to_hf_hub,
+            hf_hub_dataset_name=hf_hub_dataset_name,
+            shuffle=shuffle,
+            shuffle_seed=shuffle_seed,
+            on_start=on_start,
+            on_progress=on_progress,
+            on_log=on_log,
+            on_group=on_group,
+            interleave_scoring=interleave_scoring,
+            max_concurrent_scoring=max_concurrent_scoring,
         )
 
-    def evaluate_sync(self, client: Any, model: str, **kwargs: Any) -> GenerateOutputs:
+    def evaluate_sync(self, client: Any = None, model: str | None = None, **kwargs: Any) -> GenerateOutputs:
         return asyncio.run(self.evaluate(client, model, **kwargs))
 
 

@@ -8,10 +8,12 @@ import time
 from abc import abstractmethod
 from typing import Any
 
+from pydantic import Field
+
 from .clients.base import Client, ModelAuthError
 from .decorators import cleanup, stop
 from .errors import OverlongPromptError
-from .environment import Environment
+from .environment import EnvSettings, Environment
 from .rubrics.rubric import Rubric
 from .types import Messages, Response, RolloutInput, SamplingArgs, State, TimeSpan, TrajectoryStep, TrajectoryStepTokens
 
@@ -62,8 +64,16 @@ class MultiTurnMonitorRubric(Rubric):
         return float(len(state.get("trajectory") or []))
 
 
+class MultiTurnSettings(EnvSettings):
+    max_turns: int = Field(-1, description="Model turns per rollout (-1: no limit).")
+    max_total_completion_tokens: int = Field(-1, description="Completion tokens per rollout (-1: no limit).")
+    timeout_seconds: float | None = Field(None, gt=0, description="Wall-clock limit of a rollout (None: none).")
+
+
 class MultiTurnEnv(Environment):
     """Alternates model turns and `env_response` until a stop condition fires."""
+
+    Settings = MultiTurnSettings
 
     def __init__(self, max_turns: int = -1, timeout_seconds: float | None = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -74,6 +84,20 @@ class MultiTurnEnv(Environment):
 
     def set_max_total_completion_tokens(self, max_total_completion_tokens: int) -> None:
         self.max_total_completion_tokens = max_total_completion_tokens
+
+    def set_max_turns(self, max_turns: int) -> None:
+        self.max_turns = max_turns
+
+    def set_timeout_seconds(self, timeout_seconds: float | None) -> None:
+        self.timeout_seconds = timeout_seconds
+
+    def apply_settings(self, values: dict[str, Any]) -> None:
+        values = dict(values)
+        own = {"max_turns": self.set_max_turns, "timeout_seconds": self.set_timeout_seconds,
+               "max_total_completion_tokens": self.set_max_total_completion_tokens}
+        for key in [k for k in values if k in own]:
+            own[key](values.pop(key))
+        super().apply_settings(values)
 
     @abstractmethod
     async def env_response(self, messages: Messages, state: State, **kwargs: Any) -> Messages:

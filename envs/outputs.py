@@ -293,3 +293,11 @@ def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dic
         "usage": {k: v / n for k, v in usage.items()} if usage else None,
         **apart,
     }
+
+
+def make_dataset(results: Any) -> Any:
+    """A `datasets.Dataset` of the rows of a `GenerateOutputs` (as the reference's
+    `save_utils.make_dataset`; what `generate(push_to_hf_hub=True)` pushes)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([dict(o) for o in results["outputs"]])

@@ -69,9 +69,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, create_model
 
 from sandboxes import (
     ConfigError,
@@ -91,6 +91,7 @@ from .rubrics.rubric import Rubric
 from .sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, render_exec
 from .sandbox_tools.shell_session import ShellSession
 from .tool_env import StatefulToolEnv
+from .multi_turn import MultiTurnSettings
 from .types import Messages, State
 
 log = logging.getLogger("envs.sandbox")
@@ -101,6 +102,35 @@ SANDBOX_OOM_TEXT = ("[the sandbox ran out of memory and was killed with everythi
 ROLLOUT_ISOLATIONS = ("auto", "container", "namespace")
 """SandboxEnv's `rollout_isolation`: "auto" (the default) = a cell per rollout where the
 backend offers cells for the env's spec (`SupportsCells`), else a container per rollout."""
+
+
+# constructor name -> SandboxSpec field: the sandbox settings `-x` reaches (`set_<name>` each)
+SPEC_SETTINGS = {
+    "docker_image": "image", "sandbox_name": "name", "start_command": "start_command", "cpu_cores": "cpu_cores",
+    "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
+    "timeout_minutes": "timeout_minutes", "timeout_per_command_seconds": "timeout_per_command_seconds",
+    "environment_vars": "environment_vars", "network": "network", "workdir": "workdir", "labels": "labels",
+    "isolation": "isolation",
+}
+
+
+def _spec_field(field: str) -> Any:
+    """The SandboxSpec field's type and constraints, for a settings model."""
+    info = SandboxSpec.model_fields[field]
+    return (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
+            Field(info.get_default(call_default_factory=True), description=info.description))
+
+
+SandboxEnvSettings = create_model(
+    "SandboxEnvSettings",
+    __base__=MultiTurnSettings,
+    __doc__="SandboxEnv's `-x` keys: the sandbox spec's (by their constructor names, typed and constrained "
+            "as SandboxSpec), the rollout isolation and the warm pool size, beside every env's.",
+    rollout_isolation=(Literal["auto", "container", "namespace"], Field("auto", description="What one rollout's sandbox is.")),
+    pool_size=(int | None, Field(None, ge=0, description="Warm pool size (None: from the concurrency; 0: none).")),
+    labels=(list[str] | dict[str, str], Field(default_factory=dict, description="User labels (a list: name=true).")),
+    **{name: _spec_field(field) for name, field in SPEC_SETTINGS.items() if name not in ("isolation", "labels")},
+)
 
 
 def _check_rollout_isolation(mode: str) -> str:
@@ -343,14 +373,66 @@ class SandboxEnv(StatefulToolEnv):
         return tool_args
 
     # ------------------------------------------------------------------ run settings (-x, the run's backend)
-    # constructor name -> SandboxSpec field; each gets a `set_<name>` so `-x` reaches the spec
-    _SPEC_SETTINGS = {
-        "docker_image": "image", "sandbox_name": "name", "start_command": "start_command", "cpu_cores": "cpu_cores",
-        "memory_gb": "memory_gb", "disk_size_gb": "disk_size_gb", "gpu_count": "gpu_count",
-        "timeout_minutes": "timeout_minutes", "environment_vars": "environment_vars", "network": "network",
-        "workdir": "workdir", "labels": "labels", "isolation": "isolation",
-        "rollout_isolation": "rollout_isolation",
-    }
+    Settings = SandboxEnvSettings
+    _SPEC_SETTINGS = {**SPEC_SETTINGS, "rollout_isolation": "rollout_isolation"}
+
+    def apply_settings(self, values: dict[str, Any]) -> None:
+        """The sandbox settings given together are applied (and validated) as one change."""
+        values = dict(values)
+        sandbox = {k: values.pop(k) for k in list(values)
+                   if k in self._SPEC_SETTINGS and k not in ("isolation", "timeout_per_command_seconds")}
+        if sandbox:
+            self.set_sandbox_settings(**sandbox)
+        if "pool_size" in values:
+            self.set_pool_size(values.pop("pool_size"))
+        if "timeout_per_command_seconds" in values:
+            self.set_timeout_per_command_seconds(values.pop("timeout_per_command_seconds"))
+        super().apply_settings(values)
+
+    def set_pool_size(self, pool_size: int | None) -> None:
+        """Ready sandboxes kept (None: sized from the concurrency; 0: none), before the pool starts."""
+        if pool_size != self.pool_size and self._pool is not None:
+            raise ConfigError("cannot change pool_size after the warm pool was started")
+        self.pool_size = pool_size
+
+    def set_docker_image(self, docker_image: str) -> None:
+        self.set_sandbox_settings(docker_image=docker_image)
+
+    def set_sandbox_name(self, sandbox_name: str) -> None:
+        self.set_sandbox_settings(sandbox_name=sandbox_name)
+
+    def set_start_command(self, start_command: str) -> None:
+        self.set_sandbox_settings(start_command=start_command)
+
+    def set_cpu_cores(self, cpu_cores: float) -> None:
+        self.set_sandbox_settings(cpu_cores=cpu_cores)
+
+    def set_memory_gb(self, memory_gb: float) -> None:
+        self.set_sandbox_settings(memory_gb=memory_gb)
+
+    def set_disk_size_gb(self, disk_size_gb: float) -> None:
+        self.set_sandbox_settings(disk_size_gb=disk_size_gb)
+
+    def set_gpu_count(self, gpu_count: int) -> None:
+        self.set_sandbox_settings(gpu_count=gpu_count)
+
+    def set_timeout_minutes(self, timeout_minutes: float) -> None:
+        self.set_sandbox_settings(timeout_minutes=timeout_minutes)
+
+    def set_environment_vars(self, environment_vars: dict[str, str]) -> None:
+        self.set_sandbox_settings(environment_vars=environment_vars)
+
+    def set_network(self, network: bool) -> None:
+        self.set_sandbox_settings(network=network)
+
+    def set_workdir(self, workdir: str) -> None:
+        self.set_sandbox_settings(workdir=workdir)
+
+    def set_labels(self, labels: list[str] | dict[str, str]) -> None:
+        self.set_sandbox_settings(labels=labels)
+
+    def set_rollout_isolation(self, rollout_isolation: str) -> None:
+        self.set_sandbox_settings(rollout_isolation=rollout_isolation)
 
     def set_sandbox_settings(self, **settings: Any) -> None:
         """Change sandbox settings by their constructor names (validated like the constructor)."""
@@ -686,20 +768,6 @@ class SandboxEnv(StatefulToolEnv):
         count = await self._oom_count(live.sandbox)
         if count is not None and count > live.oom_baseline:
             state["sandbox_oom"] = True
-
-
-def _spec_setter(name: str) -> Any:
-    def setter(self: SandboxEnv, value: Any) -> None:
-        self.set_sandbox_settings(**{name: value})
-
-    setter.__name__ = f"set_{name}"
-    setter.__doc__ = f"Set the sandbox's `{name}` (the `-x {name}=...` of an eval)."
-    return setter
-
-
-for _name in SandboxEnv._SPEC_SETTINGS:
-    if f"set_{_name}" not in SandboxEnv.__dict__:  # a setter written out (set_isolation) is kept
-        setattr(SandboxEnv, f"set_{_name}", _spec_setter(_name))
 
 
 class _ReleaseAfterScoring(Rubric):

@@ -24,11 +24,14 @@ import contextlib
 import time
 from typing import Any, Literal
 
+from pydantic import Field
+
 from envs.decorators import teardown
-from envs.environment import Environment
+from envs.environment import EnvSettings, Environment
 from envs.rubrics.rubric import Rubric
 from envs.types import RolloutInput, SamplingArgs, State
 from sandboxes import Sandbox, UsageError, find_infra_error, get_backend
+from sandboxes.spec import RolloutIsolation
 
 from .debug import DebugOptions, DebugOutcome, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
@@ -50,6 +53,17 @@ class SWEDebugRubric(Rubric):
             return 1.0 if verdict_of(state).get("valid") else 0.0
 
         self.add_reward_func(valid, weight=1.0)
+
+
+class SWEDebugSettings(EnvSettings):
+    """SWEDebugEnv's `-x` keys: every env's and the sandbox settings of its DebugOptions
+    (typed as there; the image is the instance's own)."""
+
+    cpu_cores: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0)
+    disk_size_gb: float | None = Field(None, gt=0)
+    rollout_isolation: RolloutIsolation | None = None
+    timeout_seconds: float = Field(1800.0, gt=0)
 
 
 class SWEDebugEnv(Environment):
@@ -131,6 +145,15 @@ class SWEDebugEnv(Environment):
         return self._backend
 
     # sandbox settings (`-x` / extra_env_kwargs); the image is the instance's own
+    Settings = SWEDebugSettings
+
+    def apply_settings(self, values: dict[str, Any]) -> None:
+        values = dict(values)
+        own = {k: values.pop(k) for k in list(values) if k not in EnvSettings.model_fields}
+        if own:
+            self._set_option(**own)
+        super().apply_settings(values)
+
     def _set_option(self, **update: Any) -> None:
         self.options = DebugOptions.model_validate({**self.options.model_dump(), **update})
 

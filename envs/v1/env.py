@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pydantic import Field, create_model
+
 from sandboxes.errors import ConfigError, UsageError
 
 from ..clients.base import ModelAuthError
-from ..environment import Environment
+from ..environment import EnvSettings, Environment
 from ..rubrics.rubric import Rubric
 from ..types import RolloutInput, SamplingArgs
 from ..types import State as ClassicState
@@ -29,7 +31,19 @@ _COPIED = ("prompt", "completion", "answer", "info", "example_id", "trajectory",
            "metrics", "reward", "tool_defs", "is_completed", "is_truncated", "stop_condition", "error")
 
 
+EnvV1Settings = create_model(
+    "EnvV1Settings",
+    __base__=EnvSettings,
+    __doc__="The v1 Env's `-x` keys: every env's, and the fields of the harness's SandboxConfig "
+            "(validated by SandboxConfig when applied; a harness without a sandbox refuses them).",
+    **{name: (Any, Field(None, description=info.description)) for name, info in SandboxConfig.model_fields.items()
+       if name != "backend" and name not in EnvSettings.model_fields},
+)
+
+
 class Env(Environment):
+    Settings = EnvV1Settings
+
     def __init__(self, taskset: Taskset, harness: Harness | None = None, **kwargs: Any):
         self.taskset = taskset
         self.harness = harness or Harness()
@@ -102,6 +116,14 @@ class Env(Environment):
     def set_sandbox_settings(self, **settings: Any) -> None:
         """Fields of the harness's SandboxConfig from the run (`-x image=... -x pool_size=0`)."""
         self.harness.set_sandbox_settings(**settings)
+
+    def apply_settings(self, values: dict[str, Any]) -> None:
+        """The harness's sandbox settings given together are applied as one change."""
+        values = dict(values)
+        sandbox = {k: values.pop(k) for k in list(values) if k not in EnvSettings.model_fields}
+        if sandbox:
+            self.set_sandbox_settings(**sandbox)
+        super().apply_settings(values)
 
     async def rollout(self, input: RolloutInput, client: Any, model: str,
                       sampling_args: SamplingArgs | None = None) -> ClassicState:
@@ -180,17 +202,3 @@ class Env(Environment):
             await self.harness.teardown()
         finally:
             await super().teardown()
-
-
-def _sandbox_setter(name: str) -> Any:
-    def setter(self: Env, value: Any) -> None:
-        self.set_sandbox_settings(**{name: value})
-
-    setter.__name__ = f"set_{name}"
-    setter.__doc__ = f"Set the harness sandbox's `{name}` (the `-x {name}=...` of an eval)."
-    return setter
-
-
-for _name in SandboxConfig.model_fields:
-    if _name != "backend" and f"set_{_name}" not in Env.__dict__:
-        setattr(Env, f"set_{_name}", _sandbox_setter(_name))
