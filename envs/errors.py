@@ -14,6 +14,7 @@ existed, whose `error` was that dict.
 from __future__ import annotations
 
 import traceback as _traceback
+from collections.abc import Callable
 from typing import Any
 
 from sandboxes.errors import Error, InfraError, ModelError, SandboxError, UsageError, find_infra_error, is_infra_error, iter_causes
@@ -21,6 +22,7 @@ from sandboxes.errors import Error, InfraError, ModelError, SandboxError, UsageE
 __all__ = [
     "EmptyModelResponseError",
     "Error",
+    "ErrorChain",
     "InfraError",
     "InvalidModelResponseError",
     "MissingKeyError",
@@ -36,6 +38,8 @@ __all__ = [
     "error_record",
     "error_text",
     "find_infra_error",
+    "get_error_chain",
+    "get_vf_error_chain",
     "is_infra_error",
 ]
 
@@ -122,3 +126,51 @@ def error_text(err: Any) -> str | None:
         msg = err.get("message") or err.get("error_chain_str") or ""
         return f"{t}: {msg}" if msg else t
     return str(err)
+
+
+# --------------------------------------------------------------------------- error chains (the reference's error_utils)
+def get_error_chain(error: BaseException | None, parent_type: type[BaseException] | None = None) -> list[BaseException]:
+    """`error` and its `__cause__`s, outermost first; with `parent_type`, up to the first
+    error that is not one."""
+    chain: list[BaseException] = []
+    while error is not None:
+        if parent_type is not None and not isinstance(error, parent_type):
+            break
+        chain.append(error)
+        error = error.__cause__
+    return chain
+
+
+def get_vf_error_chain(error: BaseException) -> list[Error]:
+    """The leading part of the cause chain made of vf errors."""
+    return get_error_chain(error, parent_type=Error)  # type: ignore[return-value]
+
+
+class ErrorChain:
+    """A cause chain compared, hashed and printed by its exception types
+    (`ErrorChain(e) == ErrorChain(f)` when their chains have the same type names;
+    `ToolError in chain` when one of them is a ToolError)."""
+
+    def __init__(self, error: BaseException, build_error_chain: Callable[[BaseException], list[BaseException]] = get_error_chain):
+        self.root_error = error
+        self.chain = build_error_chain(error)
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(type(e).__name__ for e in self.chain)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ErrorChain):
+            return NotImplemented
+        return self._names() == other._names()
+
+    def __contains__(self, error_cls: type[BaseException]) -> bool:
+        return any(isinstance(e, error_cls) for e in self.chain)
+
+    def __str__(self) -> str:
+        return " -> ".join(self._names())
+
+    def __repr__(self) -> str:
+        return " -> ".join(repr(e) for e in self.chain)

@@ -34,6 +34,7 @@ class ToolMonitorRubric(Rubric):
 
     def __init__(self, tool_names: list[str] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
+        self.tool_names: list[str] = []
         self.add_metric(self.total_tool_calls)
         for name in tool_names or []:
             self.add_tool_metric(name)
@@ -43,6 +44,8 @@ class ToolMonitorRubric(Rubric):
 
     def add_tool_metric(self, name: str) -> None:
         metric_name = f"{name}_calls"
+        if name not in self.tool_names:
+            self.tool_names.append(name)
         if metric_name in self.get_reward_func_names():
             return
 
@@ -54,6 +57,8 @@ class ToolMonitorRubric(Rubric):
 
     def remove_tool_metric(self, name: str) -> None:
         self.remove_reward_func(f"{name}_calls")
+        if name in self.tool_names:
+            self.tool_names.remove(name)
 
 
 class ToolEnv(MultiTurnEnv):
