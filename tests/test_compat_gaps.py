@@ -339,3 +339,28 @@ def test_sandbox_env_reference_arguments_are_used_or_refused():
     env = vf.SandboxEnv(dataset=rows, team_id="team-7")
     env.set_backend("prime", {"api_key": "k", "base_url": "http://127.0.0.1:9"})
     assert env.backend.config.team_id == "team-7"
+
+
+# --------------------------------------------------------------------------- endpoint registry
+
+
+def test_endpoint_toml_takes_the_reference_long_field_names(tmp_path):
+    """api_base_url / api_key_var (the reference's ClientConfig names) beside url / key;
+    both given must agree (issue 26 item 8)."""
+    from envs.eval.config import load_endpoints
+    from sandboxes.errors import ConfigError
+
+    p = tmp_path / "endpoints.toml"
+    head = '[[endpoint]]\nendpoint_id = "mini"\nmodel = "openai/gpt-5-mini"\n'
+    p.write_text(head + 'api_base_url = "https://api.example/v1"\napi_key_var = "EXAMPLE_KEY"\n')
+    (ep,) = load_endpoints(p)["mini"]
+    assert (ep.url, ep.key) == ("https://api.example/v1", "EXAMPLE_KEY")
+    p.write_text(head + 'url = "https://api.example/v1"\napi_base_url = "https://api.example/v1"\n'
+                 'key = "EXAMPLE_KEY"\napi_key_var = "EXAMPLE_KEY"\n')
+    assert load_endpoints(p)["mini"][0].key == "EXAMPLE_KEY"
+    p.write_text(head + 'url = "https://a/v1"\napi_base_url = "https://b/v1"\nkey = "K"\n')
+    with pytest.raises(ConfigError, match="'url' and 'api_base_url' differ"):
+        load_endpoints(p)
+    p.write_text(head + 'api_base_url = "https://a/v1"\n')
+    with pytest.raises(ConfigError, match=r"missing required key\(s\) \['key'\]"):
+        load_endpoints(p)

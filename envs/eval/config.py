@@ -71,7 +71,10 @@ RENDERER_KEYS = ("renderer_model_name", "renderer_config", "preserve_all_thinkin
                  "preserve_thinking_between_tool_calls")
 """ClientConfig settings of api_client_type "renderer" (refused with any other client type)."""
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
-ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_type", "type", "headers", "extra_headers"})
+ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_type", "type", "headers", "extra_headers",
+                           "api_base_url", "api_key_var"})
+ENDPOINT_LONG_NAMES = {"api_base_url": "url", "api_key_var": "key"}
+"""The reference's long field names of an endpoint (ClientConfig's), taken beside the short ones."""
 
 
 # client settings that change what a rollout's model sees or returns (the endpoint, keys,
@@ -338,6 +341,13 @@ def load_endpoints(path: str | Path | None) -> dict[str, list[Endpoint]]:
     for i, row in enumerate(rows, 1):
         where = f"{p}: [[endpoint]] #{i}"
         _check_keys(row, ENDPOINT_KEYS, where)
+        row = dict(row)
+        for long_name, short in ENDPOINT_LONG_NAMES.items():
+            if long_name in row:
+                if short in row and row[short] != row[long_name]:
+                    raise ConfigError(f"{where}: '{short}' and '{long_name}' differ ({row[short]!r} vs "
+                                      f"{row[long_name]!r}): set one of them")
+                row[short] = row.pop(long_name)
         missing = [k for k in ("endpoint_id", "model", "url", "key") if k not in row]
         if missing:
             raise ConfigError(f"{where}: missing required key(s) {missing}")
