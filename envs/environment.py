@@ -118,7 +118,6 @@ class EnvSettings(BaseModel):
     max_retries: int = Field(0, ge=0, description="Extra tries of a rollout after a retryable error.")
     retry_policy: RetryPolicy | None = Field(None, description="The whole rollout retry policy.")
     isolation: str = Field("runc", description='Sandbox kernel boundary: "runc" or "gvisor".')
-    max_workers: int = Field(512, description="Refused with advice: the run sizes the pool from -c.")
 
 
 class Environment(ABC):
@@ -367,6 +366,8 @@ class Environment(ABC):
         from sandboxes.errors import ConfigError
 
         name = type(self).__name__
+        if "max_workers" in kwargs:  # not a setting: say what to use instead
+            self.set_max_workers(kwargs["max_workers"])
         unknown = sorted(set(kwargs) - set(self.Settings.model_fields))
         if unknown:
             raise ConfigError(
@@ -389,7 +390,6 @@ class Environment(ABC):
             "max_retries": self.set_max_retries,
             "retry_policy": self.set_retry_policy,
             "isolation": self.set_isolation,
-            "max_workers": self.set_max_workers,
         }
         for key, value in values.items():
             setters[key](value)
