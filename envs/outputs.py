@@ -254,11 +254,15 @@ def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dic
     rows with an error verdict are left out and counted apart (`errored_rollouts`,
     `errors_by_kind`, `infra_errors` = the sandbox ones); pass@k leaves out every example
     with an errored rollout."""
-    counts = verdict_counts(outputs)
+    verdicts = [verdict_of(row) for row in outputs]  # once per row
+    counts = dict.fromkeys(VERDICTS, 0)
+    for v in verdicts:
+        counts[v] += 1
+    counts["errored"] = len(outputs) - counts["scored"]
     total = len(outputs)
     with_error = sum(1 for row in outputs if row.get("error"))  # the error rate is over every row
-    errored_examples = {row.get("example_id") for row in outputs if verdict_of(row) != "scored"}
-    outputs = [row for row in outputs if verdict_of(row) == "scored"]
+    errored_examples = {row.get("example_id") for row, v in zip(outputs, verdicts) if v != "scored"}
+    outputs = [row for row, v in zip(outputs, verdicts) if v == "scored"]
     n = len(outputs)
     apart = {"scored_rollouts": n, "errored_rollouts": counts["errored"],
              "errors_by_kind": {k: counts[k] for k in ERROR_VERDICTS if counts[k]},
