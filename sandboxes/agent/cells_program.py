@@ -525,8 +525,9 @@ def cell_init(conf, sock_fd, report, root):
     os.dup2(sock_fd, 1)
     os.closerange(3, 65536)
     python = sys.executable or "/usr/bin/python3"
-    # -I: the cell's PYTHON* variables (its commands still get them) never shape its agent
-    os.execve(python, [python, "-I", "-u", "-c", AGENT_SOURCE[0], "--cell-agent"], dict(os.environ))
+    # -I: the cell's PYTHON* variables (its commands still get them) never shape its agent;
+    # the program compiled once by the host agent (AGENT_CODE): no compile per cell
+    os.execve(python, [python, "-I", "-u", "-c", CELL_AGENT_BOOT % AGENT_CODE, "--cell-agent"], dict(os.environ))
 
 
 def cell_agent_main():
@@ -1071,6 +1072,20 @@ def forward_to_cell(req):
 
 
 AGENT_SOURCE = [None]  # this program's source: what a cell's first process execs
+AGENT_CODE = "/run/.vf-agent.code"  # ...compiled (marshal), written by the host agent; the image's own interpreter
+CELL_AGENT_BOOT = "import marshal; exec(marshal.load(open(%r, 'rb')))"
+
+
+def write_agent_code(src):
+    """Compile this program once for every cell's agent (read-only in the cells: their
+    writes go to their own overlay, and it is the public agent program)."""
+    import marshal
+
+    tmp = AGENT_CODE + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(marshal.dumps(compile(src, "vf-sandbox-agent", "exec")))
+    os.chmod(tmp, 0o444)
+    os.rename(tmp, AGENT_CODE)
 
 
 def own_source():
@@ -1089,6 +1104,12 @@ def cells_main():
     global forward_cell
     not_dumpable()  # before the fork: the zygote and every watcher inherit it
     AGENT_SOURCE[0] = own_source()
+    if AGENT_SOURCE[0] is not None:
+        try:
+            write_agent_code(AGENT_SOURCE[0])
+        except OSError as exc:
+            log("cells: cannot write the cell agent's code: %r" % exc)
+            AGENT_SOURCE[0] = None
     parent, child = socket.socketpair()
     pid = os.fork()
     if pid == 0:
