@@ -35,7 +35,7 @@ import uuid
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -118,6 +118,7 @@ class EnvSettings(BaseModel):
     max_retries: int = Field(0, ge=0, description="Extra tries of a rollout after a retryable error.")
     retry_policy: RetryPolicy | None = Field(None, description="The whole rollout retry policy.")
     isolation: str = Field("runc", description='Sandbox kernel boundary: "runc" or "gvisor".')
+    message_type: Literal["chat", "completion"] = Field("chat", description="Chat messages or a completion prompt.")
 
 
 class Environment(ABC):
@@ -390,6 +391,7 @@ class Environment(ABC):
             "max_retries": self.set_max_retries,
             "retry_policy": self.set_retry_policy,
             "isolation": self.set_isolation,
+            "message_type": self.set_message_type,
         }
         for key, value in values.items():
             setters[key](value)
@@ -445,6 +447,11 @@ class Environment(ABC):
             self.rubric.rubrics.append(rubric)
         else:
             self.rubric = RubricGroup(rubrics=[self.rubric, rubric])
+
+    def set_message_type(self, message_type: str) -> None:
+        """"chat" or "completion"; the datasets are formatted anew for it."""
+        self.message_type = message_type
+        self._dataset_rows = self._eval_rows = None
 
     def set_max_seq_len(self, max_seq_len: int | None) -> None:
         self.max_seq_len = max_seq_len

@@ -46,6 +46,7 @@ BASE = {
     "max_retries": (2, lambda e: e.retry_policy.attempts - 1),
     "retry_policy": ({"attempts": 4, "initial_delay": 0.1}, lambda e: (e.retry_policy.attempts, e.retry_policy.initial_delay)),
     "isolation": ("gvisor", lambda e: e.isolation_in_use()),
+    "message_type": ("completion", lambda e: e.message_type),
 }
 BASE_EXPECTED = {"retry_policy": (4, 0.1)}
 MULTI_TURN = {
@@ -185,3 +186,12 @@ def test_run_group_takes_no_ignored_keywords():
     assert "kwargs" not in inspect.signature(vf.Environment.run_group).parameters
     assert "kwargs" not in inspect.signature(vf.Environment.generate).parameters
     assert "kwargs" not in inspect.signature(vf.Environment.evaluate).parameters
+
+
+def test_message_type_setting_reformats_the_datasets():
+    env = single()
+    assert isinstance(env.get_eval_inputs(1)[0]["prompt"], list)  # formatted (and cached) as chat
+    env.set_kwargs(message_type="completion")
+    assert env.get_eval_inputs(1)[0]["prompt"] == "What is 1 + 1?"
+    with pytest.raises(ConfigError, match="message_type"):
+        env.set_kwargs(message_type="voice")
