@@ -141,6 +141,9 @@ def check_incomplete(tmp_path: Path, res: subprocess.CompletedProcess, kinds: di
     assert view["run"]["status"] == status, view["run"]
     assert view["run"]["verdicts"]["scored"] == counts["scored"] and view["run"]["verdicts"]["errored"] == errored
     assert view["run"]["verdicts"]["by_kind"] == kinds
+    assert view["summary"]["scored_rollouts"] == counts["scored"] and view["summary"]["errored_rollouts"] == errored
+    if scored:  # the run page's reward figures are over the scored rows too
+        assert view["summary"]["reward"]["mean"] == pytest.approx(meta["avg_reward"])
     return rows, meta, run_dir, rid
 
 

@@ -235,11 +235,17 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
     kinds: dict[str, int] = {}
     usage: dict[str, float] = {}
     phases: dict[str, list[float]] = {}
+    from ..outputs import verdict_counts, verdict_of
+
+    verdicts = verdict_counts(rows)  # rewards and pass@k: scored rows only (issue 26)
+    errored_examples = {r.get("example_id") for r in rows if verdict_of(r) != "scored"}
     for i, r in enumerate(rows):
         rw = _num(r.get("reward"))
         rw = 0.0 if rw is None else rw
-        rewards.append(rw)
-        groups.setdefault(r.get("example_id", f"row{i}"), []).append(rw)
+        if verdict_of(r) == "scored":
+            rewards.append(rw)
+            if r.get("example_id") not in errored_examples:
+                groups.setdefault(r.get("example_id", f"row{i}"), []).append(rw)
         for k, v in (r.get("metrics") or {}).items() if isinstance(r.get("metrics"), dict) else ():
             n = _num(v)
             if n is not None:
@@ -261,7 +267,9 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
     return {
         "kind": "eval",
         "n_rollouts": len(rows),
-        "n_examples": len(groups),
+        "scored_rollouts": verdicts["scored"],
+        "errored_rollouts": verdicts["errored"],
+        "n_examples": len({r.get("example_id", f"row{i}") for i, r in enumerate(rows)}),
         "reward": spread(rewards),
         "metrics": {k: spread(v) for k, v in sorted(metrics.items())},
         "pass_threshold": threshold,
