@@ -6,8 +6,9 @@ The files themselves are written by `envs.results_file.ResultsWriter` (also
 used by `Environment.generate(save_results=True)`); this module adds the
 eval run's directory layout and resume.
 
-Resume: `load_existing` reads back the rows (ignoring a torn last line),
-`needs_rerun` picks out the rows that end in an infrastructure error (they
+Resume (`envs.eval.resume` picks the run, by its id, and the rows it keeps):
+`load_existing` reads back the rows (leaving out a torn last line and any
+unusable line), `needs_rerun` picks out the rows that were not scored (they
 are dropped and run again) and `missing_inputs` computes exactly the
 rollouts still to run.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from sandboxes.errors import ConfigError
 
 from ..outputs import is_scored
-from ..results_file import METADATA, RESULTS, ResultsWriter, dumps
+from ..results_file import METADATA, RESULTS, ResultsWriter, dumps, read_rows
 
 __all__ = [
     "METADATA",
@@ -33,11 +33,9 @@ __all__ = [
     "check_compatible",
     "dumps",
     "env_model_dir",
-    "find_resumable",
     "load_existing",
     "missing_inputs",
     "model_slug",
-    "new_run_dir",
     "now_iso",
 ]
 
@@ -51,32 +49,18 @@ def env_model_dir(output_dir: str | Path | None, env_id: str, model: str) -> Pat
     return base / "evals" / f"{env_id}--{model_slug(model)}"
 
 
-def new_run_dir(output_dir: str | Path | None, env_id: str, model: str) -> Path:
-    return env_model_dir(output_dir, env_id, model) / uuid.uuid4().hex[:8]
-
-
 def load_existing(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(rows, metadata) of a previous run; a torn last line is ignored."""
+    """(rows, metadata) of a previous run; unusable lines (a torn tail, garbage, binary
+    junk) are left out (`envs.eval.resume.load_run` reports each with its file and line)."""
     run_dir = Path(run_dir)
     res, meta = run_dir / RESULTS, run_dir / METADATA
     if not res.exists() or not meta.exists():
         raise ConfigError(f"--resume {run_dir}: not an eval results directory (needs {RESULTS} and {METADATA})")
     try:
-        metadata = json.loads(meta.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"--resume {run_dir}: {METADATA} is not valid JSON: {exc}") from None
-    rows = []
-    with open(res, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break  # torn tail from a killed writer
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    continue
-    return rows, metadata
+        metadata = json.loads(meta.read_bytes().decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise ConfigError(f"--resume {run_dir}: {meta} is not valid JSON: {exc}") from None
+    return read_rows(res).rows, metadata
 
 
 def needs_rerun(row: dict[str, Any]) -> bool:
@@ -131,39 +115,6 @@ def check_same_inputs(inputs: list[dict[str, Any]], rows: list[dict[str, Any]], 
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise ConfigError(f"--resume {where}: the dataset changed: the saved rows of example(s) {shown} have another "
                           "prompt or answer now. Start a new run (without --resume).")
-
-
-def find_resumable(output_dir: str | Path | None, env_id: str, model: str, rollouts_per_example: int, num_examples: int) -> Path | None:
-    """The most recent incomplete run dir of env_id/model with matching settings."""
-    base = env_model_dir(output_dir, env_id, model)
-    if not base.is_dir():
-        return None
-    candidates = []
-    for d in base.iterdir():
-        meta = d / METADATA
-        if not (d / RESULTS).exists() or not meta.exists():
-            continue
-        try:
-            md = json.loads(meta.read_text(encoding="utf-8"))
-        except ValueError:
-            continue
-        if md.get("env_id") != env_id or md.get("model") != model:
-            continue
-        if int(md.get("rollouts_per_example", -1)) != rollouts_per_example:
-            continue
-        saved_n = int(md.get("num_examples", 0))
-        if num_examples >= 0 and saved_n > num_examples:
-            continue
-        target = (num_examples if num_examples >= 0 else saved_n) * rollouts_per_example
-        done = sum(1 for row in load_existing(d)[0] if not needs_rerun(row))
-        if md.get("status") == "completed" and done >= target:
-            continue
-        if done >= target and target > 0:
-            continue
-        candidates.append((meta.stat().st_mtime, d))
-    if not candidates:
-        return None
-    return max(candidates)[1]
 
 
 def missing_inputs(inputs: list[dict[str, Any]], rows: list[dict[str, Any]], rollouts_per_example: int) -> list[dict[str, Any]]:
