@@ -405,7 +405,10 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             except BaseException:  # noqa: BLE001
                 pass
         if writer is not None:
-            writer.close()
+            try:  # a full disk must not keep the run's end out of metadata.json and the registry below
+                writer.close()
+            except OSError as exc:
+                log.warning("%s", exc)
             try:
                 writer.write_metadata(result.metadata)
             except OSError as exc:
