@@ -14,6 +14,11 @@ Errors are named by what the caller can do about them:
     │   ├── ConfigError            malformed config / spec / arguments
     │   ├── ImageNotFound          no such image and no recipe to build it
     │   ├── PathError              path traversal, missing file, not a directory
+    │   │   ├── FileNotFound       no such file (builtin: FileNotFoundError)
+    │   │   ├── IsADirectory       a file operation on a directory (IsADirectoryError)
+    │   │   └── PermissionDenied   the sandbox's user may not (PermissionError)
+    │   ├── UnknownUser            exec as a user the sandbox does not have (ConfigError)
+    │   ├── UserSwitchUnsupported  exec as another user where the sandbox cannot switch
     │   ├── TransferTooLarge       a read_file / upload / download past its size limit
     │   └── BackendNotFound        unknown backend name
     └── ModelError                 the model endpoint failed (after its own retries)
@@ -82,6 +87,47 @@ class ImagePushFailed(UsageError):
 
 class PathError(UsageError):
     """A bad path: traversal outside the destination, missing file, wrong type."""
+
+
+class FileNotFound(PathError):
+    """No such file or directory (the builtin a caller maps it to: FileNotFoundError).
+    `path` is the path as the caller gave it."""
+
+    builtin = FileNotFoundError
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class IsADirectory(PathError):
+    """A file operation (read_file, write_file) on a directory (builtin: IsADirectoryError)."""
+
+    builtin = IsADirectoryError
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class PermissionDenied(PathError):
+    """The sandbox's user may not read / write / run that path (builtin: PermissionError)."""
+
+    builtin = PermissionError
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class UnknownUser(ConfigError):
+    """`exec(user=...)` names a user (or uid) the sandbox's /etc/passwd does not have."""
+
+
+class UserSwitchUnsupported(UsageError):
+    """`exec(user=...)` asks for another user than the sandbox runs commands as, and the
+    sandbox cannot switch users (its agent lacks CAP_SETUID / CAP_SETGID: every capability
+    is dropped by default, a cell's processes hold none, a non-root sandbox user)."""
 
 
 class TransferTooLarge(UsageError):

@@ -28,8 +28,16 @@ The errors of each operation (every backend; the conformance suite checks it):
     delete_many   never for unknown ids; BackendUnavailable
     exec, files   InfraError (usually SandboxNotRunning / AgentError) once the
                   sandbox is gone; PathError / ConfigError for bad arguments
-    read_file     PathError: missing, a directory, empty path; ConfigError:
-                  max_bytes < 0; TransferTooLarge: past spec.read_limit_bytes
+    read_file     PathError: empty path, and its typed subclasses FileNotFound
+                  (missing), IsADirectory, PermissionDenied (callers map them to
+                  the builtins: `err.builtin`); ConfigError: max_bytes < 0;
+                  TransferTooLarge: past spec.read_limit_bytes
+    write_file    the same PathError subclasses (IsADirectory: the path is one;
+                  PermissionDenied: the sandbox's user may not write it)
+    exec(user=)   UnknownUser (ConfigError): no such user in the sandbox;
+                  UserSwitchUnsupported: another user than the sandbox's own,
+                  and the sandbox cannot switch (no CAP_SETUID/SETGID: the
+                  secure default drops every capability; cells hold none)
     upload,       TransferTooLarge: past spec.transfer_limit_bytes
     download
 
@@ -123,10 +131,15 @@ class Sandbox(abc.ABC):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         output_limit: int | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run one command to completion (or timeout).
 
         timeout: seconds, default `spec.timeout_per_command_seconds`.
+        user: run as this user (name, uid or uid:gid, resolved in the sandbox's
+        /etc/passwd) instead of `spec.user`; the same user as the sandbox's own
+        always works, another one needs a sandbox that may switch users
+        (UserSwitchUnsupported otherwise), an unknown one raises UnknownUser.
         Raises InfraError only when the sandbox/agent failed.
         """
 

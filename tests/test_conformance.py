@@ -342,6 +342,52 @@ async def test_delete_many_contract_mixed_ids(backend, spec, run_label):
             await s.delete()
 
 
+async def test_file_errors_are_typed(sb):
+    """Missing file, a directory, no permission: typed PathErrors that name the path and
+    their builtin (what `inspect_ai`'s provider and other callers raise instead)."""
+    from sandboxes import FileNotFound, IsADirectory, PermissionDenied
+
+    d = await tmpdir(sb)
+    with pytest.raises(FileNotFound) as e:
+        await sb.read_file(f"{d}/missing")
+    assert e.value.builtin is FileNotFoundError and f"{d}/missing" in str(e.value)
+    with pytest.raises(IsADirectory) as e:
+        await sb.read_file(d)
+    assert e.value.builtin is IsADirectoryError and "directory" in str(e.value)
+    with pytest.raises(IsADirectory):
+        await sb.write_file(d, b"cannot replace a directory")
+    await sb.write_file(f"{d}/locked", b"secret")
+    assert (await sb.exec(["chmod", "000", f"{d}/locked"])).ok
+    try:  # a user holding CAP_DAC_OVERRIDE (local backend run as root) may read it anyway
+        assert await sb.read_file(f"{d}/locked") == b"secret"
+    except PermissionDenied as exc:
+        assert exc.builtin is PermissionError and f"{d}/locked" in str(exc)
+    try:
+        await sb.write_file(f"{d}/locked", b"overwritten")
+    except PermissionDenied:
+        pass
+
+
+async def test_exec_as_user(sb):
+    """exec(user=): the sandbox's own user always works (by uid or name); an unknown user
+    is UnknownUser; another user runs the command as that user, or raises
+    UserSwitchUnsupported where the sandbox cannot switch users (capabilities dropped)."""
+    from sandboxes import UnknownUser, UserSwitchUnsupported
+
+    uid = (await sb.exec(["id", "-u"])).stdout.strip()
+    same = await sb.exec(["id", "-u"], user=uid)
+    assert same.ok and same.stdout.strip() == uid, same
+    with pytest.raises(UnknownUser) as e:
+        await sb.exec(["id"], user="no-such-user-vf")
+    assert "no-such-user-vf" in str(e.value)
+    other = "65534" if uid != "65534" else "0"
+    try:
+        r = await sb.exec(["id", "-u"], user=other)
+    except UserSwitchUnsupported:
+        return
+    assert r.ok and r.stdout.strip() == other, r
+
+
 async def test_read_file_contract(sb):
     """Exact bytes (binary too); max_bytes returns the first max_bytes of a longer file
     without error; missing file / directory / empty path are PathError; a negative

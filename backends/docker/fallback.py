@@ -19,7 +19,7 @@ import aiodocker
 
 from sandboxes.agent.client import extract_tar, tree_size
 from sandboxes.cancel import cancel_and_settle
-from sandboxes.errors import ConfigError, PathError, SandboxNotRunning, TransferTooLarge
+from sandboxes.errors import ConfigError, PathError, SandboxNotRunning, TransferTooLarge, UnknownUser
 from sandboxes.interface import BackgroundProcess, Command, Sandbox
 from sandboxes.results import ExecResult, OutputChunk
 from sandboxes.spec import SandboxSpec
@@ -101,7 +101,7 @@ class ExecSandbox(Sandbox):
             return argv
         return ["timeout", "-s", "KILL", f"{timeout:g}", *argv]
 
-    async def _run(self, cmd, timeout, env, cwd, stdin, output_limit, on_chunk=None) -> ExecResult:
+    async def _run(self, cmd, timeout, env, cwd, stdin, output_limit, on_chunk=None, user=None) -> ExecResult:
         if self._deleted:
             raise SandboxNotRunning(f"sandbox {self.name} was deleted")
         t = float(timeout if timeout is not None else self.spec.timeout_per_command_seconds)
@@ -113,9 +113,12 @@ class ExecSandbox(Sandbox):
         try:
             code, out, err, host_timeout = await run_exec(
                 self._container, self._argv(cmd, t), timeout=t, stdin=stdin or None,
-                env={**self.spec.environment_vars, **(env or {})} or None, workdir=cwd, user=self.spec.user,
+                env={**self.spec.environment_vars, **(env or {})} or None, workdir=cwd,
+                user=self.spec.user if user is None else str(user),
                 limit=int(output_limit or self.spec.output_limit_bytes), on_chunk=on_chunk)
         except aiodocker.DockerError as exc:
+            if user is not None and "unable to find user" in str(exc.message).lower():  # the engine's own wording
+                raise UnknownUser(f"no such user in {self.name}: {user!r} ({exc.message})") from exc
             raise SandboxNotRunning(f"exec in {self.name} failed: {exc.message}") from exc
         duration = time.monotonic() - started
         timed_out = host_timeout or (code == 137 and duration >= t)
@@ -126,8 +129,10 @@ class ExecSandbox(Sandbox):
             stdout_dropped_bytes=out.dropped, stderr_dropped_bytes=err.dropped, duration=duration)
 
     async def exec(self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None,
-                   cwd: str | None = None, stdin: bytes | str | None = None, output_limit: int | None = None) -> ExecResult:
-        return await self._run(cmd, timeout, env, cwd, stdin, output_limit)
+                   cwd: str | None = None, stdin: bytes | str | None = None, output_limit: int | None = None,
+                   user: str | None = None) -> ExecResult:
+        """docker exec runs the command as `user` itself (no capability needed to switch)."""
+        return await self._run(cmd, timeout, env, cwd, stdin, output_limit, user=user)
 
     async def exec_stream(self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None,
                           cwd: str | None = None) -> AsyncIterator[OutputChunk | ExecResult]:

@@ -37,7 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from ..cancel import cancel_and_settle
-from ..errors import AgentError, ConfigError, PathError, SandboxNotRunning, TransferTooLarge
+from ..errors import (
+    AgentError,
+    ConfigError,
+    FileNotFound,
+    IsADirectory,
+    PathError,
+    PermissionDenied,
+    SandboxNotRunning,
+    TransferTooLarge,
+    UnknownUser,
+    UserSwitchUnsupported,
+)
 from ..interface import BackgroundProcess, Command, OutputKeep, Sandbox
 from ..results import ExecResult, OutputChunk, ProcessStatus
 from ..spec import SandboxSpec
@@ -302,12 +313,27 @@ def _raise_error(msg: dict[str, Any]) -> dict:
         return msg
     kind, text = msg.get("kind"), msg.get("message", "")
     if kind == "path":
-        raise PathError(text)
+        typed = _PATH_ERRORS.get(msg.get("code"))
+        raise typed(text, _path_of(text)) if typed else PathError(text)
+    if kind == "unknown_user":
+        raise UnknownUser(text)
+    if kind == "user_unsupported":
+        raise UserSwitchUnsupported(text)
     if kind == "usage":
         raise ConfigError(text)
     if kind == "too_large":
         raise TransferTooLarge(text)
     raise AgentError(f"agent failed: {text}")
+
+
+_PATH_ERRORS = {"ENOENT": FileNotFound, "ENOTDIR": FileNotFound, "EISDIR": IsADirectory,
+                "EACCES": PermissionDenied, "EPERM": PermissionDenied, "EROFS": PermissionDenied}
+
+
+def _path_of(text: str) -> str | None:
+    """The path an agent path error names ("<strerror>: <path>")."""
+    _, sep, path = text.partition(": ")
+    return path if sep else None
 
 
 # ---------------------------------------------------------------- results
@@ -580,7 +606,7 @@ class AgentSandbox(Sandbox):
         Backends that can ask their engine override it; the default cannot tell."""
         return False
 
-    def _exec_msg(self, cmd, timeout, env, cwd, output_limit) -> tuple[dict[str, Any], float]:
+    def _exec_msg(self, cmd, timeout, env, cwd, output_limit, user=None) -> tuple[dict[str, Any], float]:
         t = float(timeout if timeout is not None else self.spec.timeout_per_command_seconds)
         if not t > 0:
             raise ConfigError(f"timeout must be > 0 seconds (math.inf for none), got {timeout!r}")
@@ -592,11 +618,16 @@ class AgentSandbox(Sandbox):
             msg["env"] = merged
         if cwd:
             msg["cwd"] = cwd
+        if user is not None:
+            if not str(user):
+                raise ConfigError("user must be a name, uid or uid:gid, not an empty string")
+            msg["user"] = str(user)
         return msg, t
 
     async def exec(self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None,
-                   cwd: str | None = None, stdin: bytes | str | None = None, output_limit: int | None = None) -> ExecResult:
-        msg, t = self._exec_msg(cmd, timeout, env, cwd, output_limit)
+                   cwd: str | None = None, stdin: bytes | str | None = None, output_limit: int | None = None,
+                   user: str | None = None) -> ExecResult:
+        msg, t = self._exec_msg(cmd, timeout, env, cwd, output_limit, user)
         if stdin:
             msg["stdin"] = b64(stdin.encode() if isinstance(stdin, str) else stdin)
         guard = t * 1.5 + EXEC_GRACE if math.isfinite(t) else None

@@ -78,6 +78,10 @@ def unb64(text):
 class AgentPathError(Exception):
     kind = "path"
 
+    def __init__(self, message, code=None):
+        Exception.__init__(self, message)
+        self.code = code  # errno name (ENOENT, EISDIR, EACCES...): the host's typed PathError
+
 
 class AgentUsageError(Exception):
     kind = "usage"
@@ -85,6 +89,72 @@ class AgentUsageError(Exception):
 
 class AgentTooLarge(Exception):
     kind = "too_large"
+
+
+class AgentUserError(Exception):
+    """exec(user=...): "unknown_user" (not in /etc/passwd) or "user_unsupported" (cannot switch)."""
+
+    def __init__(self, kind, message):
+        Exception.__init__(self, message)
+        self.kind = kind
+
+
+CAP_SETGID, CAP_SETUID = 6, 7
+
+
+def _can_switch_users():
+    """uid 0 holding CAP_SETUID and CAP_SETGID (what setgroups/setgid/setuid need)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    eff = int(line.split()[1], 16)
+                    return bool(eff & (1 << CAP_SETUID)) and bool(eff & (1 << CAP_SETGID))
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def user_switch(user):
+    """Popen keywords that run a command as `user` ("name", "uid" or "uid:gid"), {} when it
+    is the agent's own user. AgentUserError when the user is unknown or cannot be switched to."""
+    if user is None or user == "":
+        return {}
+    import grp
+    import pwd
+
+    name, _, group = str(user).partition(":")
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        uid, gid, home, uname = entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_name
+    except KeyError:
+        if not name.isdigit():
+            raise AgentUserError("unknown_user", "no such user in the sandbox: %r (unable to find user %s)" % (name, name))
+        uid, gid, home, uname = int(name), int(name), "/", None
+    try:
+        if group:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise AgentUserError("unknown_user", "no such group in the sandbox: %r" % group)
+    groups = [gid] + ([g.gr_gid for g in grp.getgrall() if uname in g.gr_mem and g.gr_gid != gid] if uname else [])
+    if uid == os.geteuid() and gid == os.getegid():
+        return {}
+    if not _can_switch_users():
+        raise AgentUserError("user_unsupported", "cannot run as %r: the sandbox runs commands as uid %d without "
+                             "CAP_SETUID/CAP_SETGID (capabilities dropped), so it cannot switch users" % (user, os.geteuid()))
+    env = {"HOME": home or "/"}
+    if uname:
+        env.update(USER=uname, LOGNAME=uname)
+    if sys.version_info >= (3, 9):
+        return {"user": uid, "group": gid, "extra_groups": groups, "_env": env}
+
+    def become():
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
+    return {"preexec_fn": become, "_env": env}
 
 
 class HeadTail(object):
@@ -276,16 +346,24 @@ def kill_group_fully(proc, within=2.0):
         time.sleep(0.005)
 
 
-def spawn(req, stdin_pipe):
+def spawn(req, stdin_pipe, switch=None):
+    switch = dict(switch or {})
+    env = command_env(req)
+    if "_env" in switch:  # another user: its HOME / USER (the request's own env still wins)
+        env = dict(env if env is not None else os.environ)
+        env.update(switch.pop("_env"))
+        env.update(req.get("env") or {})
     return subprocess.Popen(
         command_argv(req),
         stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=req.get("cwd") or None,
-        env=command_env(req),
+        env=env,
         start_new_session=True,
+        **switch
     )
+
 
 
 def wait_exit(proc, left):
@@ -362,8 +440,9 @@ def op_exec(req, ctx):
     streaming = bool(req.get("stream"))
     stdin_data = unb64(req.get("stdin"))
     oom_before = oom_kills()
+    switch = user_switch(req.get("user"))
     try:
-        proc = spawn(req, stdin_pipe=bool(stdin_data))
+        proc = spawn(req, stdin_pipe=bool(stdin_data), switch=switch)
     except (OSError, ValueError, TypeError) as exc:
         return failed_start(exc, started)
     _groups.add(proc.pid)
@@ -636,12 +715,18 @@ def op_forget(req, ctx):
 # ---------------------------------------------------------------- files
 
 
+ERRNO_NAMES = {FileNotFoundError: "ENOENT", NotADirectoryError: "ENOTDIR", IsADirectoryError: "EISDIR",
+               PermissionError: "EACCES", FileExistsError: "EEXIST"}  # the host's typed PathErrors
+
+
 def path_errors(fn):
     def wrapped(req, ctx):
         try:
             return fn(req, ctx)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as exc:
-            raise AgentPathError("%s: %s" % (exc.strerror or type(exc).__name__, exc.filename or req.get("path"))) from None
+            code = ERRNO_NAMES.get(type(exc))
+            raise AgentPathError("%s: %s" % (exc.strerror or type(exc).__name__, exc.filename or req.get("path")),
+                                 code) from None
     return wrapped
 
 
@@ -786,8 +871,10 @@ def run_request(req, ctx):
         result = op(req, ctx)
         msg = {"id": rid, "ev": "result"}
         msg.update(result)
-    except (AgentPathError, AgentUsageError, AgentTooLarge) as exc:
+    except (AgentPathError, AgentUsageError, AgentTooLarge, AgentUserError) as exc:
         msg = {"id": rid, "ev": "error", "kind": exc.kind, "message": str(exc)}
+        if getattr(exc, "code", None):
+            msg["code"] = exc.code
     except Exception as exc:  # a bug or an unexpected OS error: report it, keep serving
         log("request %s (%s) failed: %r" % (rid, req.get("op"), exc))
         msg = {"id": rid, "ev": "error", "kind": "internal", "message": "%s: %s" % (type(exc).__name__, exc)}
