@@ -258,13 +258,16 @@ def test_full_output_disk_names_the_path_ends_the_run_and_resume_finishes_it(wor
 
 
 def test_sigkilled_eval_is_not_running_and_resume_scores_every_rollout_once(workdir):
-    with ModelServer(slow_compute(0.15)).run_in_thread() as srv:
-        proc = subprocess.Popen(eval_cmd(workdir, "e2e-basic", "-n", "12", "-r", "2", "-c", "4", "-s", "-d",
+    with ModelServer(slow_compute(0.5)).run_in_thread() as srv:
+        proc = subprocess.Popen(eval_cmd(workdir, "e2e-basic", "-n", "12", "-r", "2", "-c", "2", "-s", "-d",
                                          base_url=srv.base_url),
                                 cwd=workdir, env=cli_env(workdir), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
             run_dir = wait_rows(workdir / "outputs" / "evals" / "e2e-basic--test-model", 4)
+            running = eval_alone(workdir, "--resume", run_dir.name)  # alive: never two writers of one run
+            assert proc.poll() is None and running.returncode == 2, running.stderr
+            assert f"run {run_dir.name} is still running" in running.stderr
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)

@@ -166,6 +166,10 @@ def plan_run(cfg: EvalConfig) -> RunPlan:
     if run_dir is None:
         rid, path = new_run(cfg)
         return RunPlan(run_dir=path, run_id=rid)
+    if rec is not None and rec.status == "running":  # alive (the registry reconciles dead ones first)
+        raise ConfigError(f"--resume {cfg.resume_path or rec.id}: run {rec.id} is still running (pid {rec.pid} on "
+                          f"{rec.host}); two processes must not write one run: wait for it, or stop it first "
+                          f"(vf-sandbox runs stop {rec.id}) and resume then")
     rows, meta, bad, torn = load_run(run_dir)
     check_compatible(meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
     check_same_definition(meta, cfg, run_dir)
