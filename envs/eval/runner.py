@@ -267,7 +267,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if getattr(env, "requires_model", True):
             log.info("%s: model %s at %s (client retries per request: %d, --client-max-retries; "
                      "rollout retries: %d, --max-retries)", cfg.env_id, cfg.model, base_url,
-                     cfg.client_config.max_retries, cfg.max_retries)
+                     cfg.client_config.max_retries, cfg.rollout_retries())
         inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
         planned = len({i.get("example_id") for i in inputs})
         if 0 <= planned < cfg.num_examples:
@@ -355,7 +355,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                 interleave_scoring=not cfg.no_interleave_scoring,
                 state_columns=cfg.state_columns,
                 independent_scoring=cfg.independent_scoring,
-                max_retries=cfg.max_retries,
+                max_retries=cfg.rollout_retries(),
                 on_group=on_group,
             )
         if todo:

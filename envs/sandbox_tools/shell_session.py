@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from collections.abc import Sequence
 
@@ -41,8 +42,6 @@ from sandboxes.errors import ConfigError, ServerStartError
 from sandboxes.interface import BackgroundProcess
 
 from .prelude import OOM_FILES
-
-PIDS_DIRS = ("/sys/fs/cgroup", "/sys/fs/cgroup/pids")  # cgroup v2, v1: pids.max / pids.current
 from .common import (
     DEFAULT_OUTPUT_LIMIT,
     GUARD_SECONDS,
@@ -56,6 +55,8 @@ from .common import (
 )
 
 log = logging.getLogger(__name__)
+
+PIDS_DIRS = ("/sys/fs/cgroup", "/sys/fs/cgroup/pids")  # cgroup v2, v1: pids.max / pids.current
 
 _QUOTE = {ord("\\"): "\\\\", ord("'"): "\\'", ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r", 0: ""}
 _QUOTE.update({c: f"\\x{c:02x}" for c in list(range(1, 32)) + [127] if c not in _QUOTE})
@@ -149,17 +150,17 @@ class ShellSession(ProcessSession):
 
     async def _watch_background(self, proc: BackgroundProcess, timeout: float) -> None:
         """The command left a background job: is it a fork bomb (the sandbox's pids count
-        still climbing to its limit)? A few builtin-only probes (0.1 s apart, ~1 s at most)
-        until the count stops climbing; `_last_pids_full` says what they found. A command
-        that starts a server costs one probe."""
+        still climbing to its limit)? Builtin-only probes (0.1 s apart, 3 s at most) while
+        the count climbs; `_last_pids_full` says what they found. A command that starts a
+        server (its count steady) costs one probe."""
         before = self._last_pids or 0
-        for _ in range(10):
+        for _ in range(30):
             await asyncio.sleep(0.1)
             self._seq += 1
             data, until = self._request(":", self._seq)
             out = await send_and_read(proc, data, until, min(timeout, 10.0), "a probe")
             complete, _, _ = self._parse(out, self._seq)
-            if not complete or self._last_pids_full or self._last_pids is None or self._last_pids < before + 8:
+            if not complete or self._last_pids_full or self._last_pids is None or self._last_pids <= before:
                 return
             before = self._last_pids
 
@@ -246,6 +247,12 @@ class ShellSession(ProcessSession):
                             "process limit (a fork bomb?): they were killed (exit 137) and the shell restarted: "
                             "working directory, variables and functions were reset")
                 res.exit_code = 137
+                for _ in range(10):  # the bomb forks while it is killed: SIGKILL its group until it is empty
+                    try:
+                        await guarded(proc.kill(signal.SIGKILL, group=True), GUARD_SECONDS, "kill")
+                    except Exception:  # noqa: BLE001 - the group is gone (or the sandbox): restart below
+                        break
+                    await asyncio.sleep(0.02)
             elif not complete:
                 status = await status_after_missing_reply(proc, t0, timeout, "bash")
                 if not status.running:
