@@ -25,6 +25,8 @@ class ExecResult(BaseModel):
     stdout_dropped_bytes: int = 0
     stderr_dropped_bytes: int = 0
     duration: float = Field(0.0, description="Seconds from start to exit, measured inside the sandbox where possible.")
+    start_error: str | None = Field(None, description="The command could not start: errno name (ENOENT: no such "
+                                    "program, EACCES: not executable, ...); exit_code is then 127 / 126 as a shell says.")
 
     @property
     def truncated(self) -> bool:

@@ -34,7 +34,7 @@ STAMP=.venv/.vf-installed
 HASH=$(cat pyproject.toml environments/*/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 if [ "$(cat $STAMP 2>/dev/null)" != "$HASH" ]; then
   log "installing vf-sandbox and its dependencies into .venv"
-  uv pip install -q --python .venv/bin/python -e '.[dev,prime,openenv,mcp,ray,swe,renderers]'
+  uv pip install -q --python .venv/bin/python -e '.[dev,prime,openenv,mcp,ray,swe,renderers,frameworks]'
   for envdir in environments/*/; do
     [ -f "$envdir/pyproject.toml" ] && uv pip install -q --python .venv/bin/python -e "$envdir"
   done

@@ -368,6 +368,18 @@ async def test_file_errors_are_typed(sb):
         pass
 
 
+async def test_start_error_says_why(sb):
+    """A command that cannot start is a result (127 / 126, as a shell says) whose
+    `start_error` names the errno: callers tell "no such program" from "not executable"."""
+    r = await sb.exec(["/no/such/program"])
+    assert r.exit_code == 127 and r.start_error == "ENOENT", r
+    d = await tmpdir(sb)
+    await sb.write_file(f"{d}/plain", b"not a program", mode=0o644)
+    r = await sb.exec([f"{d}/plain"])
+    assert r.exit_code == 126 and r.start_error == "EACCES", r
+    assert (await sb.exec("true")).start_error is None
+
+
 async def test_exec_as_user(sb):
     """exec(user=): the sandbox's own user always works (by uid or name); an unknown user
     is UnknownUser; another user runs the command as that user, or raises

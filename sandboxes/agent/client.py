@@ -359,6 +359,7 @@ def exec_result(r: dict[str, Any]) -> ExecResult:
         stdout_dropped_bytes=r.get("stdout_dropped", 0),
         stderr_dropped_bytes=r.get("stderr_dropped", 0),
         duration=float(r.get("duration", 0.0)),
+        start_error=r.get("start_error"),
     )
 
 

@@ -404,7 +404,7 @@ def failed_start(exc, started):
     return {"exit_code": code, "signal": None, "timed_out": False, "oom_killed": False,
             "stdout_head": "", "stdout_tail": "", "stdout_dropped": 0,
             "stderr_head": b64(msg), "stderr_tail": "", "stderr_dropped": 0,
-            "duration": time.monotonic() - started}
+            "duration": time.monotonic() - started, "start_error": ERRNO_NAMES.get(type(exc)) or "EINVAL"}
 
 
 def _drain_forever(pipes):
