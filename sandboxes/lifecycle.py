@@ -79,7 +79,13 @@ def cleanup_all(timeout: float = 30.0) -> int:
             log.warning("could not remove sandbox %s: %s", entry.id, exc)
 
     pool = ThreadPoolExecutor(max_workers=min(16, len(entries)), thread_name_prefix="vf-cleanup")
-    futures = [pool.submit(_remove, e) for e in entries]
+    try:
+        futures = [pool.submit(_remove, entries[0])]
+    except RuntimeError:  # from atexit: executors refuse work once threading has shut down; one by one
+        for entry in entries:
+            _remove(entry)
+        return len(entries)
+    futures += [pool.submit(_remove, e) for e in entries[1:]]
     deadline = time.monotonic() + timeout
     for fut in futures:
         with contextlib.suppress(Exception):

@@ -150,6 +150,24 @@ def test_cleanup_all_runs_every_remover_once(monkeypatch):
     assert lifecycle.cleanup_all() == 0
 
 
+def test_cleanup_all_from_atexit_after_threading_shut_down(tmp_path):
+    """atexit runs after threading's shutdown, when executors refuse new work: cleanup_all
+    (registered with atexit by install_cleanup_handlers and the framework integrations)
+    still runs every remover."""
+    out = tmp_path / "removed"
+    code = textwrap.dedent(f"""
+        import atexit, concurrent.futures
+        from sandboxes import lifecycle
+        for name in ("a", "b"):
+            lifecycle.track(name, lambda name=name: open({str(out)!r}, "a").write(name))
+        atexit.register(lifecycle.cleanup_all)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(out.read_text()) == ["a", "b"]
+
+
 def test_cleanup_on_exit_scope_and_handlers_restored():
     before = signal.getsignal(signal.SIGTERM)
     removed = []
