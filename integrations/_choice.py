@@ -46,7 +46,8 @@ class SandboxChoice(BaseModel):
 
     def spec(self, labels: dict[str, str] | None = None, **overrides: Any) -> SandboxSpec:
         """The `SandboxSpec` of one sandbox (ConfigError for what the spec refuses)."""
-        fields = self.model_dump(exclude={"backend", "backend_options", "rollout_isolation", "labels"})
+        own = set(SandboxChoice.model_fields) - {"backend", "backend_options", "rollout_isolation", "labels"}
+        fields = self.model_dump(include=own)  # a subclass's own fields are not the spec's
         return SandboxSpec(**fields, labels={**self.labels, **(labels or {})},
                            rollout_isolation="namespace" if self.rollout_isolation == "cell" else "container",
                            **overrides)
