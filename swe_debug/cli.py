@@ -97,7 +97,8 @@ def run(
     3 incomplete: instances ended in sandbox / env errors or were not run (Docker down, stopped;
     continue with --resume) · 130 / 143 interrupted (SIGINT / SIGTERM). The same codes as
     `vf-sandbox eval`."""
-    raise typer.Exit(_main(**locals()))
+    a = dict(locals())
+    raise typer.Exit(exit_codes.run_with_signal_codes(lambda: _main(**a)))
 
 
 def env_args(a: dict[str, Any]) -> dict[str, Any]:

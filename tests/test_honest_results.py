@@ -519,3 +519,49 @@ def test_retry_rules_by_http_status_with_backoff_and_cap(tmp_path):
     assert res.returncode == 3, res.stderr[-3000:]
     rows, meta, _ = saved_rows(tmp_path)
     assert calls == 2 and all(r["attempts"] == 1 and r["error_info"]["status"] == 429 for r in rows)
+
+
+# --------------------------------------------------------------------------- late signals
+
+LATE_SIGNAL = """
+import asyncio, os, signal, sys
+import envs.eval.runner as runner
+real = runner.run_evals
+async def run_evals(*a, **k):
+    out = await real(*a, **k)  # the run is over, its teardown done, the runner's handlers removed
+    os.kill(os.getpid(), signal.{sig})
+    await asyncio.sleep(10)
+    return out
+runner.run_evals = run_evals
+sys.argv = ["prog"] + sys.argv[1:]
+from {module} import main
+main()
+"""
+
+
+@pytest.mark.parametrize("cli,sig", [("eval", "SIGINT"), ("eval", "SIGTERM"), ("swe", "SIGINT"), ("swe", "SIGTERM")])
+def test_signal_after_teardown_exits_130_or_143(tmp_path, cli, sig):
+    """A Ctrl-C (or SIGTERM) that arrives after the runner removed its handlers (the run's
+    teardown done) exits 130 (143), not -2 (-15) or a KeyboardInterrupt traceback; the same
+    for vf-sandbox eval and vf-swe-debug."""
+    from envs.testing.model_server import ModelServer, compute
+
+    want = 130 if sig == "SIGINT" else 143
+    if cli == "eval":
+        code = LATE_SIGNAL.format(sig=sig, module="envs.cli.app")
+        with ModelServer(compute()).run_in_thread() as srv:
+            cmd = eval_cmd(tmp_path, srv.base_url, "math-single", "-n", "1", "-r", "1", "-s")
+            res = run([sys.executable, "-c", code, *cmd[3:]], tmp_path, timeout=120)
+        assert saved_rows(tmp_path)[1]["status"] == "completed"  # recorded before the signal
+    else:  # Docker unreachable: the run ends at once (exit 3 without the signal)
+        ds = tmp_path / "ds.jsonl"
+        ds.write_text(json.dumps({"instance_id": "x__y-1", "repo": "x/y", "base_commit": "0" * 40, "patch": "",
+                                  "test_patch": "", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]",
+                                  "image": "vf-sandbox/python:3.11"}) + "\n")
+        code = LATE_SIGNAL.format(sig=sig, module="swe_debug.cli")
+        env = {**cli_env(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+        res = subprocess.run([sys.executable, "-c", code, str(ds), "-o", str(tmp_path / "swe"), "-q",
+                              "--debug-step", "none"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert res.returncode == want, (res.returncode, res.stderr[-3000:])
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]

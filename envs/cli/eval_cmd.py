@@ -247,7 +247,10 @@ def eval_command(
     except (ConfigError, UsageError, MissingKeyError) as exc:
         _fail(str(exc))
         return
-    code = _run(configs, disable_tui=disable_tui, fullscreen=fullscreen, abbreviated=abbreviated_summary)
+    from ..eval.exit_codes import run_with_signal_codes
+
+    code = run_with_signal_codes(lambda: _run(configs, disable_tui=disable_tui, fullscreen=fullscreen,
+                                              abbreviated=abbreviated_summary))
     raise typer.Exit(code)
 
 

@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 
 OK = 0
 VERDICTS_FAILED = 1
@@ -53,3 +54,33 @@ def for_swe(status: str, usage_error: bool, all_valid: bool) -> int:
     if code == OK and not all_valid:
         return VERDICTS_FAILED
     return code
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the runner's own handlers (before a run or after its teardown)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+def run_with_signal_codes(fn: Callable[[], int]) -> int:
+    """`fn()`'s exit code, or 130 / 143 when a Ctrl-C (KeyboardInterrupt) or a SIGTERM
+    arrives while the runner's own handlers are not installed (before the run, or after its
+    teardown while the summary is printed): never a bare -2 / -15 or a traceback. The
+    runner restores the SIGTERM handler installed here when it removes its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except Terminated as exc:
+        return 128 + exc.signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -459,18 +459,22 @@ async def run_evals(configs: list[EvalConfig], display: PlainDisplay | RichDispl
         for t in tasks:
             t.cancel()
 
-    installed = []
+    installed: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
+            previous = signal.getsignal(sig)
             loop.add_signal_handler(sig, on_signal, sig)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError):
+            installed[sig] = previous
+        except (NotImplementedError, RuntimeError, ValueError):
             pass
     try:
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        for sig in installed:
+        for sig, previous in installed.items():
             loop.remove_signal_handler(sig)
+            if previous is not None:  # the CLI's own (a signal after teardown: exit 130 / 143, not -2 / -15)
+                with contextlib.suppress(ValueError, TypeError, OSError):
+                    signal.signal(sig, previous)
     results = []
     for cfg, out in zip(configs, outcomes):
         if isinstance(out, EvalResult):
