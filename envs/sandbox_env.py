@@ -59,14 +59,16 @@ rollout ends (`sandbox_killed_by_oom` stop condition), scored and not retried;
 a command that returns but leaves processes filling the pids limit (a fork
 bomb) is reported as exit 137, its processes killed (`sandbox_pids_limit`).
 
-No backend module is imported here: the backend comes from
-`sandboxes.get_backend(name | instance)`.
+No backend, pool or isolation mode is held here: the run's sandboxes come from the
+one lifecycle, `sandboxes.rollouts.RolloutSandboxes` (`env.sandboxes`), which makes
+the backend by name (`sandboxes.get_backend`), decides "auto", keeps the warm pool
+and deletes what is left at teardown. `set_backend` applies before the first
+sandbox and is refused with a different backend after it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Annotated, Any, Literal
@@ -81,10 +83,9 @@ from sandboxes import (
     SandboxBackend,
     SandboxNotRunning,
     SandboxSpec,
-    SupportsCells,
-    get_backend,
     is_infra_error,
 )
+from sandboxes.rollouts import ROLLOUT_ISOLATION_CHOICES, RolloutSandboxes, check_rollout_isolation
 
 from .decorators import cleanup, stop, teardown
 from .rubrics.rubric import Rubric
@@ -99,7 +100,7 @@ log = logging.getLogger("envs.sandbox")
 SANDBOX_OOM_TEXT = ("[the sandbox ran out of memory and was killed with everything in it (exit 137, out of memory): "
                     "no further commands can run]")
 
-ROLLOUT_ISOLATIONS = ("auto", "container", "namespace")
+ROLLOUT_ISOLATIONS = ROLLOUT_ISOLATION_CHOICES
 """SandboxEnv's `rollout_isolation`: "auto" (the default) = a cell per rollout where the
 backend offers cells for the env's spec (`SupportsCells`), else a container per rollout."""
 
@@ -133,10 +134,7 @@ SandboxEnvSettings = create_model(
 )
 
 
-def _check_rollout_isolation(mode: str) -> str:
-    if mode not in ROLLOUT_ISOLATIONS:
-        raise ConfigError(f"rollout_isolation must be one of {', '.join(ROLLOUT_ISOLATIONS)}, got {mode!r}")
-    return mode
+_check_rollout_isolation = check_rollout_isolation
 
 
 # knobs of the reference's HTTP sandbox client; accepted for compatibility, unused here
@@ -233,13 +231,10 @@ class SandboxEnv(StatefulToolEnv):
             isolation=isolation,
             rollout_isolation="container" if rollout_isolation == "auto" else rollout_isolation,
         )
-        self.rollout_isolation = rollout_isolation
-        self._cells_auto: bool | None = None  # "auto" decided (by the backend, for the env's own spec)
-        self._decide_lock: asyncio.Lock | None = None
         if workdir:
             spec_fields["workdir"] = workdir
         try:
-            self.sandbox_spec = SandboxSpec(**spec_fields)
+            spec = SandboxSpec(**spec_fields)
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings for {type(self).__name__}: {exc}") from exc
         if advanced_configs is not None:
@@ -250,20 +245,16 @@ class SandboxEnv(StatefulToolEnv):
         self.timeout_per_command_seconds = float(timeout_per_command_seconds)
         self.persistent_shell = persistent_shell
         self.output_limit_bytes = int(output_limit_bytes)
-        if pool_size is not None and int(pool_size) < 0:
-            raise ConfigError(f"pool_size must be >= 0 (0 = no warm pool), got {pool_size}")
-        self.pool_size: int | None = None if pool_size is None else int(pool_size)
-        self._concurrency_known = False
-        self._backend_arg = backend
-        self._backend_options = dict(backend_options or {})
+        backend_options = dict(backend_options or {})
         if operation_retry is not None:
             if backend is not None and not isinstance(backend, str):
                 log.warning("max_retries/base_delay/... apply to backends the env creates; the backend "
                             "instance passed in keeps its own retry policy")
-            self._backend_options.setdefault("retry", operation_retry)
-        self._backend: SandboxBackend | None = None
-        self._pool: Any = None
-        self._pool_lock: asyncio.Lock | None = None
+            backend_options.setdefault("retry", operation_retry)
+        # the run's sandboxes: backend, rollout isolation and warm pool live in the one lifecycle
+        self.sandboxes = RolloutSandboxes(spec, backend, backend_options,
+                                          rollout_isolation=rollout_isolation, pool_size=pool_size,
+                                          resolve=self.resolve_spec, backend_options_for=self._with_team)
         self._rollouts: dict[str, SandboxRollout] = {}  # sandbox id -> live resources
         self.active_sandboxes: set[str] = set()
         self.keep_sandbox_for_scoring = keep_sandbox_for_scoring
@@ -391,9 +382,29 @@ class SandboxEnv(StatefulToolEnv):
 
     def set_pool_size(self, pool_size: int | None) -> None:
         """Ready sandboxes kept (None: sized from the concurrency; 0: none), before the pool starts."""
-        if pool_size != self.pool_size and self._pool is not None:
-            raise ConfigError("cannot change pool_size after the warm pool was started")
-        self.pool_size = pool_size
+        self.sandboxes.set_pool_size(pool_size)
+
+    # the run's sandbox settings are the lifecycle's (one copy)
+    @property
+    def sandbox_spec(self) -> SandboxSpec:
+        """The env's own sandbox spec (with "auto", `rollout_isolation` is decided per run)."""
+        return self.sandboxes.spec
+
+    @sandbox_spec.setter
+    def sandbox_spec(self, spec: SandboxSpec) -> None:
+        self.sandboxes.set_spec(spec)
+
+    @property
+    def pool_size(self) -> int | None:
+        return self.sandboxes.pool_size
+
+    @property
+    def rollout_isolation(self) -> str:
+        return self.sandboxes.rollout_isolation
+
+    @property
+    def _pool(self) -> Any:
+        return self.sandboxes.pool
 
     def set_docker_image(self, docker_image: str) -> None:
         self.set_sandbox_settings(docker_image=docker_image)
@@ -437,8 +448,6 @@ class SandboxEnv(StatefulToolEnv):
     def set_sandbox_settings(self, **settings: Any) -> None:
         """Change sandbox settings by their constructor names (validated like the constructor)."""
         mode = _check_rollout_isolation(settings.get("rollout_isolation", self.rollout_isolation))
-        if "rollout_isolation" in settings and mode != self.rollout_isolation and self._cells_auto is not None:
-            raise ConfigError("cannot change rollout_isolation after the first sandbox was made")
         if mode == "auto" and "rollout_isolation" in settings:
             settings = {**settings, "rollout_isolation": "container"}  # the spec's until "auto" is decided
         fields = {self._SPEC_SETTINGS[k]: v for k, v in settings.items()}
@@ -446,10 +455,10 @@ class SandboxEnv(StatefulToolEnv):
             spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), **fields})
         except ValidationError as exc:
             raise ConfigError(f"invalid sandbox settings {settings} for {type(self).__name__}: {exc}") from exc
-        if spec != self.sandbox_spec and self._pool is not None:  # its sandboxes were made from the old spec
-            raise ConfigError(f"cannot change sandbox settings {sorted(settings)} after the warm pool was started")
-        self.sandbox_spec = spec
-        self.rollout_isolation = mode
+        try:
+            self.sandboxes.set_spec(spec, mode)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({sorted(settings)})") from None
 
     def set_isolation(self, isolation: str) -> None:
         """Run this env's sandboxes under `isolation` ("runc" or "gvisor"): -x isolation=gvisor,
@@ -463,59 +472,39 @@ class SandboxEnv(StatefulToolEnv):
     def rollout_isolation_in_use(self) -> str | None:
         """What one rollout's sandbox is ("container" or "namespace"; "auto" until the
         first sandbox decided it), recorded in metadata.json."""
-        if self.rollout_isolation != "auto" or self._cells_auto is None:
-            return self.rollout_isolation
-        return "namespace" if self._cells_auto else "container"
-
-    async def _rollout_spec(self, spec: SandboxSpec) -> SandboxSpec:
-        """The env's own spec (after `resolve_spec`) with `rollout_isolation="auto"`
-        decided: cells when the backend offers them for it (`SupportsCells`: Docker under
-        runc, no network, no GPUs, python3 in the image), else a container per rollout.
-        Decided once per env; specs a subclass returns per example are containers."""
-        if self.rollout_isolation != "auto":
-            return spec
-        if self._cells_auto is None:
-            if self._decide_lock is None:
-                self._decide_lock = asyncio.Lock()
-            async with self._decide_lock:
-                if self._cells_auto is None:
-                    backend = self.backend
-                    self._cells_auto = isinstance(backend, SupportsCells) and await backend.cells_available(spec)
-                    log.info("rollout_isolation='auto': %s", "a cell per rollout (namespace)" if self._cells_auto
-                             else "a container per rollout")
-        return spec.model_copy(update={"rollout_isolation": "namespace"}) if self._cells_auto else spec
+        return self.sandboxes.rollout_isolation_in_use()
 
     def set_timeout_per_command_seconds(self, seconds: float) -> None:
         try:
-            self.sandbox_spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), "timeout_per_command_seconds": seconds})
+            spec = SandboxSpec(**{**self.sandbox_spec.model_dump(), "timeout_per_command_seconds": seconds})
         except ValidationError as exc:
             raise ConfigError(f"invalid timeout_per_command_seconds {seconds!r}: {exc}") from exc
+        self.sandbox_spec = spec
         self.timeout_per_command_seconds = float(seconds)
 
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
-        """Use the run's backend (an instance given to the constructor is kept)."""
+        """Use the run's backend: applies before the first sandbox, refused (ConfigError) with a
+        different one after (`RolloutSandboxes.set_backend`); an instance given to the
+        constructor is kept."""
+        own = self.sandboxes.backend_options
+        run_options = dict(options or {})
+        if "retry" in own:  # the env's own operation-retry settings stay
+            run_options.setdefault("retry", own["retry"])
+        self.sandboxes.set_backend(backend, run_options)
         super().set_backend(backend, options)
-        if self._backend_arg is not None and not isinstance(self._backend_arg, str):
-            return
-        options = dict(options or {})
-        if "retry" in self._backend_options:  # the env's own operation-retry settings stay
-            options.setdefault("retry", self._backend_options["retry"])
-        if (backend, options) != (self._backend_arg, self._backend_options):
-            if self._backend is not None or self._pool is not None:
-                raise ConfigError("set_backend() after the first sandbox was created")
-            self._backend_arg, self._backend_options = backend, options
+
+    def _with_team(self, backend: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        """The backend's options with the env's Prime team (`team_id`, prime only)."""
+        if self.team_id is not None:
+            if backend != "prime":
+                raise ConfigError(f"SandboxEnv(team_id=...) applies to the prime backend only, not "
+                                  f"{backend or 'docker'!r}")
+            options.setdefault("team_id", self.team_id)
+        return options
 
     @property
     def backend(self) -> SandboxBackend:
-        if self._backend is None:
-            options = dict(self._backend_options)
-            if self.team_id is not None:
-                if self._backend_arg != "prime":
-                    raise ConfigError(f"SandboxEnv(team_id=...) applies to the prime backend only, not "
-                                      f"{self._backend_arg or 'docker'!r}")
-                options.setdefault("team_id", self.team_id)
-            self._backend = get_backend(self._backend_arg, **options)
-        return self._backend
+        return self.sandboxes.backend
 
     def get_sandbox_spec(self, state: State) -> SandboxSpec:
         """The spec of this rollout's sandbox (override for per-example images or limits)."""
@@ -529,91 +518,51 @@ class SandboxEnv(StatefulToolEnv):
         """Hook to rewrite a spec before creation (PythonEnv swaps in its derived image)."""
         return spec
 
-    # ------------------------------------------------------------------ warm pool
-    max_default_pool_size: int = 32
-    """Cap of the pool sized from concurrency (an explicit `pool_size` is not capped)."""
+    # ------------------------------------------------------------------ warm pool (the lifecycle's)
+    @property
+    def max_default_pool_size(self) -> int:
+        """Cap of the pool sized from concurrency (an explicit `pool_size` is not capped)."""
+        return self.sandboxes.max_default_pool_size
 
     def set_concurrency(self, concurrency: int) -> None:
         """Rollouts run at once; also sizes the default warm pool."""
         super().set_concurrency(concurrency)
-        self._concurrency_known = True
+        self.sandboxes.set_concurrency(self.concurrency)
 
     @property
     def effective_pool_size(self) -> int:
-        """Ready sandboxes kept: `pool_size` when given, else sized from the concurrency
-        once known (0 before: one creation per rollout)."""
-        if self.pool_size is not None:
-            return self.pool_size
-        if not self._concurrency_known:
-            return 0
-        if self.rollout_isolation_in_use() == "namespace":
-            # a cell costs ~10 ms of CPU and a few MB idle: keep three per running rollout, so
-            # a wave of rollouts ending at once never waits for cells being made (measured:
-            # two still left 2-19 % of rollout time waiting at -c 16 on 2 cores, three 0 %)
-            return min(3 * self.concurrency, 3 * self.max_default_pool_size)
-        return min(self.concurrency, self.max_default_pool_size)
+        """Ready sandboxes kept (`RolloutSandboxes.effective_pool_size`)."""
+        return self.sandboxes.effective_pool_size
 
     async def warm_up(self, concurrency: int | None = None, timeout: float | None = 300.0) -> int:
         """Fill the warm pool before the first rollout asks (an RL trainer's first step,
         a benchmark's clock) and return how many sandboxes are ready; with
         `rollout_isolation="namespace"` that also starts the cell host. 0 without a pool."""
-        if concurrency and not self._concurrency_known:
+        if concurrency and self.sandboxes.concurrency is None:
             self.set_concurrency(concurrency)
-        if self.effective_pool_size <= 0:
-            return 0
-        pool = await self._get_pool(self.sandbox_spec)
-        await pool.start(wait=True, timeout=timeout)
-        return pool.ready
+        return await self.sandboxes.warm_up(timeout)
 
     async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
                        max_concurrent: int = -1, **kwargs: Any) -> Any:
         """As `Environment.generate`; a `max_concurrent` sizes the default warm pool
         when `set_concurrency` was not called, and the pool starts filling first."""
-        if max_concurrent and max_concurrent > 0 and not self._concurrency_known:
+        if max_concurrent and max_concurrent > 0 and self.sandboxes.concurrency is None:
             self.set_concurrency(max_concurrent)
-        if self.effective_pool_size > 0:
-            await self._get_pool(self.sandbox_spec)  # start filling before the first rollout asks
+        await self.sandboxes.start_pool()  # start filling before the first rollout asks
         return await super().generate(inputs, client, model, sampling_args=sampling_args,
                                       max_concurrent=max_concurrent, **kwargs)
 
-    def _pooled(self, spec: SandboxSpec) -> bool:
-        return self.effective_pool_size > 0 and spec == self.sandbox_spec
-
-    async def _acquire(self, spec: SandboxSpec, state: State) -> tuple[Sandbox, bool]:
-        if self._pooled(spec):
-            pool = await self._get_pool(spec)
-            return await pool.acquire(), True
-        key = f"{state.get('trajectory_id', '')}"
-        return await self.backend.create(spec, idempotency_key=key or None), False
-
-    async def _get_pool(self, spec: SandboxSpec) -> Any:
-        from sandboxes.pool import SandboxPool
-
-        if self._pool_lock is None:
-            self._pool_lock = asyncio.Lock()
-        async with self._pool_lock:
-            if self._pool is None:
-                resolved = await self._rollout_spec(await self.resolve_spec(spec))
-                size = self.effective_pool_size
-                self._pool = SandboxPool(resolved, size, backend=self.backend, create_concurrency=max(4, size))
-                # cells cost milliseconds: the cell host and the first wave's cells are made before
-                # the first rollout asks, so none of them is on a rollout's path; containers (seconds
-                # each, at the engine's pace) fill behind the rollouts
-                first_wave = min(size, self.concurrency) if resolved.rollout_isolation == "namespace" else 0
-                await self._pool.start(wait=first_wave > 0, ready=first_wave, timeout=300.0)
-        return self._pool
+    async def _get_pool(self, spec: SandboxSpec | None = None) -> Any:
+        """The started warm pool (None without one)."""
+        return await self.sandboxes.start_pool()
 
     # ------------------------------------------------------------------ rollout lifecycle
     async def setup_state(self, state: State) -> State:
         state = await super().setup_state(state) or state
         spec = self.get_sandbox_spec(state)
-        if not self._pooled(spec):
-            own = spec == self.sandbox_spec
-            spec = await self.resolve_spec(spec)
-            if own:
-                spec = await self._rollout_spec(spec)
+        pooled = self.sandboxes.pooled(spec)
         t0 = time.monotonic()
-        sandbox, pooled = await self._acquire(spec, state)
+        sandbox = await self.sandboxes.acquire(spec, key=f"{state.get('trajectory_id', '')}")
         state["sandbox_ready_wait_time"] = time.monotonic() - t0
         state["sandbox_id"] = sandbox.id
         live = SandboxRollout(sandbox, pooled)
@@ -691,10 +640,7 @@ class SandboxEnv(StatefulToolEnv):
         self._rollouts.pop(sid, None)
         live.extra.pop("state", None)
         try:
-            if live.pooled and self._pool is not None:
-                await self._pool.release(live.sandbox)
-            else:
-                await live.sandbox.delete()
+            await self.sandboxes.release(live.sandbox)
         except Exception as exc:
             log.warning("deleting sandbox %s failed (teardown retries): %s", sid, exc)
             return
@@ -704,39 +650,16 @@ class SandboxEnv(StatefulToolEnv):
         """Delete these sandboxes at once (reference name); forgets them here."""
         for sid in global_ids:
             self._rollouts.pop(sid, None)
-        await self.backend.delete_many(ids=list(global_ids))
+        await self.sandboxes.delete_many(list(global_ids))
         self.active_sandboxes.difference_update(global_ids)
 
     @teardown
     async def teardown_sandboxes(self) -> None:
-        """Delete every sandbox still alive (also after Ctrl-C), then the pool and backend."""
-        ids = list(self.active_sandboxes)
+        """Delete every sandbox still alive (also after Ctrl-C), then the pool and backend
+        (`RolloutSandboxes.close`)."""
         self._rollouts.clear()
-        if ids:
-            try:
-                await self.backend.delete_many(ids=ids)
-            except Exception as exc:
-                # e.g. at interpreter exit the backend's connections belong to a closed loop:
-                # try once more with a fresh backend of the same name
-                log.warning("bulk delete of %d sandboxes failed (%s); retrying with a new backend", len(ids), exc)
-                if self._backend_arg is None or isinstance(self._backend_arg, str):
-                    fresh = get_backend(self._backend_arg, **self._backend_options)
-                    try:
-                        await fresh.delete_many(ids=ids)
-                    except Exception as exc2:
-                        log.warning("sandboxes %s may be left behind: %s", ids, exc2)
-                    finally:
-                        with contextlib.suppress(Exception):
-                            await fresh.close()
-            self.active_sandboxes.clear()
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            with contextlib.suppress(Exception):
-                await pool.close()
-        if self._backend is not None and (self._backend_arg is None or isinstance(self._backend_arg, str)):
-            backend, self._backend = self._backend, None
-            with contextlib.suppress(Exception):
-                await backend.close()
+        self.active_sandboxes.clear()
+        await self.sandboxes.close()
 
     # ------------------------------------------------------------------ OOM detection
     _OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
