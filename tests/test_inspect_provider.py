@@ -5,17 +5,20 @@ nobody here wrote:
   collection as its docstring says), against one sandbox per mode: a Docker container,
   a Docker cell and a gVisor container. A check our sandboxes cannot pass is an xfail
   (strict: one that starts passing fails) naming the reason, in XFAIL below.
-* a real `inspect eval` (the CLI, a subprocess) of a task whose model calls the bash
-  tool, against the local scripted model server, offline; the sample must be scored
-  correct and no sandbox may be left behind.
+* a real `inspect eval` (the CLI, a subprocess) of a task whose model calls the bash and
+  python tools, against the local scripted model server, offline; the samples must be
+  scored correct and no sandbox may be left behind; interrupted (SIGINT) it leaves none
+  either, and the sandbox of a SIGKILLed process is removed by our reaper.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -118,10 +121,15 @@ def _policy(req):
     return Reply(tool_calls=[ToolCallSpec("python", {"code": "print(40 + 2)"})])
 
 
-def _leftovers(label: str) -> list[str]:
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.inspect-task={label}"],
-                         capture_output=True, text=True, timeout=60)
-    return out.stdout.split()
+def _leftovers(label: str, wait: float = 0.0) -> list[str]:
+    """Containers of inspect task `label` still there after up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.inspect-task={label}"],
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        if not out or time.monotonic() >= deadline:
+            return out
+        time.sleep(0.5)
 
 
 async def test_inspect_eval_with_a_sandboxed_tool(tmp_path, python_image):
@@ -152,3 +160,68 @@ async def test_inspect_eval_with_a_sandboxed_tool(tmp_path, python_image):
     tool_messages = [m for s in log.samples for m in s.messages if m.role == "tool"]
     assert any("42" in m.text and "root" in m.text for m in tool_messages), tool_messages  # bash: stdout + stderr
     assert _leftovers("arithmetic") == []
+
+
+def _wait_for_sandbox(label: str, proc: subprocess.Popen, within: float = 120.0) -> list[str]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ids := _leftovers(label):
+            return ids
+        time.sleep(0.3)
+    raise AssertionError(f"no sandbox appeared (inspect exited {proc.poll()}): {proc.stdout.read()[-3000:]}")
+
+
+async def test_interrupted_inspect_leaves_no_sandbox(tmp_path, python_image):
+    """Ctrl-C (SIGINT) to `inspect eval` during a sample: inspect's interrupt path
+    (sample_cleanup with interrupted=True, task_cleanup) removes the sandbox."""
+    from envs.testing.model_server import ModelServer, stall
+
+    config = tmp_path / "vf.json"
+    config.write_text(json.dumps({"image": python_image, "labels": dict(TEST_LABELS), "timeout_minutes": 10}))
+    (tmp_path / "stalled.py").write_text(TASK.replace("def arithmetic", "def stalled").format(config=str(config)))
+    with ModelServer(stall(300)).run_in_thread() as srv:
+        env = {**os.environ, "LOCAL_BASE_URL": srv.base_url, "LOCAL_API_KEY": "unused", "INSPECT_DISPLAY": "plain"}
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("inspect")), "eval", "stalled.py", "--model",
+             "openai-api/local/local-model", "--log-dir", str(tmp_path / "logs"), "--limit", "1"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for_sandbox("stalled", proc)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert _leftovers("stalled", wait=30) == [], "the interrupted sample's sandbox is still there"
+
+
+async def test_killed_process_sandbox_is_reaped(python_image):
+    """SIGKILL of the process holding a sample's sandbox: nothing of ours runs, the sandbox
+    stays with its dead owner in its labels, and our reaper (which the next task_init
+    starts) removes it."""
+    from sandboxes import lifecycle
+
+    code = (f"import asyncio, time\n"
+            f"from integrations.inspect_vf import VfSandboxConfig, VfSandboxEnvironment as E\n"
+            f"cfg = VfSandboxConfig(image={python_image!r}, labels={dict(TEST_LABELS)!r}, timeout_minutes=10)\n"
+            f"async def main():\n"
+            f"    await E.task_init('killed', cfg)\n"
+            f"    await E.sample_init('killed', cfg, {{}})\n"
+            f"    print('ready', flush=True)\n"
+            f"    await asyncio.sleep(300)\n"
+            f"asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        ids = _leftovers("killed")
+        assert ids
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _leftovers("killed") == ids  # nothing of ours ran: the sandbox is still there...
+    reaped = await lifecycle.reap("docker")
+    assert {i.id[:12] for i, why in reaped if why == "owner-dead"} >= set(ids)  # ...until the reaper
+    assert _leftovers("killed", wait=30) == []
