@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import logging
 import random
 import time
@@ -66,6 +67,14 @@ from .types import (
 log = logging.getLogger("envs")
 
 GroupCallback = Callable[[list[RolloutOutput]], "Awaitable[None] | None"]
+
+
+class RolloutNotStarted(Exception):
+    """A rollout refused by the env's `start_gate` (the run stops starting new ones, e.g. its
+    model endpoint is down): its group is not run (no row; a resume runs it)."""
+
+
+_GROUP_STARTED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("vf_group_started", default=None)
 
 
 class _RetryRollout(Exception):
@@ -127,6 +136,10 @@ class Environment(ABC):
     retry_if: Callable[..., bool] | None = None
     """The run's retry rules (`envs.eval.config.retry_predicate`: `retry_if(error, attempt)`);
     None: retry what `is_retryable` accepts (infrastructure, transient model errors)."""
+    start_gate: Callable[[], bool] | None = None
+    """The run's say on starting a rollout (None: always): called when a rollout got its
+    concurrency slot; False refuses it unless a rollout of its group already started (a
+    group runs whole or not at all). Rollouts in flight are never stopped by it."""
 
     def __init__(
         self,
@@ -648,9 +661,20 @@ class Environment(ABC):
         times (None: the env's own policy, `set_max_retries`)."""
         attempts_allowed = (self.retry_policy if max_retries is None else RetryPolicy.from_max_retries(max_retries)).attempts
         if sem is None:
+            self._admit()
             return await self._run_with_retry(input, client, model, sampling_args, attempts_allowed)
         async with sem:
+            self._admit()
             return await self._run_with_retry(input, client, model, sampling_args, attempts_allowed)
+
+    def _admit(self) -> None:
+        """Let a rollout start, or raise RolloutNotStarted (`start_gate` said no and no
+        rollout of its group started yet)."""
+        group = _GROUP_STARTED.get()
+        if self.start_gate is not None and not (group and group[0]) and not self.start_gate():
+            raise RolloutNotStarted()
+        if group is not None:
+            group[0] = True
 
     async def _run_with_retry(
         self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None, attempts_allowed: int
@@ -738,6 +762,7 @@ class Environment(ABC):
     ) -> list[State]:
         """Run a group of rollouts (one example) concurrently, then score it
         (unless `score=False`: the caller scores later with `_finish_states`)."""
+        _GROUP_STARTED.set([False])  # this task's context: its rollouts' tasks share the flag
         if independent_scoring:
 
             async def one(inp: RolloutInput) -> State:
@@ -838,10 +863,17 @@ class Environment(ABC):
 
         async def do_group(i: int, group: list[RolloutInput]) -> None:
             c = clients[i % len(clients)]
-            states = await self.run_group(
-                group, c, model, sampling_args, sem=sem, max_retries=max_retries,
-                independent_scoring=independent_scoring, score=interleave_scoring, scoring_sem=scoring_sem,
-            )
+            try:
+                states = await self.run_group(
+                    group, c, model, sampling_args, sem=sem, max_retries=max_retries,
+                    independent_scoring=independent_scoring, score=interleave_scoring, scoring_sem=scoring_sem,
+                )
+            except RolloutNotStarted:  # the run stopped starting rollouts: this group is not run
+                if not interleave_scoring:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        generation_done.set()
+                return
             if not interleave_scoring:
                 remaining[0] -= 1
                 if remaining[0] == 0:

@@ -119,6 +119,38 @@ def dashboard_view(tmp_path: Path, run_id: str) -> dict:
             os.environ["VF_RUNS_DB"] = old
 
 
+def registry_record(tmp_path: Path, run_id: str):
+    """The run's row in the test's run registry (VF_RUNS_DB of cli_env)."""
+    from envs.runs import registry
+
+    return registry.get_run(run_id, path=tmp_path / "runs.db")
+
+
+def dashboard_list(tmp_path: Path) -> list[dict]:
+    """The dashboard API's runs list (GET /api/runs), whose rows the runs table shows."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from envs.runs import dashboard
+
+    async def go() -> list[dict]:
+        app = dashboard.make_app(endpoints_path=str(tmp_path / "none.toml"), allow_launch=False)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as c:
+            resp = await c.get("/api/runs")
+            assert resp.status == 200, await resp.text()
+            body = await resp.json()
+            return body["runs"] if isinstance(body, dict) else body
+
+    old = os.environ.get("VF_RUNS_DB")
+    os.environ["VF_RUNS_DB"] = str(tmp_path / "runs.db")
+    try:
+        return asyncio.run(go())
+    finally:
+        if old is None:
+            os.environ.pop("VF_RUNS_DB", None)
+        else:
+            os.environ["VF_RUNS_DB"] = old
+
+
 def run(cmd: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=timeout)
 
@@ -144,6 +176,9 @@ def check_incomplete(tmp_path: Path, res: subprocess.CompletedProcess, kinds: di
     assert view["summary"]["scored_rollouts"] == counts["scored"] and view["summary"]["errored_rollouts"] == errored
     if scored:  # the run page's reward figures are over the scored rows too
         assert view["summary"]["reward"]["mean"] == pytest.approx(meta["avg_reward"])
+    rec = registry_record(tmp_path, rid)  # the registry counts the same (errors: errored rollouts only)
+    assert (rec.scored_rollouts, rec.errored_rollouts, rec.errors, rec.errors_by_kind) == (
+        counts["scored"], errored, errored, kinds)
     return rows, meta, run_dir, rid
 
 
@@ -156,6 +191,8 @@ def check_resumed(tmp_path: Path, res: subprocess.CompletedProcess, n: int, r: i
     assert meta["status"] == "completed" and meta["scored_rollouts"] == n * r and meta["errored_rollouts"] == 0
     view = dashboard_view(tmp_path, rid)
     assert view["run"]["status"] == "completed" and view["run"]["verdicts"]["errored"] == 0
+    rec = registry_record(tmp_path, rid)
+    assert (rec.scored_rollouts, rec.errored_rollouts, rec.errors_by_kind) == (n * r, 0, {})
     return rows
 
 
@@ -307,6 +344,15 @@ def test_reward_function_raising_is_an_env_error_then_resume(tmp_path):
         log = subprocess.run([sys.executable, "-m", "envs.cli.app", "runs", "logs", rid], cwd=tmp_path,
                              env=cli_env(tmp_path), capture_output=True, text=True, timeout=60).stdout
         assert "Traceback" in log and "KeyError: 'missing'" in log
+        runs_cli = [sys.executable, "-m", "envs.cli.app", "runs"]
+        listed = subprocess.run([*runs_cli, "list"], cwd=tmp_path, env={**cli_env(tmp_path), "COLUMNS": "250"},
+                                capture_output=True, text=True, timeout=60).stdout
+        assert "SCORED" in listed and "ERRORED" in listed and "3 (env 3)" in listed, listed
+        shown = subprocess.run([*runs_cli, "show", rid], cwd=tmp_path, env={**cli_env(tmp_path), "COLUMNS": "250"},
+                               capture_output=True, text=True, timeout=60).stdout
+        assert "3 scored, 3 (env 3) errored" in shown, shown
+        (item,) = [x for x in dashboard_list(tmp_path) if x["id"] == rid]  # the dashboard's runs list
+        assert (item["scored_rollouts"], item["errored_rollouts"], item["errors_by_kind"]) == (3, 3, {"env": 3})
         marker.write_text("fixed")
         res2 = run(with_envs_dir(eval_cmd(tmp_path, srv.base_url, *args, "--resume", str(run_dir)),
                                  tmp_path / "envs_here"), tmp_path)
@@ -565,3 +611,108 @@ def test_signal_after_teardown_exits_130_or_143(tmp_path, cli, sig):
                              timeout=120)
     assert res.returncode == want, (res.returncode, res.stderr[-3000:])
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- endpoint down: in-flight rollouts finish
+
+SLOW_TOOL_SERVER = """
+import asyncio, sys
+from envs.testing.model_server import ModelServer, Reply, ToolCallSpec
+COUNT = {count!r}
+def policy(req):
+    turn = req.n_tool_turns()
+    slow = req.headers.get("X-Session-ID") in ("0", "1")
+    print(f"req {{req.headers.get('X-Session-ID')}} {{turn}}", flush=True)
+    if turn == 0:
+        return Reply(tool_calls=[ToolCallSpec("bash", {{"command": "sleep 25; echo slept" if slow else "sleep 3"}})])
+    if turn == 1:
+        return Reply(tool_calls=[ToolCallSpec("bash", {{"command": COUNT}})])
+    return Reply(content="\\\\boxed{{" + req.tool_results()[-1].strip() + "}}")
+async def main():
+    srv = ModelServer(policy, port={port})
+    await srv.start()
+    print("up", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.docker
+def test_endpoint_down_in_flight_rollouts_finish_nothing_new_starts(tmp_path, case):
+    """The model server is killed while two rollouts sit in a slow tool call (sleep 25) and two
+    in a short one (sleep 3): the short ones fail to connect (`model` errors) and the endpoint is down
+    (endpoint_down_after = 2): nothing new starts, the two slow rollouts run on; the server is
+    back before their tool call ends, so they finish scored (reward 1). The run ends
+    `incomplete` (exit 3) saying since when the endpoint is down and the command that
+    continues it; `--resume` then scores the rest."""
+    case.row("endpoint down while rollouts are in a slow tool call",
+             "in-flight rollouts finish with their real verdicts, nothing new starts; incomplete, exit 3; resume")
+    from test_faults import COUNT
+
+    code = SLOW_TOOL_SERVER.replace("{count!r}", repr(COUNT).replace("{", "{{").replace("}", "}}"))
+    port = free_port()
+    labels = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in case.labels.items())
+    toml = tmp_path / "run.toml"
+    toml.write_text(textwrap.dedent(f'''
+        model = "test-model"
+        api_base_url = "http://127.0.0.1:{port}/v1"
+        api_key_var = "VF_FAULTS_TEST_KEY"
+        endpoints_path = "{tmp_path / 'none.toml'}"
+        env_dir_path = "{ENVS}"
+        client_max_retries = 0
+        max_concurrent = 4
+        endpoint_down_after = 2
+        save_results = true
+
+        [[eval]]
+        env_id = "bash-files"
+        num_examples = 10
+        rollouts_per_example = 1
+        env_args = {{ pool_size = 0, rollout_isolation = "container", labels = {{ {labels} }} }}
+    '''))
+    (tmp_path / "none.toml").write_text("")
+    cmd = [sys.executable, "-m", "envs.cli.app", "eval", str(toml), "-o", str(tmp_path / "outputs"), "-d"]
+    srv = ServerProcess(code, port=port)
+    again = None
+    try:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        seen: set[str] = set()
+        deadline = time.monotonic() + 180
+        while len(seen) < 4 and time.monotonic() < deadline:  # examples 0-3 got their first tool call
+            line = srv.proc.stdout.readline()
+            if line.startswith("req ") and line.split()[2] == "0":
+                seen.add(line.split()[1])
+        assert seen == {"0", "1", "2", "3"}, seen
+        time.sleep(0.5)  # the replies are sent (the policy prints before it answers)
+        srv.kill()
+        t_kill = time.monotonic()
+        while time.monotonic() - t_kill < 20:  # the short ones fail to connect: the endpoint is down
+            saved = list((tmp_path / "outputs").glob("evals/*/*/results.jsonl"))
+            if saved and len(saved[0].read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        assert time.monotonic() - t_kill < 15, "the short rollouts did not fail"
+        again = ServerProcess(code, port=port)  # back while the slow ones still sleep
+        out, err = proc.communicate(timeout=180)
+    finally:
+        srv.kill()
+    try:
+        res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        rows, meta, run_dir, rid = check_incomplete(
+            tmp_path, res, {"model": Counter(r["verdict"] for r in saved_rows(tmp_path)[0])["model"]})
+        by_id = {r["example_id"]: r for r in rows}
+        for i in (0, 1):  # in flight when the endpoint went down: finished, scored
+            assert by_id[i]["verdict"] == "scored" and by_id[i]["reward"] == 1.0, by_id.get(i)
+        model_rows = [r for r in rows if r["verdict"] == "model"]
+        assert len(model_rows) >= 2 and all("connection refused" in r["error"] for r in model_rows), model_rows
+        # nothing new started once the endpoint was down: the rest of the dataset was not run (a slot freed
+        # by a failed rollout may be taken before its row is recorded: a few more than the streak ran)
+        assert len(rows) <= 8 and max(by_id) < 9, sorted(by_id)
+        assert "is down since" in err and "those in flight finished" in err, err[-2000:]
+        case.figure(f"{len(rows)} rows: 2 in flight scored, {len(model_rows)} model errors, {10 - len(rows)} not run")
+        res2 = run(cmd + ["--resume", rid], tmp_path)
+    finally:
+        if again is not None:
+            again.kill()
+    check_resumed(tmp_path, res2, 10, 1, rid)

@@ -221,3 +221,44 @@ def test_processes_opening_a_fresh_registry_at_once_never_see_it_locked(tmp_path
         for p in procs:
             p.join(10)
     assert not errors, errors[:3]
+
+
+def test_schema_3_migration_adds_scored_and_errored_counts(tmp_path, monkeypatch):
+    """A registry written before schema 3 (no scored / errored columns) is migrated in place
+    when opened: its runs read with 0 / {} and new progress records scored, errored and the
+    kinds (errors = the errored count, never scored task failures)."""
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    v2 = registry._SCHEMA
+    for col in ("scored_rollouts", "errored_rollouts", "errors_by_kind"):
+        v2 = "\n".join(line for line in v2.splitlines() if not line.strip().startswith(col + " "))
+    conn = sqlite3.connect(db)
+    conn.executescript(v2)
+    conn.execute("INSERT INTO runs (id, kind, env_id, output_dir, log_path, host, pid, status, errors, started_at, "
+                 "first_started_at, updated_at) VALUES ('old1', 'eval', 'e', '/x', '/x.log', 'h', 1, 'completed', 4, "
+                 "1, 1, 1)")
+    conn.execute("PRAGMA user_version=2")
+    conn.commit()
+    conn.close()
+    monkeypatch.setenv("VF_RUNS_DB", str(db))
+    old = registry.get_run("old1")
+    assert (old.errors, old.scored_rollouts, old.errored_rollouts, old.errors_by_kind) == (4, 0, 0, {})
+    with closing_conn(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == registry.SCHEMA_VERSION == 3
+    rec = registry.RunRecorder.start(kind="eval", env_id="e", output_dir=str(tmp_path / "out"), capture_logging=False)
+    rec.progress(completed=7, total=10, scored=4, errors_by_kind={"model": 2, "env": 1})
+    rec.finish("incomplete")
+    new = registry.get_run(rec.id)
+    assert (new.completed, new.scored_rollouts, new.errored_rollouts, new.errors) == (7, 4, 3, 3)
+    assert new.errors_by_kind == {"env": 1, "model": 2}
+    registry.set_progress(rec.id, 10, 10, scored=10, errors_by_kind={})  # a hosted run's pulled results
+    new = registry.get_run(rec.id)
+    assert (new.scored_rollouts, new.errored_rollouts, new.errors_by_kind) == (10, 0, {})
+
+
+def closing_conn(db):
+    import sqlite3
+    from contextlib import closing
+
+    return closing(sqlite3.connect(db))

@@ -22,7 +22,7 @@ from sandboxes.errors import UsageError
 from ..clients.base import ModelAuthError
 from ..errors import MissingKeyError
 from ..logging_utils import RUN_LOG_ONLY
-from ..outputs import is_scored, verdict_counts
+from ..outputs import is_scored, verdict_counts, verdict_of
 from .config import EvalConfig, redact_secrets
 from .display import EvalProgress, PlainDisplay, RichDisplay
 from .setup import load_run_env, make_run_clients
@@ -138,10 +138,12 @@ END_GRACE = 0.0  # seconds the groups finishing right then get once the endpoint
 
 
 async def run_until_endpoint_down(gen: Any, watch: EndpointWatch) -> None:
-    """Await the run's rollouts (`gen`), or -- the endpoint is down -- stop: groups finishing
-    within END_GRACE are kept, the rest is cancelled like a stopped run's (those rollouts
-    could not reach the model either: they are "not run", and `--resume` runs them). A
-    longer grace would let the run start new rollouts that fail at once, burning the dataset."""
+    """-w N and hosted runs (whose rollouts run in other processes): await the run's rollouts
+    (`gen`), or -- the endpoint is down -- stop: groups finishing within END_GRACE are kept,
+    the rest is cancelled like a stopped run's (those rollouts could not reach the model
+    either: they are "not run", and `--resume` runs them). A longer grace would let the run
+    start new rollouts that fail at once, burning the dataset. A local run instead closes
+    its env's `start_gate`: nothing new starts, the rollouts in flight finish."""
     task = asyncio.ensure_future(gen)
     down = asyncio.ensure_future(watch.event.wait())
     try:
@@ -287,6 +289,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if is_scored(r))
         progress.errors = sum(1 for r in rows if r.get("error"))
         progress.infra = 0
+        kinds = collections.Counter(verdict_of(r) for r in rows)  # the registry's scored / errored counts
         progress.output = str(run_dir) if save else ""
         progress.status = "running"
         progress.started = time.time()
@@ -309,6 +312,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if is_scored(r))
             progress.infra += sum(1 for r in group_rows if not is_scored(r))
             progress.errors += sum(1 for r in group_rows if r.get("error"))
+            kinds.update(verdict_of(r) for r in group_rows)
             for r in group_rows:
                 if r.get("error"):
                     log.warning(
@@ -322,7 +326,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             display.add_rows(idx, group_rows)
             display.update(idx)
             if rec is not None:
-                rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
+                rec.progress(completed=progress.done, total=progress.total, scored=kinds["scored"],
+                             errors_by_kind={k: n for k, n in kinds.items() if k != "scored"})
             if writer is not None and time.monotonic() - last_meta[0] > 1.0:
                 last_meta[0] = time.monotonic()
                 writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned, first_date))
@@ -345,6 +350,9 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
 
             gen = generate_in_workers(cfg, todo, on_group, sandbox_run_id())
         elif todo:
+            # the endpoint down: no new rollout starts, those in flight finish (they fail fast if it
+            # is still down, or succeed if it came back) and are recorded with their real verdicts
+            env.start_gate = lambda: not watch.event.is_set()
             gen = env.generate(
                 todo,
                 clients[0] if len(clients) == 1 else clients,
@@ -361,15 +369,19 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if todo:
             try:
                 async with asyncio.timeout(cfg.timeout_minutes * 60):
-                    await run_until_endpoint_down(gen, watch)
+                    if cfg.hosted or cfg.num_workers > 1:
+                        await run_until_endpoint_down(gen, watch)
+                    else:
+                        await gen
             except asyncio.TimeoutError:
                 raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
         status, error = run_verdict(rows, progress.total, cfg, result.run_id or str(run_dir))
         if watch.down_since is not None and status != "completed":
             status, error = "incomplete", (
                 f"the model endpoint {base_url} is down since {watch.down_since} ({watch.streak} rollouts in a row "
-                f"could not connect: {watch.last_error}); stopped early: {len(rows)} of {progress.total} rollouts "
-                f"ran, {verdict_counts(rows)['scored']} scored. When the endpoint is back, continue with: "
+                f"could not connect: {watch.last_error}); stopped early: no rollout started after that, those in "
+                f"flight finished: {len(rows)} of {progress.total} rollouts ran, {verdict_counts(rows)['scored']} "
+                f"scored. When the endpoint is back, continue with: "
                 f"vf-sandbox eval --resume {result.run_id or run_dir}")
         if cfg.save_to_hf_hub:
             push_to_hub(rows, cfg)
@@ -414,7 +426,9 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
             except OSError as exc:
                 log.warning("cannot write metadata: %s", exc)
         if rec is not None:
-            rec.progress(completed=progress.done, total=progress.total, errors=progress.errors)
+            final = collections.Counter(verdict_of(r) for r in rows)
+            rec.progress(completed=len(rows), total=progress.total, scored=final["scored"],
+                         errors_by_kind={k: n for k, n in final.items() if k != "scored"})
             rec.finish(status=status, error=error, error_kind="usage" if result.usage_error else None)
         display.update(idx)
         if error and status == "failed":  # the console gets it once, from the CLI's last line

@@ -107,15 +107,23 @@ def list_cmd(
     from rich.table import Table
 
     t = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "KIND", "WHERE", "ENV", "MODEL", "STATUS", "PROGRESS", "ERRORS", "STARTED", "DURATION"):
+    for col in ("ID", "NAME", "KIND", "WHERE", "ENV", "MODEL", "STATUS", "PROGRESS", "SCORED", "ERRORED", "STARTED",
+                "DURATION"):
         t.add_column(col, no_wrap=col in ("ID", "STATUS", "STARTED", "PROGRESS"))
     colors = {"running": "cyan", "completed": "green", "incomplete": "yellow", "failed": "red", "stopped": "yellow"}
     for r in runs:
         prog = f"{r.completed}/{r.total}" if r.total else str(r.completed)
         t.add_row(r.id, r.name or "", r.kind, _where(r), r.env_id, r.model or "",
-                  f"[{colors.get(r.status, 'white')}]{_status_text(r, outputs_state(r))}[/]", prog, str(r.errors),
+                  f"[{colors.get(r.status, 'white')}]{_status_text(r, outputs_state(r))}[/]", prog, str(r.scored_rollouts),
+                  _errored_text(r),
                   _ago(r.started_at)[5:], _dur(r.duration))
     Console(width=None if sys.stdout.isatty() else 200).print(t if runs else "no runs")
+
+
+def _errored_text(rec: "RunRecord") -> str:
+    """The errored count with its kinds: "3 (model 2, sandbox 1)"."""
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(rec.errors_by_kind.items()))
+    return f"{rec.errored_rollouts} ({kinds})" if kinds else str(rec.errored_rollouts)
 
 
 def _status_text(rec: "RunRecord", outputs: str) -> str:
@@ -151,7 +159,8 @@ def show_cmd(
         ("kind", rec.kind), ("status", _status_text(rec, outputs)), ("env", rec.env_id),
         ("model", rec.model or "-"), ("output dir", f"{rec.output_dir} ({outputs})"), ("log", rec.log_path),
         ("where", _where(rec) + (f" (Ray job {_job_id(rec)})" if is_hosted(rec) else "")),
-        ("pid", f"{rec.pid} on {rec.host}"), ("progress", f"{rec.completed}/{rec.total} ({rec.errors} errors)"),
+        ("pid", f"{rec.pid} on {rec.host}"), ("progress", f"{rec.completed}/{rec.total}"),
+        ("rollouts", f"{rec.scored_rollouts} scored, {_errored_text(rec)} errored"),
         ("started", _ago(rec.started_at)), ("ended", _ago(rec.ended_at)), ("duration", _dur(rec.duration)),
         ("attempts", str(rec.attempts)),
     ]

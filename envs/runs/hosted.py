@@ -171,7 +171,9 @@ def _record(rec: RunRecord, meta: dict[str, Any]) -> None:
     if meta:
         total = int(meta.get("num_examples") or 0) * int(meta.get("rollouts_per_example") or 0)
         done = int(meta.get("completed_rollouts") or 0)
-        registry.set_progress(rec.id, done, max(total, done), int(rec.errors if "errors" not in meta else meta["errors"]))
+        by_kind = meta.get("errors_by_kind") if isinstance(meta.get("errors_by_kind"), dict) else None
+        registry.set_progress(rec.id, done, max(total, done), int(meta.get("errored_rollouts", rec.errors)),
+                              scored=meta.get("scored_rollouts"), errors_by_kind=by_kind)
 
 
 def refresh(rec: RunRecord, client: Any | None = None) -> RunRecord:

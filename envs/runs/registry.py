@@ -70,7 +70,7 @@ RunStatus = Literal["running", "completed", "incomplete", "failed", "stopped"]
 END_STATES = ("completed", "incomplete", "failed", "stopped")  # incomplete: infra-error rollouts left (--resume)
 DB_ENV = "VF_RUNS_DB"
 STATE_DIR_ENV = "VF_STATE_DIR"
-SCHEMA_VERSION = 2  # 2: error_kind
+SCHEMA_VERSION = 3  # 2: error_kind; 3: scored_rollouts, errored_rollouts, errors_by_kind
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -93,6 +93,9 @@ CREATE TABLE IF NOT EXISTS runs (
     completed       INTEGER NOT NULL DEFAULT 0,
     total           INTEGER NOT NULL DEFAULT 0,
     errors          INTEGER NOT NULL DEFAULT 0,
+    scored_rollouts INTEGER NOT NULL DEFAULT 0,
+    errored_rollouts INTEGER NOT NULL DEFAULT 0,
+    errors_by_kind  TEXT NOT NULL DEFAULT '{}',
     attempts        INTEGER NOT NULL DEFAULT 1,
     started_at      REAL NOT NULL,
     first_started_at REAL NOT NULL,
@@ -104,7 +107,12 @@ CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_started ON runs(started_at);
 CREATE INDEX IF NOT EXISTS runs_output_dir ON runs(output_dir);
 """
-_MIGRATIONS = {2: "ALTER TABLE runs ADD COLUMN error_kind TEXT"}  # version -> statement bringing a registry to it
+_MIGRATIONS = {  # version -> statements bringing a registry to it
+    2: ("ALTER TABLE runs ADD COLUMN error_kind TEXT",),
+    3: ("ALTER TABLE runs ADD COLUMN scored_rollouts INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE runs ADD COLUMN errored_rollouts INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE runs ADD COLUMN errors_by_kind TEXT NOT NULL DEFAULT '{}'"),
+}
 
 
 class RunRecord(BaseModel):
@@ -132,6 +140,12 @@ class RunRecord(BaseModel):
     completed: int = 0
     total: int = 0
     errors: int = 0
+    """Rollouts that ended in an error verdict (= errored_rollouts; before schema 3 it also
+    counted scored rows carrying an error text, e.g. a task's failing tool call)."""
+    scored_rollouts: int = 0
+    errored_rollouts: int = 0
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    """Errored rollouts by verdict kind: {"model": 3, "sandbox": 1} (envs.outputs.VERDICTS)."""
     attempts: int = 1
     """1 + the number of times the run was resumed into the same output dir."""
     started_at: float
@@ -200,7 +214,8 @@ def _initialise(conn: sqlite3.Connection, p: Path) -> None:
                     conn.executescript(_SCHEMA)
                     for v in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
                         if not fresh:
-                            conn.execute(_MIGRATIONS[v])
+                            for statement in _MIGRATIONS[v]:
+                                conn.execute(statement)
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 return
             except sqlite3.OperationalError as exc:
@@ -215,6 +230,10 @@ def _row(r: sqlite3.Row) -> RunRecord:
         d["args"] = json.loads(d.get("args") or "{}")
     except ValueError:
         d["args"] = {}
+    try:
+        d["errors_by_kind"] = json.loads(d.get("errors_by_kind") or "{}")
+    except ValueError:
+        d["errors_by_kind"] = {}
     return RunRecord.model_validate(d)
 
 
@@ -412,12 +431,25 @@ def mark_status(
         return bool(cur.rowcount)
 
 
+_PROGRESS_SQL = ("UPDATE runs SET completed=?, total=?, errors=?, scored_rollouts=?, errored_rollouts=?, "
+                 "errors_by_kind=?, updated_at=? WHERE id=?")
+
+
+def _progress_values(completed: int, total: int, errors: int, scored: int | None,
+                     by_kind: dict[str, int] | None) -> tuple[Any, ...]:
+    kinds = {k: int(v) for k, v in (by_kind or {}).items() if v}
+    errored = sum(kinds.values()) if by_kind is not None else int(errors)
+    scored = int(completed) - errored if scored is None else int(scored)
+    return (int(completed), int(total), errored, max(0, scored), errored, json.dumps(kinds, sort_keys=True))
+
+
 def set_progress(run_id: str, completed: int, total: int, errors: int = 0,
-                 path: str | os.PathLike[str] | None = None) -> None:
+                 path: str | os.PathLike[str] | None = None, scored: int | None = None,
+                 errors_by_kind: dict[str, int] | None = None) -> None:
     """Progress counts of a run recorded by another process (a hosted run's, from its pulled results)."""
     with closing(connect(path)) as conn:
-        conn.execute("UPDATE runs SET completed=?, total=?, errors=?, updated_at=? WHERE id=?",
-                     (int(completed), int(total), int(errors), time.time(), run_id))
+        conn.execute(_PROGRESS_SQL, (*_progress_values(completed, total, errors, scored, errors_by_kind),
+                                     time.time(), run_id))
 
 
 def _append_log(log_path: str, line: str) -> None:
@@ -561,14 +593,16 @@ class RunRecorder:
         return self
 
     # -- updates
-    def progress(self, completed: int, total: int, errors: int = 0) -> None:
-        """Record progress counts. Cheap: writes at most ~4 times a second
+    def progress(self, completed: int, total: int, errors: int = 0, scored: int | None = None,
+                 errors_by_kind: dict[str, int] | None = None) -> None:
+        """Record progress counts: rollouts done, scored and errored (`errors_by_kind`, whose sum
+        is the errored count; without it `errors`). Cheap: writes at most ~4 times a second
         (the last values are always flushed by `finish`)."""
         if self._finished:
             return
         now = time.monotonic()
         with self._lock:
-            self._pending = (int(completed), int(total), int(errors))
+            self._pending = _progress_values(completed, total, errors, scored, errors_by_kind)
             if now - self._last_write < 0.25 and completed < total:
                 return
             self._flush_locked()
@@ -577,13 +611,10 @@ class RunRecorder:
     def _flush_locked(self) -> None:
         if self._pending is None:
             return
-        c, t, e = self._pending
+        values = self._pending
         self._pending = None
         try:
-            self._conn.execute(
-                "UPDATE runs SET completed=?, total=?, errors=?, updated_at=? WHERE id=?",
-                (c, t, e, time.time(), self.id),
-            )
+            self._conn.execute(_PROGRESS_SQL, (*values, time.time(), self.id))
         except sqlite3.Error as exc:  # progress is best-effort; never kill the run over it
             log.warning("run registry: progress update failed: %s", exc)
 

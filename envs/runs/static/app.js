@@ -47,7 +47,8 @@ const picked = new Set();     // run ids ticked for the compare view
 const COLS = [                // [key, label, numeric]
   ["id", "id"], ["name", "name"], ["kind", "kind"], ["env_id", "env"], ["model", "model"], ["status", "status"],
   ["completed", "progress", true], ["avg_reward", "avg reward", true], ["pass1", "pass@1", true],
-  ["passk", "pass@k", true], ["errors", "errors", true], ["started_at", "started"], ["duration", "duration", true]];
+  ["passk", "pass@k", true], ["scored_rollouts", "scored", true], ["errored_rollouts", "errored", true],
+  ["started_at", "started"], ["duration", "duration", true]];
 function passKeys(r) { return Object.keys(r.pass_at_k || {}).map(Number).sort((a, b) => a - b); }
 function sortValue(r, key) {
   if (key === "pass1") return (r.pass_at_k || {})["1"] ?? null;
@@ -108,7 +109,8 @@ async function viewList() {
           <td class="num avg-reward">${fmt(r.avg_reward)}</td>
           <td class="num pass1">${fmt((r.pass_at_k || {})["1"])}</td>
           <td class="num passk">${kmax === null ? "–" : `${fmt(r.pass_at_k[String(kmax)])} <span class="muted">@${kmax}</span>`}</td>
-          <td class="num">${r.errors}</td>
+          <td class="num scored">${r.scored_rollouts ?? 0}</td>
+          <td class="num errored" title="${esc(Object.entries(r.errors_by_kind || {}).map(([k, n]) => `${k} ${n}`).join(", "))}">${r.errored_rollouts ?? 0}${Object.keys(r.errors_by_kind || {}).length ? ` <span class="muted by-kind">(${esc(Object.entries(r.errors_by_kind).map(([k, n]) => `${k} ${n}`).join(", "))})</span>` : ""}</td>
           <td>${when(r.started_at)}</td><td class="num">${dur(r.duration)}</td></tr>`;
     }).join("") : `<tr><td colspan="${COLS.length + 1}" class="muted">no runs</td></tr>`;
     body.querySelectorAll("tr[data-run-id]").forEach(tr => {
@@ -252,7 +254,7 @@ async function viewRun(id, tab, sub) {
         ${r.status === "running" ? `<button class="danger" id="stop-btn">Stop</button>` : ""}</h2>
       <div class="kv">
         <div>kind</div><div>${esc(r.kind)}</div><div>env</div><div>${esc(r.env_id)}</div>
-        <div>model</div><div>${esc(r.model || "–")}</div><div>progress</div><div>${progress(r)} (${r.errors} errors)</div>
+        <div>model</div><div>${esc(r.model || "–")}</div><div>progress</div><div>${progress(r)} (${r.scored_rollouts ?? 0} scored, ${r.errored_rollouts ?? 0} errored)</div>
         <div>started</div><div>${when(r.started_at)}${r.status === "running" ? ` <span class="muted">(last update ${dur(Date.now() / 1000 - r.updated_at)} ago)</span>` : ""}</div><div>duration</div><div>${dur(r.duration)}${r.attempts > 1 ? ` (resumed ${r.attempts - 1}×)` : ""}</div>
         <div>output</div><div class="mono" id="outputs">${esc(r.output_dir)} <span class="muted">(${esc(r.outputs)})</span></div>
       </div>
