@@ -45,7 +45,7 @@ from sandboxes.retry import RetryPolicy, is_retryable
 
 from .clients.base import Client, ModelAuthError
 from .decorators import call_with_named_args, discover
-from .errors import Error, OverlongPromptError
+from .errors import Error, ModelError, OverlongPromptError, SandboxError, ScoringError
 from .outputs import aggregate, state_to_output
 from .parsers import Parser
 from .rubrics.group import RubricGroup
@@ -74,6 +74,11 @@ class RolloutNotStarted(Exception):
     model endpoint is down): its group is not run (no row; a resume runs it)."""
 
 
+class RolloutModelTimeout(ModelError):
+    """The rollout's time (`rollout_timeout`, --rollout-timeout) ran out while it waited on the model."""
+
+
+_ROLLOUT_STATES: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("vf_rollout_states", default=None)
 _GROUP_STARTED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("vf_group_started", default=None)
 
 
@@ -136,6 +141,11 @@ class Environment(ABC):
     retry_if: Callable[..., bool] | None = None
     """The run's retry rules (`envs.eval.config.retry_predicate`: `retry_if(error, attempt)`);
     None: retry what `is_retryable` accepts (infrastructure, transient model errors)."""
+    rollout_timeout: float | None = None
+    """Seconds a rollout may run (--rollout-timeout; None: no bound): past it the rollout ends,
+    its sandbox is deleted, and it is a `model` error when it waited on the model, a `sandbox`
+    error when still in setup, else the rollout's result (scored, `sandbox_timeout` 1, stop
+    `rollout_timeout`). Its scoring is bounded by as much again (then an `env` error)."""
     start_gate: Callable[[], bool] | None = None
     """The run's say on starting a rollout (None: always): called when a rollout got its
     concurrency slot; False refuses it unless a rollout of its group already started (a
@@ -521,6 +531,9 @@ class Environment(ABC):
             error=None,
             usage={},
         )
+        tracked = _ROLLOUT_STATES.get()
+        if tracked is not None:  # the rollout timeout's view of this rollout
+            tracked.append(state)
         return state
 
     def _request_headers(self, state: State, client: Client) -> dict[str, str] | None:
@@ -553,13 +566,24 @@ class Environment(ABC):
         extra: dict[str, Any] = {"extra_headers": headers} if headers else {}
         if getattr(client, "wants_state", False):  # the token client stitches onto the trajectory's tokens
             extra["state"] = state
-        response = await client.get_response(prompt, model, args, tools, **extra)
+        waits = self.__dict__.setdefault("_model_waits", {})
+        waits[id(state)] = (state.get("example_id"), time.monotonic())
+        try:
+            response = await client.get_response(prompt, model, args, tools, **extra)
+        finally:
+            waits.pop(id(state), None)
         if response.usage is not None:
             add_usage(state, response.usage)
         if self.max_seq_len and response.usage is not None:
             if response.usage.prompt_tokens + response.usage.completion_tokens > self.max_seq_len:
                 state["is_truncated"] = True
         return response
+
+    def model_waits(self) -> list[tuple[Any, float]]:
+        """(example_id, seconds) of every rollout waiting on the model right now, longest first."""
+        now = time.monotonic()
+        waits = list(self.__dict__.get("_model_waits", {}).values())
+        return sorted(((ex, now - t0) for ex, t0 in waits), key=lambda x: -x[1])
 
     def stop_conditions(self) -> list[Callable[..., Any]]:
         if self._stop_conditions is None:
@@ -638,15 +662,76 @@ class Environment(ABC):
 
     # ------------------------------------------------------------------ driving
     async def _rollout_once(self, input: RolloutInput, client: Client, model: str, sampling_args: SamplingArgs | None) -> State:
+        if self.rollout_timeout:
+            return await self._rollout_bounded(input, client, model, sampling_args, float(self.rollout_timeout))
         try:
             return await self.rollout(input, client, model, sampling_args)
         except ModelAuthError:
             raise
         except Exception as exc:  # an env that let an error escape: record it, keep the run going
-            state = State(input=input, model=model, timing=RolloutTiming(start_time=time.time()), trajectory=[], metrics={})
-            state["error"] = exc
-            state["completion"] = None
+            return self._escaped(input, model, exc)
+
+    @staticmethod
+    def _escaped(input: RolloutInput, model: str, exc: BaseException) -> State:
+        state = State(input=input, model=model, timing=RolloutTiming(start_time=time.time()), trajectory=[], metrics={})
+        state["error"] = exc
+        state["completion"] = None
+        return state
+
+    async def _rollout_bounded(self, input: RolloutInput, client: Client, model: str,
+                               sampling_args: SamplingArgs | None, timeout: float) -> State:
+        """The rollout, ended after `timeout` seconds: what it was doing then is decided
+        before it is cancelled (so its cleanup, which deletes the sandbox, records it)."""
+        states: list[State] = []
+        token = _ROLLOUT_STATES.set(states)
+        task = asyncio.current_task()
+        inside = [True]
+        phase: list[str] = []
+
+        def expire() -> None:
+            if not inside[0] or task is None:
+                return
+            st = states[-1] if states else None
+            if st is not None and id(st) in self.__dict__.get("_model_waits", {}):
+                phase.append("model")
+            elif st is None or not st["timing"].setup.end:
+                phase.append("setup")
+            else:  # in a tool call, the sandbox's command or the env's own code: the task ran out of time
+                phase.append("task")
+                st["sandbox_timeout"] = True
+                st["timed_out"] = True
+            task.cancel()
+
+        handle = asyncio.get_running_loop().call_later(timeout, expire)
+        try:
+            return await self.rollout(input, client, model, sampling_args)
+        except asyncio.CancelledError:
+            if not phase or task is None or task.uncancel() > 0:  # not ours, or Ctrl-C as well
+                raise
+            state = states[-1] if states else self._escaped(input, model, Exception())
+            state["timed_out"] = True
+            if phase[0] == "model":
+                state["error"] = RolloutModelTimeout(
+                    f"model request timed out after {timeout:g}s (--rollout-timeout): no answer within the rollout's time")
+            elif phase[0] == "setup":
+                state["error"] = SandboxError(f"rollout setup timed out after {timeout:g}s (--rollout-timeout)")
+            else:
+                state["error"] = None
+                state["is_completed"] = True
+                state["stop_condition"] = "rollout_timeout"
+                self.record_metric(state, "sandbox_timeout", 1.0)
+            log.warning("rollout example_id=%s: --rollout-timeout %gs reached (%s)", input.get("example_id"), timeout,
+                        {"model": "waiting on the model: a model error", "setup": "in setup: a sandbox error",
+                         "task": "in a tool call / the sandbox: scored, sandbox_timeout"}[phase[0]])
             return state
+        except ModelAuthError:
+            raise
+        except Exception as exc:  # an env that let an error escape: record it, keep the run going
+            return self._escaped(input, model, exc)
+        finally:
+            inside[0] = False
+            handle.cancel()
+            _ROLLOUT_STATES.reset(token)
 
     async def run_rollout(
         self,
@@ -727,7 +812,15 @@ class Environment(ABC):
         if self.score_rollouts:
             t0 = time.time()
             try:
-                await self._score_group(states)
+                if self.rollout_timeout:
+                    try:
+                        async with asyncio.timeout(float(self.rollout_timeout)):
+                            await self._score_group(states)
+                    except TimeoutError:
+                        raise ScoringError(f"scoring timed out after {float(self.rollout_timeout):g}s "
+                                           "(--rollout-timeout)") from None
+                else:
+                    await self._score_group(states)
                 t1 = time.time()
                 for s in states:  # the scoring span is the env's (rubrics do not touch timing)
                     timing = s.get("timing")

@@ -289,7 +289,7 @@ def test_model_faults_are_model_errors_then_resume(tmp_path, fault):
     if fault == "500":
         assert all(r["error_info"]["status"] == 500 and "answered 500" in r["error"] for r in rows)
     if fault == "hang":
-        assert all("timed out" in r["error"] for r in rows) and elapsed < 60  # not 3600 s x 3
+        assert all("timed out after 2s" in r["error"] for r in rows) and elapsed < 60  # not 3600 s x 3
     assert "all 6 rollouts failed (model API errors)" in res.stderr
     from envs.testing.model_server import compute
 
@@ -716,3 +716,56 @@ def test_endpoint_down_in_flight_rollouts_finish_nothing_new_starts(tmp_path, ca
         if again is not None:
             again.kill()
     check_resumed(tmp_path, res2, 10, 1, rid)
+
+
+# --------------------------------------------------------------------------- the rollout timeout
+
+
+@pytest.mark.docker
+def test_rollout_timeout_in_the_sandbox_is_the_rollouts_result(tmp_path, case):
+    """--rollout-timeout bounds the whole rollout: one stuck in its sandbox's command (sleep 600,
+    under a 300 s command timeout) ends at the rollout timeout as the rollout's result: scored
+    (reward 0), `sandbox_timeout` 1, stop `rollout_timeout`, attempts 1, its sandbox deleted
+    (the case's leak check); the run completed, exit 0, in seconds, not minutes."""
+    case.row("rollout stuck in a sandbox command past --rollout-timeout",
+             "scored: reward 0, sandbox_timeout 1, stop rollout_timeout; sandbox deleted; completed, exit 0")
+    from envs.testing.model_server import ModelServer
+
+    seen: list[str] = []
+    t0 = time.monotonic()
+    with ModelServer(bomb_policy("sleep 600", seen)).run_in_thread() as srv:
+        res = run(eval_cmd(tmp_path, srv.base_url, "bash-files", "-n", "1", "-r", "1", "-s", "--rollout-timeout", "8",
+                           "-a", json.dumps({"labels": case.labels, "pool_size": 0, "rollout_isolation": "container",
+                                             "timeout_per_command_seconds": 300})), tmp_path)
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,), meta, _ = saved_rows(tmp_path)
+    assert row["verdict"] == "scored" and not row["error"] and row["attempts"] == 1, row
+    assert row["stop_condition"] == "rollout_timeout" and row["metrics"]["sandbox_timeout"] == 1.0
+    assert row["reward"] == 0.0 and seen == []  # the model never got the tool's result
+    assert meta["status"] == "completed" and elapsed < 90, elapsed
+    assert "--rollout-timeout 8s reached (in a tool call / the sandbox" in res.stderr
+    case.figure(f"ended after {elapsed:.0f}s (rollout timeout 8 s, command timeout 300 s)")
+
+
+def test_model_wait_is_visible_and_default_request_timeout(tmp_path):
+    """No --rollout-timeout and a model that does not answer for 25 s: the log names the rollout
+    waiting on the model and for how long, and the request limit (600 s by default, not the
+    clients' 3600 s); an endpoint's own `timeout` is kept."""
+    from envs.eval.config import configs_from_cli
+    from envs.eval.setup import DEFAULT_MODEL_REQUEST_TIMEOUT, make_run_clients
+    from envs.testing.model_server import ModelServer, compute, sequence, stall
+
+    (cfg,) = configs_from_cli(["math-single"], {"model": "m", "api_base_url": "http://127.0.0.1:1/v1",
+                                                "api_key_var": "EMPTY", "env_dir_path": str(ENVS)})
+    (client,) = make_run_clients(cfg, object(), check=False)
+    assert client.config.timeout == DEFAULT_MODEL_REQUEST_TIMEOUT == 600.0
+    cfg2 = cfg.model_copy(update={"client_config": cfg.client_config.model_copy(update={"timeout": 42.0})})
+    assert make_run_clients(cfg2, object(), check=False)[0].config.timeout == 42.0
+
+    with ModelServer(sequence(stall(25, then=compute()), compute())).run_in_thread() as srv:
+        res = run(eval_cmd(tmp_path, srv.base_url, "math-single", "-n", "1", "-r", "1", "-s"), tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    line = next((x for x in res.stderr.splitlines() if "waiting on the model" in x), "")
+    assert "1 rollout(s) waiting on the model" in line and "example 0: " in line, res.stderr[-3000:]
+    assert "a request gives up after 600s" in line

@@ -155,9 +155,9 @@ async def run_until_endpoint_down(gen: Any, watch: EndpointWatch) -> None:
     finally:
         down.cancel()
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            from sandboxes.cancel import cancel_and_settle
+
+            await cancel_and_settle([task])  # never swallows this task's own cancel (Ctrl-C)
 
 
 def run_verdict(rows: list[dict[str, Any]], asked: int, cfg: EvalConfig, ref: str) -> tuple[str, str | None]:
@@ -210,6 +210,29 @@ def push_to_hub(rows: list[dict[str, Any]], cfg: EvalConfig) -> None:
         log.info("pushed %d rows to the HF Hub as %s", len(rows), name)
     except Exception as exc:  # results are on disk already; the push is extra
         log.error("push to the HF Hub failed: %s: %s", type(exc).__name__, exc)
+
+
+MODEL_WAIT_REPORT = 15.0  # seconds a model request runs before the log names the rollouts waiting on it
+
+
+async def report_model_waits(env: Any, cfg: EvalConfig, every: float = 5.0) -> None:
+    """Every `every` seconds, while rollouts wait on the model longer than MODEL_WAIT_REPORT,
+    say which and for how long, and when they give up (a hanging endpoint is never silence)."""
+    from .setup import DEFAULT_MODEL_REQUEST_TIMEOUT
+
+    replicas = cfg.client_config.replicas()
+    request = min((c.timeout if "timeout" in c.model_fields_set else DEFAULT_MODEL_REQUEST_TIMEOUT) for c in replicas) \
+        if replicas else DEFAULT_MODEL_REQUEST_TIMEOUT
+    limit = (f"--rollout-timeout {cfg.rollout_timeout:g}s ends each rollout" if cfg.rollout_timeout else
+             f"a request gives up after {request:g}s, then {cfg.client_config.max_retries} client retr(ies); "
+             "--rollout-timeout bounds a whole rollout")
+    while True:
+        await asyncio.sleep(every)
+        waits = [(ex, t) for ex, t in env.model_waits() if t >= MODEL_WAIT_REPORT]
+        if waits:
+            shown = ", ".join(f"example {ex}: {t:.0f}s" for ex, t in waits[:6]) + (" ..." if len(waits) > 6 else "")
+            log.warning("%s: %d rollout(s) waiting on the model at %s (%s); %s", cfg.env_id, len(waits),
+                        cfg.client_config.base_urls(), shown, limit)
 
 
 async def heartbeat(url: str, interval: float = 30.0) -> None:
@@ -335,6 +358,8 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
         if beat is not None:
             beats.append(beat)
+        if todo and not cfg.hosted and cfg.num_workers <= 1 and hasattr(env, "model_waits"):
+            beats.append(asyncio.ensure_future(report_model_waits(env, cfg)))
         if todo and cfg.hosted:  # this process is the Ray job of a hosted run: groups go to actors
             from sandboxes.labels import run_id as sandbox_run_id
 

@@ -23,6 +23,7 @@ def load_run_env(cfg: EvalConfig, concurrency: int | None = None) -> Any:
     env = load_environment(cfg.env_id, env_dir=cfg.env_dir_path, **cfg.env_args)
     env.set_backend(cfg.backend, cfg.backend_options)
     env.set_retry_policy(cfg.retry_policy())
+    env.rollout_timeout = cfg.rollout_timeout  # the whole rollout bounded (local, -w N and hosted alike)
     if cfg.retry_rules:  # which errors retry a rollout: the run's rules (local, -w N and hosted alike)
         from .config import retry_predicate
 
@@ -67,12 +68,19 @@ def check_endpoint(base_url: str, timeout: float = 3.0, key_var: str | None = No
         ) from None
 
 
+DEFAULT_MODEL_REQUEST_TIMEOUT = 600.0
+"""Seconds a model request of an eval may take when neither --rollout-timeout nor the
+endpoint's own `timeout` says (the clients' library default, 3600 s, times the client retries
+was an hour and more of silence on a hanging endpoint)."""
+
+
 def make_run_clients(cfg: EvalConfig, env: Any, check: bool = True) -> list[Any]:
     """One client per endpoint replica. An env that never calls a model
     (`requires_model = False`, e.g. SWE debugging) needs no key and no live endpoint."""
     from ..clients import make_client
 
-    replicas = cfg.client_config.replicas()
+    replicas = [c if "timeout" in c.model_fields_set else c.model_copy(update={"timeout": DEFAULT_MODEL_REQUEST_TIMEOUT})
+                for c in cfg.client_config.replicas()]
     if cfg.rollout_timeout:  # a model request never outlives its rollout (not 3600 s x retries, silently)
         replicas = [c.model_copy(update={"timeout": min(c.timeout, cfg.rollout_timeout),
                                          "connect_timeout": min(c.connect_timeout, cfg.rollout_timeout)})
