@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -30,51 +30,21 @@ from sandboxes.spec import ISOLATIONS, Isolation
 
 from .. import clients as _clients
 from ..clients.config import ClientConfig, EndpointClientConfig
+from . import options as _options
+from .options import Opt
 
-BUILTIN_DEFAULTS: dict[str, Any] = {
-    "num_examples": 5,
-    "rollouts_per_example": 3,
-    "max_concurrent": 32,
-    "model": "openai/gpt-4.1-mini",
-    "api_base_url": "https://api.pinference.ai/api/v1",
-    "api_key_var": "PRIME_API_KEY",
-    "api_client_type": "openai_chat_completions",
-    "endpoints_path": "./configs/endpoints.toml",
-    "env_dir_path": "./environments",
-    "max_retries": 0,
-    "client_max_retries": 2,
-    "timeout_minutes": 120.0,
-    "backend": DEFAULT_BACKEND,
-    "num_workers": 1,
-}
 MAX_TIMEOUT_MINUTES = 1440.0
 DEFAULT_HEADER_FROM_STATE = {"X-Session-ID": "example_id"}
 CLIENT_TYPES = tuple(_clients.CLIENT_TYPES)  # the implemented ones
 
-# Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]]).
-SETTING_KEYS = frozenset(
-    {
-        "name", "env_args", "num_examples", "rollouts_per_example", "extra_env_kwargs", "model", "endpoint_id",
-        "endpoints_path", "api_base_url", "api_key_var", "api_client_type", "sampling_args", "max_tokens",
-        "temperature", "headers", "header", "headers_from_state", "header_from_state", "max_concurrent",
-        "max_concurrent_generation", "max_concurrent_scoring", "max_retries", "independent_scoring",
-        "no_interleave_scoring", "state_columns", "save_results", "output_dir", "env_dir_path", "env",
-        "timeout_minutes", "verbose", "shuffle", "shuffle_seed", "abbreviated_summary", "heartbeat_url",
-        "save_to_hf_hub", "hf_hub_dataset_name", "backend", "backend_options", "num_workers",
-        "retry_initial_delay", "retry_max_delay", "junit_xml", "isolation", "client_max_retries",
-        "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_rules",
-        "hosted", "address", "allow_sandbox_access", "allow_instances_access",
-        "renderer_model_name", "renderer_config", "preserve_all_thinking", "preserve_thinking_between_tool_calls",
-    }
-)
-RENDERER_KEYS = ("renderer_model_name", "renderer_config", "preserve_all_thinking",
-                 "preserve_thinking_between_tool_calls")
-"""ClientConfig settings of api_client_type "renderer" (refused with any other client type)."""
-EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
 ENDPOINT_KEYS = frozenset({"endpoint_id", "model", "url", "key", "api_client_type", "type", "headers", "extra_headers",
                            "api_base_url", "api_key_var"})
 ENDPOINT_LONG_NAMES = {"api_base_url": "url", "api_key_var": "key"}
 """The reference's long field names of an endpoint (ClientConfig's), taken beside the short ones."""
+
+RENDERER_KEYS = ("renderer_model_name", "renderer_config", "preserve_all_thinking",
+                 "preserve_thinking_between_tool_calls")
+"""ClientConfig settings of api_client_type "renderer" (refused with any other client type)."""
 
 
 # client settings that change what a rollout's model sees or returns (the endpoint, keys,
@@ -128,68 +98,191 @@ def retry_predicate(rules: list[RetryRule], max_retries: int):
     return retry_if
 
 
+class ClientSettings(BaseModel):
+    """Settings of the model client and sampling that are not fields of the run definition
+    themselves: they resolve into `EvalConfig.client_config` (with the endpoint registry's
+    entry) and `EvalConfig.sampling_args`."""
+
+    endpoints_path: Annotated[str, Opt("--endpoints-path", "-e", result=False,
+                                       help="TOML endpoints registry \\[default: ./configs/endpoints.toml]")] = \
+        "./configs/endpoints.toml"
+    api_base_url: Annotated[str, Opt("--api-base-url", "-b", result=False,
+                                     help="API base URL \\[default: https://api.pinference.ai/api/v1]")] = \
+        "https://api.pinference.ai/api/v1"
+    api_key_var: Annotated[str, Opt("--api-key-var", "-k", result=False,
+                                    help="Environment variable holding the API key \\[default: PRIME_API_KEY]")] = \
+        "PRIME_API_KEY"
+    api_client_type: Annotated[str, Opt(
+        "--api-client-type",
+        help="openai_chat_completions | openai_completions | openai_responses | openai_chat_completions_token | "
+             "nemorl_chat_completions | renderer (its settings: eval TOML) | anthropic_messages")] = \
+        "openai_chat_completions"
+    headers: Annotated[dict[str, str] | None, Opt(result=False, help="Extra HTTP headers (a table)")] = None
+    header: Annotated[list[str] | None, Opt("--header", result=False,
+                                            help="Extra HTTP header 'Name: Value' (repeatable)")] = None
+    headers_from_state: Annotated[dict[str, str] | None, Opt(result=False, help="Per-request headers taken from the rollout state (header name = state key)")] = None
+    header_from_state: Annotated[list[str] | None, Opt(
+        "--header-from-state", result=False,
+        help="Per-request header 'Name: state_key' (repeatable) \\[default: X-Session-ID: example_id]")] = None
+    max_tokens: Annotated[int | None, Opt("--max-tokens", "-t", help="Maximum tokens to generate")] = None
+    temperature: Annotated[float | None, Opt("--temperature", "-T", help="Sampling temperature")] = None
+    client_max_retries: Annotated[int, Opt(
+        "--client-max-retries", result=False, run_control=True,
+        help="The model API client's own quick retries of one request (SDK max_retries), each logged "
+             "\\[default: 2]")] = 2
+    renderer_model_name: Annotated[str | None, Opt(help="api_client_type renderer: the tokenizer's Hugging Face name (default: the model)")] = None
+    renderer_config: Annotated[Any, Opt(help="api_client_type renderer: the renderer's settings")] = None
+    preserve_all_thinking: Annotated[bool | None, Opt(help="api_client_type renderer: keep every turn's thinking")] = None
+    preserve_thinking_between_tool_calls: Annotated[bool | None, Opt(help="api_client_type renderer: keep thinking between tool calls")] = None
+    env: Annotated[dict[str, Any] | None, Opt(help="v1 envs: [env.taskset] / [env.harness] tables (env_args.config)")] = None
+
+
+class ConsoleOptions(BaseModel):
+    """Options of the `vf-sandbox eval` command that are not part of the run definition
+    (the display, how a run starts, hosted secrets); never recorded."""
+
+    fullscreen: Annotated[bool, Opt("--fullscreen", "-f", toml=False, result=False, run_control=True,
+                                    help="Use the alternate screen for the live display")] = False
+    disable_tui: Annotated[bool, Opt("--disable-tui", "-d", toml=False, result=False, run_control=True,
+                                     help="Plain logs instead of the live display")] = False
+    abbreviated_summary: Annotated[bool, Opt("--abbreviated-summary", "-A", result=False, run_control=True,
+                                             help="Summary without sample rollouts")] = False
+    from_run: Annotated[str | None, Opt(
+        "--from-run", toml=False, result=False, run_control=True,
+        help="Start a NEW run with the definition of a recorded run: a run id or a results directory (explicit "
+             "flags override it; to continue that run use --resume ID)")] = None
+    follow: Annotated[bool, Opt("--follow", toml=False, result=False, run_control=True,
+                                help="Hosted: stream the run's logs until it ends and exit with its status")] = False
+    poll_interval: Annotated[float, Opt("--poll-interval", toml=False, result=False, run_control=True, cli_default=2.0,
+                                        help="Hosted: seconds between status/log polls with --follow")] = 2.0
+    custom_secrets: Annotated[str | None, Opt(
+        "--custom-secrets", toml=False, result=False, run_control=True,
+        help="Hosted: JSON object of secrets injected as environment variables of the run (never recorded)")] = None
+
+
 class EvalConfig(BaseModel):
-    """One fully resolved evaluation (no secrets: keys are variable names)."""
+    """One fully resolved evaluation (no secrets: keys are variable names). The fields
+    carrying an `Opt` marker are the run's settings: their flags, TOML keys and defaults
+    are derived from these declarations (envs.eval.options; docs/configuration.md)."""
 
     env_id: str
-    name: str | None = None
-    env_args: dict[str, Any] = Field(default_factory=dict)
-    env_dir_path: str = "./environments"
-    endpoint_id: str | None = None
-    model: str
+    name: Annotated[str | None, Opt("--eval-name", dest="eval_name", result=False, run_control=True,
+                                    help="Name recorded for this run in the run registry")] = None
+    env_args: Annotated[dict[str, Any], Opt("--env-args", "-a", cli_type=str,
+                                            help="JSON object passed to load_environment() \\[default: {}]")] = Field(default_factory=dict)
+    env_dir_path: Annotated[str, Opt("--env-dir-path", "-p",
+                                     help="Base path of local environments \\[default: ./environments]")] = "./environments"
+    endpoint_id: Annotated[str | None, Opt(result=False, help="An alias of the endpoint registry (-e) to use; set from -m when the model names one")] = None
+    model: Annotated[str, Opt("--model", "-m", help="Model name or endpoint alias \\[default: openai/gpt-4.1-mini]")] = \
+        "openai/gpt-4.1-mini"
     client_config: ClientConfig
-    sampling_args: dict[str, Any] = Field(default_factory=dict)
-    num_examples: int = 5
-    rollouts_per_example: int = 3
-    max_concurrent: int = 32
-    max_concurrent_generation: int | None = None
-    max_concurrent_scoring: int | None = None
-    independent_scoring: bool = False
-    no_interleave_scoring: bool = False
-    extra_env_kwargs: dict[str, Any] = Field(default_factory=dict)
-    max_retries: int = 0
-    verbose: bool = False
-    state_columns: list[str] = Field(default_factory=list)
-    save_results: bool = False
-    output_dir: str | None = None
-    resume: bool = False
-    resume_path: str | None = Field(None, description="--resume REF: a run id (or unique prefix) or a results "
-                                    "directory; None with resume=True: the newest incomplete run of this definition "
-                                    "in the run registry.")
-    extend: bool = Field(False, description="--extend: a resume may add examples (a larger -n) to a completed run.")
-    save_to_hf_hub: bool = False
-    hf_hub_dataset_name: str | None = None
-    timeout_minutes: float = Field(120.0, gt=0, le=MAX_TIMEOUT_MINUTES)
-    heartbeat_url: str | None = None
-    shuffle: bool = False
-    shuffle_seed: int | None = None
+    sampling_args: Annotated[dict[str, Any], Opt("--sampling-args", "-S", cli_type=str,
+                                                 help="JSON object of extra sampling parameters")] = Field(default_factory=dict)
+    num_examples: Annotated[int, Opt("--num-examples", "-n", result=False,
+                                     help="Number of dataset examples \\[default: 5]")] = 5
+    rollouts_per_example: Annotated[int, Opt("--rollouts-per-example", "-r",
+                                             help="Rollouts per example \\[default: 3]")] = 3
+    max_concurrent: Annotated[int, Opt("--max-concurrent", "-c", result=False, run_control=True,
+                                       help="Maximum concurrent rollouts \\[default: 32]")] = 32
+    max_concurrent_generation: Annotated[int | None, Opt("--max-concurrent-generation", result=False,
+                                                         help="Concurrent generation requests \\[default: same as -c]")] = None
+    max_concurrent_scoring: Annotated[int | None, Opt("--max-concurrent-scoring", result=False,
+                                                      help="Concurrent scoring requests \\[default: same as -c]")] = None
+    independent_scoring: Annotated[bool, Opt("--independent-scoring", "-i",
+                                             help="Score each rollout individually")] = False
+    no_interleave_scoring: Annotated[bool, Opt("--no-interleave-scoring", "-N", result=False,
+                                               help="Score after generation instead of per group")] = False
+    extra_env_kwargs: Annotated[dict[str, Any], Opt(
+        "--extra-env-kwargs", "-x", cli_type=list[str],
+        help="Environment settings: a JSON object or key=value[,key=value] (e.g. isolation=gvisor); repeatable, "
+             "merged \\[default: {}]")] = Field(default_factory=dict)
+    max_retries: Annotated[int, Opt("--max-retries", result=False, run_control=True,
+                                    help="Retries of a rollout after an infrastructure or transient model-API error, "
+                                         "each logged \\[default: 0]")] = 0
+    verbose: Annotated[bool, Opt("--verbose", "-v", result=False, run_control=True, help="Debug logging")] = False
+    state_columns: Annotated[list[str], Opt("--state-columns", "-C", cli_type=str,
+                                            help="Extra state columns to save (comma-separated)")] = Field(default_factory=list)
+    save_results: Annotated[bool, Opt("--save-results", "-s", result=False, run_control=True,
+                                      help="Save results to disk")] = False
+    output_dir: Annotated[str | None, Opt("--output-dir", "-o", result=False, run_control=True,
+                                          help="Base output directory \\[default: ./outputs]")] = None
+    resume: Annotated[bool, Opt(toml=False, result=False, help="Set by --resume: continue a run")] = False
+    resume_path: Annotated[str | None, Opt(
+        "--resume", "-R", dest="resume", toml=False, result=False, run_control=True,
+        help="Continue a run: its run id or results directory (alone, it needs no other flag), or, with no value, "
+             "the newest incomplete run of this definition in the run registry; runs exactly its errored and "
+             "missing rollouts")] = Field(None, description="--resume REF: a run id (or unique prefix) or a results "
+                                          "directory; None with resume=True: the newest incomplete run of this "
+                                          "definition in the run registry.")
+    extend: Annotated[bool, Opt("--extend", toml=False, result=False, run_control=True,
+                                help="With --resume: allow a larger -n to add examples to a completed run")] = Field(
+        False, description="--extend: a resume may add examples (a larger -n) to a completed run.")
+    save_to_hf_hub: Annotated[bool, Opt("--save-to-hf-hub", "-H", result=False,
+                                        help="Push results to the Hugging Face Hub")] = False
+    hf_hub_dataset_name: Annotated[str | None, Opt("--hf-hub-dataset-name", "-D", result=False,
+                                                   help="Dataset name on the HF Hub")] = None
+    timeout_minutes: Annotated[float, Opt("--timeout-minutes", result=False, run_control=True,
+                                          help="Stop cleanly after this many minutes \\[default: 120, max 1440]")] = Field(
+        120.0, gt=0, le=MAX_TIMEOUT_MINUTES)
+    heartbeat_url: Annotated[str | None, Opt("--heartbeat-url", result=False,
+                                             help="URL to GET every 30 s while the eval runs (uptime monitoring)")] = None
+    shuffle: Annotated[bool, Opt(help="Shuffle the dataset before taking -n examples")] = False
+    shuffle_seed: Annotated[int | None, Opt(help="Seed of the shuffle")] = None
     # -- beyond the reference: where sandboxes run and how the run is driven
-    backend: str = DEFAULT_BACKEND
-    backend_options: dict[str, Any] = Field(default_factory=dict)
-    num_workers: int = Field(1, ge=1)
-    retry_initial_delay: float = Field(0.5, ge=0)
-    retry_max_delay: float = Field(30.0, ge=0)
+    backend: Annotated[str, Opt("--backend", result=False, run_control=True,
+                                help="Sandbox backend of sandbox-backed envs: docker | local | kubernetes | prime "
+                                     "\\[default: docker]")] = DEFAULT_BACKEND
+    backend_options: Annotated[dict[str, Any], Opt("--backend-options", cli_type=str, result=False, run_control=True,
+                                                   help="JSON object passed to the sandbox backend's constructor")] = \
+        Field(default_factory=dict)
+    num_workers: Annotated[int, Opt("--num-workers", "-w", cli_type=str, cli_default="auto", result=False,
+                                    run_control=True, help="Worker processes sharing the run (auto = 1)")] = Field(1, ge=1)
+    retry_initial_delay: Annotated[float, Opt(result=False, help="Seconds before the first retry (doubling)")] = Field(0.5, ge=0)
+    retry_max_delay: Annotated[float, Opt(result=False, help="Longest wait between retries, in seconds")] = Field(30.0, ge=0)
     # -- honest results (one place for local, -w N and hosted runs)
-    max_error_rate: float = Field(0.0, ge=0, le=1, description="--max-error-rate: share of rollouts that may end in "
-                                  "a model / sandbox / env error and the run still be `completed` (exit 0).")
-    rollout_timeout: float | None = Field(None, gt=0, description="--rollout-timeout: seconds a model request of a "
-                                          "rollout may take (the clients' request timeout, 3600 s otherwise); then "
-                                          "it is a model error (timeout).")
-    endpoint_down_after: int = Field(8, ge=0, description="Consecutive rollouts failing to reach the model endpoint "
-                                     "after which nothing new starts and the run ends `incomplete` (0: never).")
-    retry_rules: list[RetryRule] = Field(default_factory=list, description="Which errors retry a rollout (TOML "
-                                         "[[retry_rules]]); empty: infrastructure and transient model errors "
-                                         "(connection, 429, 5xx). --max-retries is the overall attempt budget.")
-    isolation: Isolation | None = Field(None, description='Kernel boundary of every sandbox of the run: "runc" or '
-                                        '"gvisor"; None = what the environment asks for (runc unless it says gvisor).')
+    max_error_rate: Annotated[float, Opt(
+        "--max-error-rate", result=False, run_control=True,
+        help="Share of rollouts (0..1) that may end in a model / sandbox / env error and the run still be completed "
+             "(exit 0) \\[default: 0]")] = Field(0.0, ge=0, le=1, description="--max-error-rate: share of rollouts "
+                                                 "that may end in a model / sandbox / env error and the run still be "
+                                                 "`completed` (exit 0).")
+    rollout_timeout: Annotated[float | None, Opt(
+        "--rollout-timeout", result=False, run_control=True,
+        help="Seconds a model request of a rollout may take (the request timeout; then: a model error, retried like "
+             "one) \\[default: 3600]")] = Field(None, gt=0, description="--rollout-timeout: seconds a model request "
+                                                "of a rollout may take (the clients' request timeout, 3600 s "
+                                                "otherwise); then it is a model error (timeout).")
+    endpoint_down_after: Annotated[int, Opt(result=False)] = Field(
+        8, ge=0, description="Consecutive rollouts failing to reach the model endpoint after which nothing new "
+        "starts and the run ends `incomplete` (0: never).")
+    retry_rules: Annotated[list[RetryRule], Opt(result=False)] = Field(
+        default_factory=list, description="Which errors retry a rollout (TOML [[retry_rules]]); empty: "
+        "infrastructure and transient model errors (connection, 429, 5xx). --max-retries is the overall attempt "
+        "budget.")
+    isolation: Annotated[Isolation | None, Opt()] = Field(
+        None, description='Kernel boundary of every sandbox of the run: "runc" or "gvisor"; None = what the '
+        'environment asks for (runc unless it says gvisor).')
 
     kind: str = Field("eval", description="The run's kind in the run registry (eval, swe-debug).")
-    junit_xml: str | None = Field(None, description="Also write the results as a JUnit XML report here.")
+    junit_xml: Annotated[str | None, Opt(
+        "--junit-xml", result=False, run_control=True,
+        help="Also write the results as a JUnit XML report (a test case per rollout) for CI")] = Field(
+        None, description="Also write the results as a JUnit XML report here.")
     # -- hosted runs (a Ray job on a cluster; see envs.eval.hosted)
-    hosted: bool = Field(False, description="Run as a Ray job on the cluster at `address`.")
-    address: str | None = Field(None, description="The Ray cluster's dashboard address (http://HOST:8265).")
-    allow_sandbox_access: bool = Field(False, description="Hosted: the run may create sandboxes.")
-    allow_instances_access: bool = Field(False, description="Hosted: the run may create instances/pods (kubernetes, prime).")
+    hosted: Annotated[bool, Opt("--hosted", result=False, run_control=True,
+                                help="Run as a Ray job on a cluster (see --address); needs vf-sandbox[ray]")] = Field(
+        False, description="Run as a Ray job on the cluster at `address`.")
+    address: Annotated[str | None, Opt("--address", result=False, run_control=True,
+                                       help="Hosted: the Ray dashboard address http://HOST:8265 \\[default: "
+                                            "$RAY_ADDRESS]")] = Field(
+        None, description="The Ray cluster's dashboard address (http://HOST:8265).")
+    allow_sandbox_access: Annotated[bool, Opt("--allow-sandbox-access", result=False, run_control=True,
+                                              help="Hosted: allow the run to create sandboxes")] = Field(
+        False, description="Hosted: the run may create sandboxes.")
+    allow_instances_access: Annotated[bool, Opt(
+        "--allow-instances-access", result=False, run_control=True,
+        help="Hosted: allow the run to create instances/pods (kubernetes, prime backends)")] = Field(
+        False, description="Hosted: the run may create instances/pods (kubernetes, prime).")
     custom_secret_names: list[str] = Field(default_factory=list,
                                            description="Hosted: names of the variables injected from --custom-secrets "
                                                        "(the values are never recorded).")
@@ -209,12 +302,7 @@ class EvalConfig(BaseModel):
     def definition_diff(self, other: "EvalConfig") -> list[str]:
         """What differs between two definitions in ways that change a rollout's result
         (run control such as concurrency, output and resume settings is ignored)."""
-        ignore = {"name", "max_concurrent", "max_concurrent_generation", "max_concurrent_scoring", "num_workers",
-                  "verbose", "save_results", "output_dir", "resume", "resume_path", "extend", "save_to_hf_hub",
-                  "hf_hub_dataset_name", "timeout_minutes", "heartbeat_url", "max_retries",
-                  "max_error_rate", "rollout_timeout", "endpoint_down_after", "retry_rules", "retry_initial_delay", "retry_max_delay", "num_examples", "client_config", "endpoint_id",
-                  "no_interleave_scoring", "backend", "backend_options", "junit_xml", "hosted", "address",
-                  "allow_sandbox_access", "allow_instances_access", "custom_secret_names"}
+        ignore = {d.name for d in _options.declared(EvalConfig) if not d.opt.result} | NOT_COMPARED
         mine, theirs = self.public_args(), other.public_args()
         for args in (mine, theirs):  # endpoints may move between attempts; what the client renders may not
             cc = args.get("client_config") or {}
@@ -235,6 +323,41 @@ class EvalConfig(BaseModel):
         data["extra_env_kwargs"] = redact_secrets(data["extra_env_kwargs"])
         return data
 
+
+SETTING_MODELS = (EvalConfig, ClientSettings, ConsoleOptions)
+"""Where the settings are declared: every flag of `vf-sandbox eval` and every TOML key."""
+BUILTIN_DEFAULTS: dict[str, Any] = _options.defaults(EvalConfig, ClientSettings)
+SETTING_KEYS = _options.toml_keys(*SETTING_MODELS)
+"""Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]])."""
+EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
+NOT_COMPARED = frozenset({"client_config", "custom_secret_names"})
+"""Fields of the run definition that resume's definition diff leaves to `CLIENT_RESULT_FIELDS`
+(the endpoint may move) or that only name secrets; every other field is compared unless its
+`Opt` says `result=False`."""
+
+
+REFERENCE_HEADER = """# Configuration reference
+
+[← README](../README.md) · [the run definition](run-definition.md)
+
+Generated from the declarations in `envs/eval/config.py` (`EvalConfig`, `ClientSettings`,
+`ConsoleOptions`: each setting is one pydantic field with an `Opt` marker) by
+`envs.eval.config.configuration_reference()`; `tests/test_setting_surfaces.py` keeps this
+page current. Every setting with a TOML mark is a key of a TOML eval config (top level,
+`[[eval]]`, `[[ablation]]`; an unknown key is refused naming the valid ones); with a TOML
+config or a recorded run (`--from-run`, `--resume RUN`) only the run-control flags apply
+(`-c -w -o -s -R --backend --max-retries --timeout-minutes ...`). "resume compares": a
+different value makes `--resume` refuse to continue the run. `-x key=value` settings are
+each environment's own (`Environment.settable_kwargs()`, see [the run definition](run-definition.md)).
+"""
+
+
+def configuration_reference() -> str:
+    """The text of docs/configuration.md, rendered from the declared settings."""
+    return REFERENCE_HEADER + "\n" + _options.reference_markdown(
+        ("The run definition (EvalConfig)", EvalConfig),
+        ("Model client and sampling (resolved into client_config and sampling_args)", ClientSettings),
+        ("Console and launch (not recorded)", ConsoleOptions))
 
 # --------------------------------------------------------------------------- parsing helpers
 
