@@ -692,9 +692,11 @@ class Environment(ABC):
             if not inside[0] or task is None:
                 return
             st = states[-1] if states else None
-            if st is not None and id(st) in self.__dict__.get("_model_waits", {}):
+            if st is None:  # an env that builds its state without init_state: it cannot say
+                phase.append("unknown")
+            elif id(st) in self.__dict__.get("_model_waits", {}):
                 phase.append("model")
-            elif st is None or not st["timing"].setup.end:
+            elif not st["timing"].setup.end:
                 phase.append("setup")
             else:  # in a tool call, the sandbox's command or the env's own code: the task ran out of time
                 phase.append("task")
@@ -715,6 +717,9 @@ class Environment(ABC):
                     f"model request timed out after {timeout:g}s (--rollout-timeout): no answer within the rollout's time")
             elif phase[0] == "setup":
                 state["error"] = SandboxError(f"rollout setup timed out after {timeout:g}s (--rollout-timeout)")
+            elif phase[0] == "unknown":
+                state["error"] = Error(f"rollout timed out after {timeout:g}s (--rollout-timeout; this environment "
+                                       "does not say whether it waited on the model or the sandbox)")
             else:
                 state["error"] = None
                 state["is_completed"] = True
@@ -722,6 +727,7 @@ class Environment(ABC):
                 self.record_metric(state, "sandbox_timeout", 1.0)
             log.warning("rollout example_id=%s: --rollout-timeout %gs reached (%s)", input.get("example_id"), timeout,
                         {"model": "waiting on the model: a model error", "setup": "in setup: a sandbox error",
+                         "unknown": "an env error",
                          "task": "in a tool call / the sandbox: scored, sandbox_timeout"}[phase[0]])
             return state
         except ModelAuthError:

@@ -769,3 +769,39 @@ def test_model_wait_is_visible_and_default_request_timeout(tmp_path):
     line = next((x for x in res.stderr.splitlines() if "waiting on the model" in x), "")
     assert "1 rollout(s) waiting on the model" in line and "example 0: " in line, res.stderr[-3000:]
     assert "a request gives up after 600s" in line
+
+
+def test_rollout_timeout_verdict_by_phase_in_process():
+    """The rollout timeout's verdict comes from what the rollout was doing: its env's own code
+    (env_response stuck) -> scored, sandbox_timeout 1, stop rollout_timeout; an env that builds
+    its state without init_state -> an env error saying it cannot tell; no timeout set -> the
+    rollout runs to its end."""
+    import envs as vf
+    from envs.environment import Environment
+    from envs.outputs import error_verdict
+    from envs.testing.model_server import ModelServer, Reply
+
+    class Stuck(vf.MultiTurnEnv):
+        async def env_response(self, messages, state, **kw):
+            await asyncio.sleep(60)
+
+    class NoInit(Environment):
+        async def rollout(self, input, client, model, sampling_args=None):
+            await asyncio.sleep(60)
+
+    rows = [{"question": "q", "answer": "a"}]
+    with ModelServer(lambda req: Reply(content="hi")).run_in_thread() as srv:
+        from envs.clients import ClientConfig
+
+        cc = ClientConfig(api_base_url=srv.base_url, api_key_var="EMPTY")
+        env = Stuck(dataset=rows, max_turns=3, rubric=vf.Rubric(funcs=[lambda completion: 0.5]))
+        env.rollout_timeout = 1.0
+        t0 = time.monotonic()
+        (row,) = asyncio.run(env.generate(env.get_eval_inputs(1, 1), cc, "m"))["outputs"]
+        assert time.monotonic() - t0 < 40  # not the 60 s env_response (2 shared cores: client start-up is slow)
+        assert row["stop_condition"] == "rollout_timeout" and row["metrics"]["sandbox_timeout"] == 1.0
+        assert not row["error"] and row["reward"] == 0.5
+        other = NoInit(dataset=rows)
+        other.rollout_timeout = 0.5
+        (row,) = asyncio.run(other.generate(other.get_eval_inputs(1, 1), cc, "m"))["outputs"]
+        assert "rollout timed out after 0.5s" in row["error"] and row["verdict"] == "env", row
