@@ -562,54 +562,71 @@ def _merge_layers(*layers: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[str, list[Endpoint]]] | None = None) -> EvalConfig:
-    """Resolve one eval from merged raw settings (built-in defaults applied here)."""
+    """Resolve one eval from merged raw settings (built-in defaults applied here): the
+    endpoint and client, then the declared fields of `EvalConfig` taken as given."""
     env_id = settings.get("env_id")
     if not env_id:
         raise ConfigError("an eval needs an env_id")
     s = _merge_layers(settings, BUILTIN_DEFAULTS)
+    endpoint_id, model, replicas = _resolve_endpoint(settings, s, endpoints_cache)
+    client_config = _client_config(settings, s, replicas)
+    _check_run_settings(s)
+    resolved = {
+        "env_id": env_id, "kind": s.get("kind", "eval"), "endpoint_id": endpoint_id, "model": model,
+        "client_config": client_config, "sampling_args": _sampling_args(s), "state_columns": _state_columns(s),
+        "extra_env_kwargs": {k: v for k, v in (s.get("extra_env_kwargs") or {}).items() if k != "isolation"},
+        "isolation": _isolation(s), "address": _address(s),
+        "custom_secret_names": sorted(s.get("custom_secret_names") or []),
+    }
+    values: dict[str, Any] = {}
+    for d in _options.declared(EvalConfig):
+        value = s.get(d.name)
+        if d.annotation is bool:
+            values[d.name] = bool(value or False)
+        elif value is not None:
+            values[d.name] = float(value) if _options.without_none(d.annotation) is float else value
+    return EvalConfig(**{**values, **resolved})
+
+
+def _resolve_endpoint(settings: dict[str, Any], s: dict[str, Any],
+                      endpoints_cache: dict[str, dict[str, list[Endpoint]]] | None) -> tuple[str | None, str, list[Endpoint]]:
+    """(endpoint_id, model, the endpoint's replicas) of the eval: `-m` / endpoint_id looked up
+    in the endpoint registries (a bare name with no -b must be an alias there)."""
     cache = endpoints_cache if endpoints_cache is not None else {}
     candidates = endpoint_registries(settings.get("endpoints_path"))
     for path in candidates:
         if str(path) not in cache:
             cache[str(path)] = load_endpoints(path)
-
     endpoint_id = settings.get("endpoint_id")
     model = s["model"]
     wanted = endpoint_id if endpoint_id is not None else model
     found = next((p for p in candidates if wanted in cache[str(p)]), None)
-    endpoints_path = str(found or next((p for p in candidates if p.exists()), candidates[0]))
-    replicas: list[Endpoint] = []
     if found is not None:
-        endpoint_id = wanted
         replicas = cache[str(found)][wanted]
-    elif endpoint_id is not None or (not settings.get("api_base_url") and is_alias_like(model)):
+        return wanted, replicas[0].model, replicas
+    if endpoint_id is not None or (not settings.get("api_base_url") and is_alias_like(model)):
         # a bare name with no -b is an endpoint alias: never send it to the default hosted endpoint
         known = sorted({k for p in candidates for k in cache[str(p)]})
         raise ConfigError(unknown_endpoint_message(wanted, candidates, known))
+    return endpoint_id, model, []
 
-    headers: dict[str, str] = {}
+
+def _client_config(settings: dict[str, Any], s: dict[str, Any], replicas: list[Endpoint]) -> ClientConfig:
+    """The model client of the eval: the endpoint's entry under the explicit settings."""
     client_type = settings.get("api_client_type")
     if replicas:
-        model = replicas[0].model
         client_type = client_type or replicas[0].api_client_type
         base_url = settings.get("api_base_url") or replicas[0].url
         key_var = settings.get("api_key_var") or replicas[0].key
-        headers.update(replicas[0].headers)
     else:
-        base_url = s["api_base_url"]
-        key_var = s["api_key_var"]
+        base_url, key_var = s["api_base_url"], s["api_key_var"]
     client_type = client_type or BUILTIN_DEFAULTS["api_client_type"]
     if client_type not in CLIENT_TYPES:
         try:
             _clients.check_client_type(client_type)
         except ConfigError as exc:
             raise ConfigError(f"api_client_type: {exc}") from None
-    headers.update({str(k): str(v) for k, v in (s.get("headers") or {}).items()})
-    headers.update(parse_header_lines(s.get("header"), "header"))
-    from_state = dict(DEFAULT_HEADER_FROM_STATE)
-    from_state.update({str(k): str(v) for k, v in (s.get("headers_from_state") or {}).items()})
-    from_state.update(parse_header_lines(s.get("header_from_state"), "header_from_state"))
-
+    headers, from_state = _headers(s, replicas)
     client_retries = s.get("client_max_retries", BUILTIN_DEFAULTS["client_max_retries"])
     if isinstance(client_retries, bool) or not isinstance(client_retries, int) or client_retries < 0:
         raise ConfigError(f"client_max_retries must be an integer >= 0, got {client_retries!r}")
@@ -624,29 +641,42 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
     if renderer and client_type != "renderer":
         raise ConfigError(f"{', '.join(renderer)}: settings of api_client_type 'renderer', not {client_type!r}")
     try:
-        client_config = ClientConfig(
-            client_type=client_type,
-            api_key_var=key_var,
-            api_base_url=base_url,
-            endpoint_configs=endpoint_configs,
-            extra_headers=headers,
-            extra_headers_from_state=from_state,
-            max_retries=client_retries,
-            **renderer,
-        )
+        return ClientConfig(client_type=client_type, api_key_var=key_var, api_base_url=base_url,
+                            endpoint_configs=endpoint_configs, extra_headers=headers,
+                            extra_headers_from_state=from_state, max_retries=client_retries, **renderer)
     except ValueError as exc:
         raise ConfigError(f"client settings: {exc}") from None
 
+
+def _headers(s: dict[str, Any], replicas: list[Endpoint]) -> tuple[dict[str, str], dict[str, str]]:
+    """(extra headers, headers from state): the endpoint's, then `headers` / `header` lines."""
+    headers: dict[str, str] = dict(replicas[0].headers) if replicas else {}
+    headers.update({str(k): str(v) for k, v in (s.get("headers") or {}).items()})
+    headers.update(parse_header_lines(s.get("header"), "header"))
+    from_state = dict(DEFAULT_HEADER_FROM_STATE)
+    from_state.update({str(k): str(v) for k, v in (s.get("headers_from_state") or {}).items()})
+    from_state.update(parse_header_lines(s.get("header_from_state"), "header_from_state"))
+    return headers, from_state
+
+
+def _sampling_args(s: dict[str, Any]) -> dict[str, Any]:
     sampling = dict(s.get("sampling_args") or {})
     if s.get("max_tokens") is not None:
         sampling["max_tokens"] = s["max_tokens"]
     if s.get("temperature") is not None:
         sampling["temperature"] = s["temperature"]
+    return sampling
 
+
+def _state_columns(s: dict[str, Any]) -> list[str]:
     state_columns = s.get("state_columns") or []
     if isinstance(state_columns, str):
         state_columns = [c.strip() for c in state_columns.split(",") if c.strip()]
+    return list(state_columns)
 
+
+def _check_run_settings(s: dict[str, Any]) -> None:
+    """Checks of the run's numbers and choices, with messages naming the setting (and flag)."""
     for key in ("num_examples", "rollouts_per_example", "max_concurrent"):
         value = s[key]
         if not isinstance(value, int) or isinstance(value, bool):
@@ -658,9 +688,8 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         raise ConfigError("rollouts_per_example must be >= 1")
     if s["max_concurrent"] == 0:
         raise ConfigError("max_concurrent must be positive (or -1 for unlimited)")
-    backend = s["backend"]
-    if backend not in backend_names():
-        raise ConfigError(f"unknown sandbox backend {backend!r}; known: {', '.join(backend_names())}")
+    if s["backend"] not in backend_names():
+        raise ConfigError(f"unknown sandbox backend {s['backend']!r}; known: {', '.join(backend_names())}")
     if not isinstance(s.get("backend_options") or {}, dict):
         raise ConfigError("backend_options must be a table / JSON object")
     timeout = s["timeout_minutes"]
@@ -673,62 +702,16 @@ def build_eval_config(settings: dict[str, Any], endpoints_cache: dict[str, dict[
         raise ConfigError("--no-interleave-scoring/-N needs every rollout in one process; it cannot be combined with -w > 1")
     if s.get("hosted") and s.get("no_interleave_scoring"):
         raise ConfigError("--no-interleave-scoring/-N needs every rollout in one process; it cannot be combined with --hosted")
-    hosted = bool(s.get("hosted", False))
-    address = s.get("address")
-    if hosted:
-        address = normalise_address(address or os.environ.get("RAY_ADDRESS"))
-    isolation = _isolation(s)
     max_retries = s.get("max_retries", 0)
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")
 
-    return EvalConfig(
-        env_id=env_id,
-        name=s.get("name"),
-        env_args=dict(s.get("env_args") or {}),
-        env_dir_path=s["env_dir_path"],
-        endpoint_id=endpoint_id,
-        model=model,
-        client_config=client_config,
-        sampling_args=sampling,
-        num_examples=s["num_examples"],
-        rollouts_per_example=s["rollouts_per_example"],
-        max_concurrent=s["max_concurrent"],
-        max_concurrent_generation=s.get("max_concurrent_generation"),
-        max_concurrent_scoring=s.get("max_concurrent_scoring"),
-        heartbeat_url=s.get("heartbeat_url"),
-        independent_scoring=bool(s.get("independent_scoring", False)),
-        no_interleave_scoring=bool(s.get("no_interleave_scoring", False)),
-        extra_env_kwargs={k: v for k, v in (s.get("extra_env_kwargs") or {}).items() if k != "isolation"},
-        max_retries=max_retries,
-        verbose=bool(s.get("verbose", False)),
-        state_columns=list(state_columns),
-        save_results=bool(s.get("save_results", False)),
-        output_dir=s.get("output_dir"),
-        resume=bool(s.get("resume", False)),
-        resume_path=s.get("resume_path"),
-        extend=bool(s.get("extend", False)),
-        save_to_hf_hub=bool(s.get("save_to_hf_hub", False)),
-        hf_hub_dataset_name=s.get("hf_hub_dataset_name"),
-        timeout_minutes=float(timeout),
-        shuffle=bool(s.get("shuffle", False)),
-        shuffle_seed=s.get("shuffle_seed"),
-        backend=backend,
-        backend_options=dict(s.get("backend_options") or {}),
-        num_workers=workers,
-        isolation=isolation,
-        **{k: float(s[k]) for k in ("retry_initial_delay", "retry_max_delay", "max_error_rate", "rollout_timeout")
-           if s.get(k) is not None},
-        **({"endpoint_down_after": int(s["endpoint_down_after"])} if s.get("endpoint_down_after") is not None else {}),
-        **({"retry_rules": list(s["retry_rules"])} if s.get("retry_rules") else {}),
-        kind=s.get("kind", "eval"),
-        junit_xml=s.get("junit_xml"),
-        hosted=hosted,
-        address=address,
-        allow_sandbox_access=bool(s.get("allow_sandbox_access", False)),
-        allow_instances_access=bool(s.get("allow_instances_access", False)),
-        custom_secret_names=sorted(s.get("custom_secret_names") or []),
-    )
+
+def _address(s: dict[str, Any]) -> str | None:
+    """A hosted run's Ray address (the setting, else $RAY_ADDRESS), normalised."""
+    if not s.get("hosted"):
+        return s.get("address")
+    return normalise_address(s.get("address") or os.environ.get("RAY_ADDRESS"))
 
 
 def normalise_address(address: str | None) -> str:

@@ -80,7 +80,7 @@ def defaults(*models: type[BaseModel]) -> dict[str, Any]:
             if d.default is not PydanticUndefined and d.default is not None and not isinstance(d.default, bool)}
 
 
-def _without_none(annotation: Any) -> Any:
+def without_none(annotation: Any) -> Any:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1:
@@ -93,7 +93,7 @@ def cli_parameter(d: Declared) -> inspect.Parameter:
     any other is Optional (None: not given) unless the flag has its own default."""
     import typer
 
-    kind = d.opt.cli_type if d.opt.cli_type is not None else _without_none(d.annotation)
+    kind = d.opt.cli_type if d.opt.cli_type is not None else without_none(d.annotation)
     if kind is bool:
         annotation, default = bool, False
     elif d.opt.cli_default is not None:
