@@ -138,12 +138,13 @@ END_GRACE = 0.0  # seconds the groups finishing right then get once the endpoint
 
 
 async def run_until_endpoint_down(gen: Any, watch: EndpointWatch) -> None:
-    """-w N and hosted runs (whose rollouts run in other processes): await the run's rollouts
+    """Hosted runs (whose rollouts run on Ray actors): await the run's rollouts
     (`gen`), or -- the endpoint is down -- stop: groups finishing within END_GRACE are kept,
     the rest is cancelled like a stopped run's (those rollouts could not reach the model
     either: they are "not run", and `--resume` runs them). A longer grace would let the run
     start new rollouts that fail at once, burning the dataset. A local run instead closes
-    its env's `start_gate`: nothing new starts, the rollouts in flight finish."""
+    its env's `start_gate` (-w N: no group is sent to a worker any more): nothing new
+    starts, the rollouts in flight finish."""
     task = asyncio.ensure_future(gen)
     down = asyncio.ensure_future(watch.event.wait())
     try:
@@ -373,7 +374,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
 
             from .workers import generate_in_workers
 
-            gen = generate_in_workers(cfg, todo, on_group, sandbox_run_id())
+            gen = generate_in_workers(cfg, todo, on_group, sandbox_run_id(), stop_starting=watch.event.is_set)
         elif todo:
             # the endpoint down: no new rollout starts, those in flight finish (they fail fast if it
             # is still down, or succeed if it came back) and are recorded with their real verdicts
@@ -394,7 +395,7 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
         if todo:
             try:
                 async with asyncio.timeout(cfg.timeout_minutes * 60):
-                    if cfg.hosted or cfg.num_workers > 1:
+                    if cfg.hosted:
                         await run_until_endpoint_down(gen, watch)
                     else:
                         await gen

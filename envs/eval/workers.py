@@ -202,9 +202,12 @@ class _Worker:
 
 
 async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
-                              sandbox_run_id: str) -> None:
+                              sandbox_run_id: str, stop_starting: Callable[[], bool] | None = None) -> None:
     """Run `inputs` (grouped by example_id) on `cfg.num_workers` worker processes,
-    awaiting `on_group(rows)` in this process for every finished group."""
+    awaiting `on_group(rows)` in this process for every finished group. Once
+    `stop_starting()` is true (the model endpoint is down) no group is sent any more: the
+    groups the workers hold finish, and the run ends with the rest not run."""
+    stopping = stop_starting or (lambda: False)
     groups = GroupDispatcher(inputs, per_worker_concurrency(cfg))
     if not groups.remaining:
         return
@@ -239,12 +242,14 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         loop.add_reader(parent.fileno(), readable)
 
     def feed(w: _Worker) -> None:
+        if stopping():
+            return
         for gid, group in groups.take(w):
             if not _send(w, {"group": gid, "inputs": group}):
                 return  # it died: its EOF arrives as an event, and its groups go back then
 
     try:
-        while groups.remaining:
+        while groups.remaining and not (stopping() and not groups.holding):
             w, msg = await events.get()
             if msg is None:  # the worker died (or closed its pipe)
                 if w.gone:
@@ -273,7 +278,8 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
             if not w.gone:
                 _send(w, {"stop": True})
     finally:
-        killed = await _shut_down(workers, groups, events, on_group, stopping=groups.remaining > 0)
+        killed = await _shut_down(workers, groups, events, on_group,  # endpoint down, nothing held: a plain stop
+                                  stopping=groups.remaining > 0 and (groups.holding > 0 or not stopping()))
         if killed:  # a worker that did not stop could not delete its sandboxes: the runner does
             await asyncio.shield(_delete_left_behind(cfg, sandbox_run_id))
 
