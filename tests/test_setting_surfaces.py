@@ -40,7 +40,7 @@ def test_every_toml_key_is_declared_exactly_once():
     assert C.SETTING_KEYS == frozenset(names)
     # the run definition's own fields are all declared, except the resolved / derived ones
     undeclared = set(C.EvalConfig.model_fields) - {d.name for d in declared(C.EvalConfig)}
-    assert undeclared == {"env_id", "client_config", "kind", "custom_secret_names"}
+    assert undeclared == {"env_id", "client_config", "kind", "custom_secret_names", "run_id"}
     # the built-in defaults are the declared fields' defaults
     assert C.BUILTIN_DEFAULTS["num_examples"] == C.EvalConfig.model_fields["num_examples"].default == 5
     assert C.BUILTIN_DEFAULTS["api_key_var"] == "PRIME_API_KEY"
@@ -94,3 +94,19 @@ def test_configuration_reference_is_current():
     assert doc.read_text() == C.configuration_reference(), (
         "docs/configuration.md is stale: regenerate it with python -c 'from envs.eval.config import "
         "configuration_reference as r; open(\"docs/configuration.md\", \"w\").write(r())'")
+
+
+def test_the_run_id_travels_in_the_definition(tmp_path):
+    """A chosen run id is part of the run definition (no process global / environment
+    variable needed): a new run takes it; resume's diff ignores it; --from-run drops it."""
+    from envs.eval.hosted_job import HostedJobSpec, prepare
+    from envs.eval.resume import new_run
+
+    cfg = C.build_eval_config({"env_id": "gsm8k", "model": "openai/x", "output_dir": str(tmp_path)})
+    assert cfg.run_id is None and len(new_run(cfg)[0]) == 12
+    chosen = cfg.model_copy(update={"run_id": "abcdef123456"})
+    rid, path = new_run(chosen)
+    assert rid == "abcdef123456" and path.name == rid
+    assert chosen.definition_diff(cfg) == []
+    spec = HostedJobSpec(config=cfg, run_id="0123456789ab", job_id="j1")
+    assert prepare(spec, tmp_path).run_id == "0123456789ab"

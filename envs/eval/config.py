@@ -286,6 +286,9 @@ class EvalConfig(BaseModel):
     custom_secret_names: list[str] = Field(default_factory=list,
                                            description="Hosted: names of the variables injected from --custom-secrets "
                                                        "(the values are never recorded).")
+    run_id: str | None = Field(None, description="The run's id in the run registry (and its results directory's "
+                               "name) when the caller chose it (a hosted job: the id its submitter recorded); None: a "
+                               "fresh id when the run starts. Never carried over by --from-run.")
 
     model_config = {"extra": "forbid"}
 
@@ -330,7 +333,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = _options.defaults(EvalConfig, ClientSettings)
 SETTING_KEYS = _options.toml_keys(*SETTING_MODELS)
 """Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]])."""
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
-NOT_COMPARED = frozenset({"client_config", "custom_secret_names"})
+NOT_COMPARED = frozenset({"client_config", "custom_secret_names", "run_id"})
 """Fields of the run definition that resume's definition diff leaves to `CLIENT_RESULT_FIELDS`
 (the endpoint may move) or that only name secrets; every other field is compared unless its
 `Opt` says `result=False`."""
@@ -971,7 +974,7 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None, flag: 
         logging.getLogger("envs.eval").warning(
             "--from-run: header value(s) %s were not recorded (they may hold secrets); running without them",
             ", ".join(sorted(set(dropped))))
-    for key in ("resume", "resume_path", "extend"):  # a rerun is a new run unless asked to resume
+    for key in ("resume", "resume_path", "extend", "run_id"):  # a rerun is a new run unless asked to resume
         data.pop(key, None)
     overrides = dict(overrides or {})
     client_retries = overrides.pop("client_max_retries", None)

@@ -92,7 +92,8 @@ def prepare(spec: HostedJobSpec, results_root: Path) -> EvalConfig:
     base.mkdir(parents=True, exist_ok=True)
     cfg = spec.config
     update: dict[str, object] = {"output_dir": str(base), "save_results": True, "junit_xml": None,
-                                 "resume": False, "resume_path": None}
+                                 "resume": False, "resume_path": None,
+                                 "run_id": spec.run_id}  # the id the submitter recorded: it travels in the definition
     shipped = Path(RESUME_DIR)
     if spec.resume and (shipped / "results.jsonl").exists() and (shipped / "metadata.json").exists():
         run_dir = env_model_dir(base, cfg.env_id, cfg.model) / spec.run_id

@@ -66,10 +66,10 @@ def run_dir_for(cfg: EvalConfig, run_id: str) -> Path:
 
 
 def new_run(cfg: EvalConfig) -> tuple[str, Path]:
-    """A fresh run id and its results directory (not created)."""
+    """The run's id (the definition's `run_id`, else a fresh one) and its results directory (not created)."""
     from ..runs.registry import new_run_id
 
-    rid = new_run_id()
+    rid = cfg.run_id or new_run_id()
     return rid, run_dir_for(cfg, rid)
 
 
