@@ -248,10 +248,12 @@ class EvalConfig(BaseModel):
                                                  "`completed` (exit 0).")
     rollout_timeout: Annotated[float | None, Opt(
         "--rollout-timeout", result=False, run_control=True,
-        help="Seconds a model request of a rollout may take (the request timeout; then: a model error, retried like "
-             "one) \\[default: 3600]")] = Field(None, gt=0, description="--rollout-timeout: seconds a model request "
-                                                "of a rollout may take (the clients' request timeout, 3600 s "
-                                                "otherwise); then it is a model error (timeout).")
+        help="Seconds a whole rollout may take (model calls, tool calls, env code; its scoring as much again): "
+             "then it ends, its sandbox deleted: a model error when it waited on the model, else its result "
+             "(scored, sandbox_timeout) \\[default: none; a model request gives up after 600 s]")] = Field(
+        None, gt=0, description="--rollout-timeout: seconds a whole rollout may take (then a model error when it "
+        "waited on the model, a sandbox error in setup, else the rollout's result: scored, sandbox_timeout 1, stop "
+        "rollout_timeout); None: no bound, a model request gives up after 600 s (envs.eval.setup).")
     endpoint_down_after: Annotated[int, Opt(result=False)] = Field(
         8, ge=0, description="Consecutive rollouts failing to reach the model endpoint after which nothing new "
         "starts and the run ends `incomplete` (0: never).")
