@@ -163,6 +163,13 @@ def _operation_retry(kwargs: dict[str, Any]) -> RetryPolicy | None:
         raise ConfigError(f"invalid sandbox retry settings: {exc}") from exc
 
 
+_SPEC = SandboxSpec()
+"""SandboxEnv's sandbox arguments are a view onto SandboxSpec: its defaults (the reference
+names: `docker_image` = `image`, ...); the env's own differ only in `sandbox_name`
+("sandbox-env", also the default label) and `rollout_isolation` ("auto": a cell per
+rollout where the backend offers cells)."""
+
+
 class SandboxRollout:
     """Live per-rollout resources (kept out of `state`, which must stay JSON-able)."""
 
@@ -184,14 +191,14 @@ class SandboxEnv(StatefulToolEnv):
     def __init__(
         self,
         sandbox_name: str = "sandbox-env",
-        docker_image: str = "python:3.11-slim",
-        start_command: str = "tail -f /dev/null",
-        cpu_cores: int = 1,
-        memory_gb: int = 2,
-        disk_size_gb: int = 5,
-        gpu_count: int = 0,
-        timeout_minutes: int = 60,
-        timeout_per_command_seconds: int = 30,
+        docker_image: str = _SPEC.image,
+        start_command: str = _SPEC.start_command,
+        cpu_cores: float = _SPEC.cpu_cores,
+        memory_gb: float = _SPEC.memory_gb,
+        disk_size_gb: float = _SPEC.disk_size_gb,
+        gpu_count: int = _SPEC.gpu_count,
+        timeout_minutes: float = _SPEC.timeout_minutes,
+        timeout_per_command_seconds: float = _SPEC.timeout_per_command_seconds,
         environment_vars: dict[str, str] | None = None,
         team_id: str | None = None,
         advanced_configs: Any | None = None,
@@ -203,8 +210,8 @@ class SandboxEnv(StatefulToolEnv):
         persistent_shell: bool = True,
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         workdir: str | None = None,
-        network: bool = False,
-        isolation: str = "runc",
+        network: bool = _SPEC.network,
+        isolation: str = _SPEC.isolation,
         rollout_isolation: str = "auto",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
+from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.spec import Isolation, RolloutIsolation
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
@@ -161,7 +162,7 @@ class _Clock:
 async def run_debug(
     taskset: SandboxTaskSet,
     inst: Any,
-    backend: SandboxBackend,
+    backend: SandboxBackend | RolloutSandboxes,
     opts: DebugOptions,
     *,
     step: DebugStep | None = None,
@@ -171,10 +172,13 @@ async def run_debug(
     """Run one rollout of `inst` with `opts` (or `step` overriding opts.debug_step).
 
     Raises InfraError (sandbox trouble: retry on a fresh sandbox) and
-    UsageError (bad options); everything else is in the outcome. `live`, when
-    given, holds the sandbox from its creation until its delete has finished,
-    so that an owner cancelled meanwhile (Ctrl-C) can delete what is left.
+    UsageError (bad options); everything else is in the outcome. `backend` is the
+    run's sandbox lifecycle (`RolloutSandboxes`: SWEDebugEnv's; it holds the sandbox
+    until released and deletes what is left when closed) or a bare backend (the
+    CLI's). `live`, when given, holds the sandbox from its creation until its delete
+    has finished, so that an owner cancelled meanwhile (Ctrl-C) can delete what is left.
     """
+    lifecycle = backend if isinstance(backend, RolloutSandboxes) else None
     step = step or opts.debug_step
     start = time.perf_counter()
     out = DebugOutcome(instance_id=taskset.instance_id(inst), step=step, valid=False, reason="sandbox_error")
@@ -204,7 +208,7 @@ async def run_debug(
     sandbox: Sandbox | None = None
     try:
         try:
-            sandbox = await backend.create(spec)
+            sandbox = await (lifecycle.acquire(spec) if lifecycle is not None else backend.create(spec))
         except UsageError as exc:  # ImageNotFound / ConfigError: the instance cannot run here
             out.reason, out.detail = "setup_failed", f"sandbox: {type(exc).__name__}: {exc}"[:4000]
             return out
@@ -222,7 +226,7 @@ async def run_debug(
         if sandbox is not None:
             clock.lap()
             try:
-                await asyncio.shield(sandbox.delete())
+                await asyncio.shield(lifecycle.release(sandbox) if lifecycle is not None else sandbox.delete())
                 if live is not None:
                     live.pop(sandbox.id, None)
             except InfraError:

@@ -20,7 +20,6 @@ are spent the row carries that infra error (and the verdict reason
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any, Literal
 
@@ -30,8 +29,9 @@ from envs.decorators import teardown
 from envs.environment import EnvSettings, Environment
 from envs.rubrics.rubric import Rubric
 from envs.types import RolloutInput, SamplingArgs, State
-from sandboxes import Sandbox, UsageError, find_infra_error, get_backend
-from sandboxes.spec import RolloutIsolation
+from sandboxes import UsageError, find_infra_error
+from sandboxes.rollouts import RolloutSandboxes
+from sandboxes.spec import RolloutIsolation, SandboxSpec
 
 from .debug import DebugOptions, DebugOutcome, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
@@ -114,9 +114,10 @@ class SWEDebugEnv(Environment):
         self.check_fails_before = check_fails_before
         self.repeat = repeat
         self.input_errors = list(input_errors or [])
-        self._backend: Any = None
-        self._old_backends: list[Any] = []
-        self._live: dict[str, Sandbox] = {}  # sandboxes created and not yet deleted
+        # the run's sandboxes come from the one lifecycle: each instance's own spec (its image),
+        # created per rollout (no warm pool), held until deleted, what is left deleted at teardown
+        self.sandboxes = RolloutSandboxes(SandboxSpec(name="swe-debug"), pool_size=0)
+        self._backend_seen: Any = None  # the backend the taskset was told about
         self._by_id = {taskset.instance_id(i): i for i in taskset.instances()}
         if dataset is None:
             dataset = [self._row(i) for i in taskset.instances()]
@@ -131,18 +132,18 @@ class SWEDebugEnv(Environment):
 
     # ------------------------------------------------------------------ configuration
     def set_backend(self, name: Any, options: dict[str, Any] | None = None) -> None:
-        """Use this sandbox backend (a registered name or an instance) from the next rollout on."""
-        if self._backend is not None:
-            self._old_backends.append(self._backend)  # closed at teardown (it may still hold sandboxes)
-            self._backend = None
+        """Use this sandbox backend (a registered name or an instance): applies before the first
+        sandbox, refused with a different one after (`RolloutSandboxes.set_backend`)."""
+        self.sandboxes.set_backend(name, options)
         super().set_backend(name, options)
 
     @property
     def backend(self) -> Any:
-        if self._backend is None:
-            self._backend = get_backend(self.sandbox_backend, **self.sandbox_backend_options)
-            self.taskset.use_backend(self._backend)  # e.g. whether its images are this engine's
-        return self._backend
+        backend = self.sandboxes.backend
+        if backend is not self._backend_seen:
+            self._backend_seen = backend
+            self.taskset.use_backend(backend)  # e.g. whether its images are this engine's
+        return backend
 
     # sandbox settings (`-x` / extra_env_kwargs); the image is the instance's own
     Settings = SWEDebugSettings
@@ -215,7 +216,8 @@ class SWEDebugEnv(Environment):
     async def verify(self, inst: Any) -> dict[str, Any]:
         """The verdict on one instance: image, optional run without the patch, then
         `repeat` runs of the debug step and tests. Raises InfraError (sandbox trouble)."""
-        opts, live, backend = self.options, self._live, self.backend  # the backend first: prepare depends on it
+        self.backend  # made first: prepare depends on it (taskset.use_backend)
+        opts, sandboxes = self.options, self.sandboxes
         t_img = time.perf_counter()
         try:  # the image (host side) once per rollout; a broken build is the instance's fault
             prepared = await self.taskset.prepare(inst)
@@ -228,9 +230,8 @@ class SWEDebugEnv(Environment):
         before: DebugOutcome | None = None
         try:
             if self.check_fails_before:
-                before = await run_debug(self.taskset, inst, backend, opts, step="none", prepared=prepared,
-                                         live=live)
-            outcomes = [await run_debug(self.taskset, inst, backend, opts, prepared=prepared, live=live)
+                before = await run_debug(self.taskset, inst, sandboxes, opts, step="none", prepared=prepared)
+            outcomes = [await run_debug(self.taskset, inst, sandboxes, opts, prepared=prepared)
                         for _ in range(self.repeat)]
         finally:
             await asyncio.shield(self.taskset.release(inst, prepared))  # the image may go (keep_images)
@@ -263,16 +264,10 @@ class SWEDebugEnv(Environment):
 
     @teardown
     async def close_backend(self) -> None:
-        """Delete the sandboxes of interrupted rollouts, then close the backend(s)."""
-        backends = [b for b in (*self._old_backends, self._backend) if b is not None]
-        self._old_backends, self._backend = [], None
-        if self._live and backends:
-            ids, self._live = list(self._live), {}
-            with contextlib.suppress(Exception):
-                await backends[-1].delete_many(ids=ids)
-        for b in backends:
-            with contextlib.suppress(Exception):
-                await b.close()
+        """Delete the sandboxes of interrupted rollouts, then close the backend
+        (`RolloutSandboxes.close`)."""
+        await self.sandboxes.close()
+        self._backend_seen = None
 
 
 def load_environment(

@@ -55,14 +55,14 @@ async def test_killed_cell_host_retries_land_on_a_new_host_and_the_run_completes
     killed: list[str] = []
     acquired: list[tuple[str, bool]] = []  # (sandbox id, known gone when handed out)
     kill_at: list[int] = []
-    acquire = env._acquire
+    acquire = env.sandboxes.acquire  # the run's one sandbox lifecycle
 
-    async def recording_acquire(spec, state):
-        sb, pooled = await acquire(spec, state)
+    async def recording_acquire(*args, **kwargs):
+        sb = await acquire(*args, **kwargs)
         acquired.append((sb.id, sb.known_gone()))
-        return sb, pooled
+        return sb
 
-    env._acquire = recording_acquire
+    env.sandboxes.acquire = recording_acquire
 
     def second_call(req: PolicyRequest) -> dict:
         if not killed:

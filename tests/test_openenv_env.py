@@ -223,7 +223,7 @@ async def test_server_that_never_starts_is_infra_error_with_log_tail(breakable, 
     err = state.get("error")
     assert isinstance(err, ServerStartError) and is_infra_error(err)
     assert "vf-marker-7731" in str(err)  # the server's own traceback, from its log tail
-    assert len(env.start_gate.starts) == 2  # retried once on a fresh sandbox, then given up
+    assert len(env.server_gate.starts) == 2  # retried once on a fresh sandbox, then given up
     assert time.monotonic() - t0 < 120  # the dead process is noticed, not waited out (90 s each)
     assert srv.count == 0  # the model was never asked
 
@@ -250,7 +250,7 @@ async def test_a_failed_server_start_is_retried_on_a_fresh_sandbox(breakable, ru
                              labels={LABEL: run_label})
             state = await _rollout(env, srv)
         assert state.get("error") is None, state.get("error")
-        assert len(backend.specs) == 2 and len(env.start_gate.starts) == 2
+        assert len(backend.specs) == 2 and len(env.server_gate.starts) == 2
         assert state["prompt"][0]["content"].startswith("Say something: Echo Env environment ready!")  # reset served
     finally:
         await backend.close()
@@ -271,7 +271,7 @@ async def test_server_starts_are_admitted_a_few_at_a_time(built, run_label):
             await env.teardown()
     assert [s.get("error") for s in states] == [None] * 6
     assert all(s["prompt"][0]["content"].startswith("Say something: Echo Env") for s in states)
-    assert env.start_gate.peak == 2 and len(env.start_gate.starts) == 6
+    assert env.server_gate.peak == 2 and len(env.server_gate.starts) == 6
 
 
 async def test_contract_mismatch_names_both_sides(built, run_label, tmp_path):

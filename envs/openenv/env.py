@@ -40,7 +40,7 @@ from typing import Any
 
 from sandboxes.errors import ConfigError, InfraError, ServerStartError
 from sandboxes.interface import Sandbox, SandboxBackend
-from sandboxes.registry import get_backend
+from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.retry import RetryPolicy, retry_infra
 from sandboxes.spec import SandboxSpec
 
@@ -118,11 +118,11 @@ class OpenEnvEnv(MultiTurnEnv):
         self.backend_options = dict(backend_options or {})
         self.publish_port = publish_port
         self.startup_timeout = startup_timeout
-        self.start_gate = StartGate(max_concurrent_starts)  # None: one start per CPU core at once
+        self.server_gate = StartGate(max_concurrent_starts)  # None: one start per CPU core at once
         self.start_retry = RetryPolicy(attempts=max(1, int(start_attempts)), initial_delay=1.0)
         self.step_timeout = step_timeout
         self.python = python
-        self.sandbox_spec = SandboxSpec(
+        spec = SandboxSpec(
             image=image or self.manifest.image,
             name=f"openenv-{self.manifest.environment_id}"[:40],
             cpu_cores=cpu_cores,
@@ -132,6 +132,9 @@ class OpenEnvEnv(MultiTurnEnv):
             labels={**SandboxSpec(labels=labels or {}).labels, "vf-sandbox.openenv": self.manifest.environment_id},
             network=publish_port,
         )
+        # the run's sandboxes come from the one lifecycle: a fresh container per server start, no warm
+        # pool (a server's start is the rollout's), deleted at cleanup, what is left at teardown
+        self.sandboxes = RolloutSandboxes(spec, backend, self.backend_options, pool_size=0)
         env_id = self.manifest.environment_id
         train = [{"prompt": [], "info": {"seed": seed + i}, "task": env_id} for i in range(num_train_examples)]
         evals = [
@@ -145,18 +148,24 @@ class OpenEnvEnv(MultiTurnEnv):
             max_turns=max_turns,
             **kwargs,
         )
-        self._backend: SandboxBackend | None = None
-        self._live: dict[str, Sandbox] = {}  # sandbox id -> handle, until deleted
         self._register_atexit()
 
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
-        """Use the run's backend (an instance given to the constructor is kept)."""
+        """Use the run's backend: applies before the first sandbox, refused with a different one
+        after (`RolloutSandboxes.set_backend`); an instance given to the constructor is kept."""
+        self.sandboxes.set_backend(backend, options)
         super().set_backend(backend, options)
-        if self.backend_spec is not None and not isinstance(self.backend_spec, str):
-            return
-        if self._backend is not None and (backend, dict(options or {})) != (self.backend_spec, self.backend_options):
-            raise ConfigError("set_backend() after the first sandbox was created")
-        self.backend_spec, self.backend_options = backend, dict(options or {})
+        if not self.sandboxes.backend_given:
+            self.backend_spec, self.backend_options = backend, dict(options or {})
+
+    @property
+    def sandbox_spec(self) -> SandboxSpec:
+        """The OpenEnv server's sandbox (the lifecycle's spec)."""
+        return self.sandboxes.spec
+
+    @sandbox_spec.setter
+    def sandbox_spec(self, spec: SandboxSpec) -> None:
+        self.sandboxes.set_spec(spec)
 
     def set_isolation(self, isolation: str) -> None:
         """Run the OpenEnv servers' sandboxes under `isolation` ("runc" or "gvisor")."""
@@ -168,9 +177,7 @@ class OpenEnvEnv(MultiTurnEnv):
 
     # ------------------------------------------------------------------ plumbing
     def _get_backend(self) -> SandboxBackend:
-        if self._backend is None:
-            self._backend = get_backend(self.backend_spec, **self.backend_options)
-        return self._backend
+        return self.sandboxes.backend
 
     def _render(self, observation: dict[str, Any], context: str, state: State, **extra: Any) -> list[dict[str, Any]]:
         """Call prompt_renderer(observation, context=..., <whichever of state/info/tools/... it names>)."""
@@ -203,15 +210,13 @@ class OpenEnvEnv(MultiTurnEnv):
         what = f"OpenEnv server {self.manifest.environment_id!r} ({self.manifest.image})"
 
         async def attempt() -> ServerHandle:
-            sandbox = await self._get_backend().create(self.sandbox_spec)
-            self._live[sandbox.id] = sandbox
+            sandbox = await self.sandboxes.acquire()
             try:
-                handle = await self.start_gate.run(lambda: start_server(
+                handle = await self.server_gate.run(lambda: start_server(
                     sandbox, self.manifest.start_command, lambda: self._transport(state, sandbox),
                     startup_timeout=self.startup_timeout, step_timeout=self.step_timeout, what=what))
             except BaseException:
-                self._live.pop(sandbox.id, None)
-                await sandbox.delete()
+                await self.sandboxes.release(sandbox)
                 raise
             state["sandbox_id"] = sandbox.id
             state["openenv_sandbox"] = sandbox
@@ -336,21 +341,10 @@ class OpenEnvEnv(MultiTurnEnv):
             log.debug("closing the OpenEnv session failed: %s", exc)
         finally:
             if sandbox is not None:
-                self._live.pop(sandbox.id, None)
-                await sandbox.delete()
+                await self.sandboxes.release(sandbox)
 
     @teardown
     async def delete_all_sandboxes(self) -> None:
-        """Delete sandboxes still registered (rollouts cut short) and close the backend."""
-        for sid, sandbox in list(self._live.items()):
-            try:
-                await sandbox.delete()
-            except Exception as exc:
-                log.warning("deleting OpenEnv sandbox %s failed: %s", sid, exc)
-            self._live.pop(sid, None)
-        if self._backend is not None:
-            backend, self._backend = self._backend, None
-            try:
-                await backend.close()
-            except Exception as exc:
-                log.debug("closing the backend failed: %s", exc)
+        """Delete sandboxes still held (rollouts cut short) and close the backend
+        (`RolloutSandboxes.close`)."""
+        await self.sandboxes.close()

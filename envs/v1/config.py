@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from pydantic_core import PydanticUndefined
 
 from sandboxes.errors import ConfigError
+from sandboxes.spec import SandboxSpec
 
 from ..sandbox_tools.common import DEFAULT_OUTPUT_LIMIT
 
@@ -98,17 +99,30 @@ def _as_mapping(config: object | None) -> dict[str, Any]:
     raise TypeError(f"a config source must be a mapping or a Config, got {type(config).__name__}")
 
 
-class SandboxConfig(Config):
-    """Where a sandboxed program / toolset runs (a subset of sandboxes.SandboxSpec)."""
+def _spec_default(name: str) -> Any:
+    return SandboxSpec.model_fields[name].get_default(call_default_factory=True)
 
-    image: str = "vf-sandbox/python:3.11"
-    cpu_cores: float = 1
-    memory_gb: float = 2
-    disk_size_gb: float = 5
-    timeout_minutes: float = 60
-    timeout_per_command_seconds: float = 600
+
+V1_SANDBOX_DEFAULTS: dict[str, Any] = {"image": "vf-sandbox/python:3.11", "timeout_per_command_seconds": 600,
+                                       "workdir": "/tmp"}
+"""Where a v1 program sandbox differs from `SandboxSpec`'s defaults, in this one place: an
+image with python (sandboxed Python programs), a program's command may run for minutes,
+and it runs in /tmp. Every other default is SandboxSpec's."""
+
+
+class SandboxConfig(Config):
+    """Where a sandboxed program / toolset runs: a view onto `sandboxes.SandboxSpec` (its
+    fields, its defaults except `V1_SANDBOX_DEFAULTS`), plus the run's backend choice, the
+    warm pool size, the bash output limit and a toolset sandbox's scope."""
+
+    image: str = V1_SANDBOX_DEFAULTS["image"]
+    cpu_cores: float = _spec_default("cpu_cores")
+    memory_gb: float = _spec_default("memory_gb")
+    disk_size_gb: float = _spec_default("disk_size_gb")
+    timeout_minutes: float = _spec_default("timeout_minutes")
+    timeout_per_command_seconds: float = V1_SANDBOX_DEFAULTS["timeout_per_command_seconds"]
     environment_vars: dict[str, str] = Field(default_factory=dict)
-    workdir: str = "/tmp"
+    workdir: str = V1_SANDBOX_DEFAULTS["workdir"]
     labels: dict[str, str] = Field(default_factory=dict)
     backend: str | None = None  # None: the run's backend (`vf-sandbox eval --backend`)
     pool_size: int | None = Field(None, ge=0)

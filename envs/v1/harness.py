@@ -4,8 +4,8 @@ cleans up groups of rollouts.
 Its program is one of the forms in `programs.py`. A harness with a `sandbox`
 runs its command program, or its callable / `fn` Python program
 (`sandbox_python.py`), in a sandbox of our backend layer
-(`sandboxes.registry.get_backend`: the run's backend unless the sandbox
-config names one); a child state that borrowed `"sandbox"` reuses the
+(from the run's one sandbox lifecycle, `sandboxes.rollouts.RolloutSandboxes`:
+the run's backend unless the sandbox config names one, its warm pool); a child state that borrowed `"sandbox"` reuses the
 parent's. Rewards and metrics are `(task, state) -> float` functions; sync
 user code runs in a thread pool (`usercode.py`). A model call that failed and
 was never followed by a successful one is the rollout's error whatever the
@@ -15,14 +15,13 @@ program did with it (`rollout_error`).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sandboxes.errors import ConfigError, UsageError
-from sandboxes.registry import get_backend
+from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.spec import SandboxSpec
 
 from ..errors import Error, ModelError, ScoringError, is_infra_error
@@ -41,10 +40,6 @@ from .user import user_of
 from .usercode import call_user
 
 log = logging.getLogger(__name__)
-
-
-async def _maybe(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 def fn_name(fn: Callable[..., Any]) -> str:
@@ -189,11 +184,10 @@ class Harness:
         self.backend_name: str | None = None
         self.isolation: str | None = None  # the run's isolation (set_isolation); None: the sandbox config's own
         self.backend_options: dict[str, Any] = {}
-        self._backend: Any = None
         self._owned_sandboxes: dict[str, Any] = {}  # trajectory_id -> a sandbox this harness created
-        self._pooled_ids: set[str] = set()  # owned sandboxes that came from the warm pool
-        self._pool: Any = None
-        self._pool_lock: asyncio.Lock | None = None
+        # the run's sandboxes (backend, warm pool of the program's spec) live in the one lifecycle
+        self.sandboxes = RolloutSandboxes(self._lifecycle_spec(), self._backend_choice(None),
+                                          pool_size=self.sandbox.pool_size if self.sandbox is not None else 0)
         self.concurrency: int | None = None  # the run's (set_concurrency); sizes the default warm pool
         self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
 
@@ -229,14 +223,25 @@ class Harness:
 
     # ---- configuration from the run
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
+        """The run's backend (the sandbox config's `backend` wins): applies before the first
+        sandbox, refused with a different one after (`RolloutSandboxes.set_backend`)."""
+        self.sandboxes.set_backend(self._backend_choice(backend), options)
         self.backend_name, self.backend_options = backend, dict(options or {})
+
+    def _backend_choice(self, run_backend: Any) -> Any:
+        return (self.sandbox.backend if self.sandbox is not None and self.sandbox.backend else None) or run_backend
+
+    def _lifecycle_spec(self) -> SandboxSpec:
+        """The warm pool's spec: the program sandbox's for a task without overrides."""
+        return self.sandbox_spec({}) if self.sandbox is not None else SandboxSpec(name="vf-v1")
 
     @property
     def backend(self) -> Any:
-        if self._backend is None:
-            name = (self.sandbox.backend if self.sandbox and self.sandbox.backend else None) or self.backend_name
-            self._backend = get_backend(name, **self.backend_options)
-        return self._backend
+        return self.sandboxes.backend
+
+    @property
+    def _pool(self) -> Any:
+        return self.sandboxes.pool
 
     def sandbox_spec(self, task: Mapping[str, Any], config: SandboxConfig | None = None) -> SandboxSpec:
         """The spec of the program's sandbox for `task` (its `sandbox` overrides applied), or
@@ -264,7 +269,11 @@ class Harness:
         except ValueError as exc:
             raise ConfigError(f"invalid sandbox settings {settings}: {exc}") from exc
         self._refuse_if_pooled(lambda: self.sandbox_spec({}, new), sorted(settings))
+        if new.pool_size != self.sandbox.pool_size:
+            self.sandboxes.set_pool_size(new.pool_size)
         self.sandbox = program_sandbox(new)
+        self.sandboxes.set_spec(self._lifecycle_spec())
+        self.sandboxes.set_backend(self._backend_choice(self.backend_name), self.backend_options)
 
     def set_isolation(self, isolation: str) -> None:
         old = self.isolation
@@ -275,42 +284,24 @@ class Harness:
             except ConfigError:
                 self.isolation = old
                 raise
+            self.sandboxes.set_spec(self._lifecycle_spec())
 
     def _refuse_if_pooled(self, new_spec: Callable[[], SandboxSpec], names: list[str]) -> None:
-        if self._pool is not None and new_spec() != self._pool.spec:
+        if self._pool is not None and new_spec() != self.sandboxes.spec:
             raise ConfigError(f"cannot change sandbox settings {names} after the warm pool was started")
 
-    # ---- warm pool (as SandboxEnv's)
-    max_default_pool_size = 32
-
+    # ---- warm pool (the lifecycle's, as SandboxEnv's)
     def set_concurrency(self, concurrency: int) -> None:
         self.concurrency = max(1, int(concurrency))
+        self.sandboxes.set_concurrency(self.concurrency)
 
     @property
     def effective_pool_size(self) -> int:
-        if self.sandbox is None:
-            return 0
-        if self.sandbox.pool_size is not None:
-            return self.sandbox.pool_size
-        return min(self.concurrency, self.max_default_pool_size) if self.concurrency else 0
+        return self.sandboxes.effective_pool_size
 
     async def start_pool(self) -> None:
         """Start filling the warm pool (Env does before the first rollout)."""
-        if self.effective_pool_size > 0:
-            await self._get_pool()
-
-    async def _get_pool(self) -> Any:
-        from sandboxes.pool import SandboxPool
-
-        if self._pool_lock is None:
-            self._pool_lock = asyncio.Lock()
-        async with self._pool_lock:
-            if self._pool is None:
-                size = self.effective_pool_size
-                self._pool = SandboxPool(self.sandbox_spec({}), size, backend=self.backend,
-                                         create_concurrency=max(4, size))
-                await self._pool.start()
-        return self._pool
+        await self.sandboxes.start_pool()
 
     # ---- running
     async def run(self, task: Task | Mapping[str, Any], state: State | None = None) -> State:
@@ -337,7 +328,9 @@ class Harness:
             return await self._sandbox_for(state, task)
 
         rt["sandbox_for"] = sandbox_for
-        rt["new_sandbox"] = lambda config: self.backend.create(self.sandbox_spec(task, config))
+        # a sandboxed toolset's own sandbox: created (never from the pool), deleted by the toolset
+        rt["new_sandbox"] = lambda config: self.sandboxes.acquire(self.sandbox_spec(task, config), hold=False,
+                                                                  warm=False)
         state["timing"].generation.start = state["timing"].generation.start or time.time()
         try:
             tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}
@@ -400,12 +393,7 @@ class Harness:
         sandbox = state.runtime.get("sandbox")
         if sandbox is not None:
             return sandbox
-        spec = self.sandbox_spec(task)
-        if self.effective_pool_size > 0 and spec == self.sandbox_spec({}):
-            sandbox = await (await self._get_pool()).acquire()
-            self._pooled_ids.add(sandbox.id)
-        else:
-            sandbox = await self.backend.create(spec, idempotency_key=state["trajectory_id"])
+        sandbox = await self.sandboxes.acquire(self.sandbox_spec(task), key=state["trajectory_id"])
         state.runtime["sandbox"] = sandbox
         self._owned_sandboxes[state["trajectory_id"]] = sandbox
         return sandbox
@@ -427,30 +415,14 @@ class Harness:
                     await self._release(sandbox)
 
     async def _release(self, sandbox: Any) -> None:
-        """Give back a sandbox this harness owns: to the pool it came from, else delete it."""
+        """Give back a sandbox this harness owns (deleted, never reused)."""
         try:
-            if sandbox.id in self._pooled_ids and self._pool is not None:
-                self._pooled_ids.discard(sandbox.id)
-                await self._pool.release(sandbox)  # deleted in the background, never reused
-            else:
-                await sandbox.delete()
+            await self.sandboxes.release(sandbox)
         except Exception as exc:  # the sandbox is gone already: nothing leaks
             log.warning("deleting v1 sandbox %s failed: %s", getattr(sandbox, "id", "?"), exc)
 
     async def teardown(self) -> None:
-        for sandbox in list(self._owned_sandboxes.values()):
-            try:
-                await sandbox.delete()
-            except Exception as exc:
-                log.warning("deleting v1 sandbox at teardown failed: %s", exc)
         self._owned_sandboxes.clear()
-        self._pooled_ids.clear()
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            try:
-                await pool.close()  # deletes the ready sandboxes and waits for pending deletions
-            except Exception as exc:
-                log.warning("closing the v1 warm pool failed: %s", exc)
         for ts in self.toolsets:
             await ts.teardown()
         await self.endpoint.close()
@@ -460,8 +432,5 @@ class Harness:
                 await client.close()
             except Exception as exc:
                 log.warning("closing the harness's model client failed: %s", exc)
-        if self._backend is not None and self._backend is not self.backend_name:  # ours to close, not a given instance
-            close = getattr(self._backend, "close", None)
-            if close is not None:
-                await _maybe(close())
-            self._backend = None
+        # the sandboxes still held, the warm pool, a backend made here (a given instance stays the caller's)
+        await self.sandboxes.close()
