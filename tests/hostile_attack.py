@@ -12,6 +12,7 @@ x86_64. Prints one JSON line with what happened.
                           use; proves the injection works where ptrace is allowed)
     traceme               a child asks to be traced (PTRACE_TRACEME) and execs `true`
     find_agent            pids of processes whose command line is the agent's
+    ppid PID              PID's parent
 """
 
 import base64
@@ -213,6 +214,8 @@ def main(argv):
         out = attempt(traceme)
     elif mode == "find_agent":
         out = find_agent()
+    elif mode == "ppid":
+        out = attempt(lambda: int(open("/proc/%d/stat" % int(argv[1])).read().rsplit(")", 1)[1].split()[1]))
     else:
         raise SystemExit("unknown mode %r" % mode)
     print(json.dumps(out), flush=True)

@@ -178,8 +178,10 @@ async def test_a_leftover_process_cannot_forge_the_next_result(backend, mode, us
 @pytest.mark.parametrize("mode", MODES)
 async def test_no_sibling_secret_in_reach(backend, compromised, mode, user):
     """The agent's memory is out of the code's reach (layer 1) and, in a cell, holds no
-    sibling's request either (layer 2: a fresh program, read from outside as a
-    compromised agent would)."""
+    sibling's request either (layer 2, read from outside as a compromised agent would):
+    the cell's agent is a fork of the zygote, so the zygote (what every later cell
+    inherits) and the cell's watcher must hold no request's secret at all, its own
+    included (it travels host agent -> the cell's socket only, read after the fork)."""
     be = compromised if mode == "cell" else backend
     secrets = {}
     others = []
@@ -191,8 +193,15 @@ async def test_no_sibling_secret_in_reach(backend, compromised, mode, user):
     own = f"sk-own-{os.urandom(6).hex()}"
     sb = await be.create(hostile_spec(mode, user, environment_vars={"API_KEY": own}))
     if mode == "cell":  # first: the attack below hands its agent the needles (its command line)
-        found = await attack(sb.host.sandbox, "readmem", sb.init_pid, own, *secrets.values())
+        host = sb.host.sandbox
+        found = await attack(host, "readmem", sb.init_pid, own, *secrets.values())
         assert found["ok"] and found["value"] == [own], found  # its own request only
+        watcher = await attack(host, "ppid", sb.init_pid)
+        zygote = await attack(host, "ppid", watcher["value"])
+        assert watcher["ok"] and zygote["ok"], (watcher, zygote)
+        for pid in (watcher["value"], zygote["value"]):
+            found = await attack(host, "readmem", pid, own, *secrets.values())
+            assert found["ok"] and found["value"] == [], (pid, found)  # never read a request body
     assert_refused(await attack(sb, "readmem", agent_pid(sb, mode), "API_KEY"), "read /proc/<agent>/mem")
     for x in [sb, *others]:
         await x.delete()

@@ -19,13 +19,23 @@ Processes (all stdlib, Python 3.7+; every one of them non-dumpable, see
                    unshare safely; owns the cgroup mounts
         watcher    the cell init's parent (outside the cell): kills it on request and
                    at the cell's lifetime (its own alarm, out of the cell's reach)
-          cell agent   PID 1 of the cell's PID namespace: a fresh interpreter exec'd with
-                       this program (`--cell-agent`: nothing of the zygote's memory), `main()`
-                       of program.py over the cell's socket, reaping the cell's orphans; when
-                       it ends the kernel kills every process of the cell
+          cell agent   PID 1 of the cell's PID namespace: a fork of the watcher (so of the
+                       zygote), `main()` of program.py over the cell's socket, reaping the
+                       cell's orphans; when it ends the kernel kills every process of the cell
 
 Only the host agent and the zygote hold privilege; it is dropped in the cell
-before the cell agent runs. The host agent trusts nothing a cell sends (`Cell`,
+before the cell agent runs.
+
+A cell starts clean by construction, at the price of a fork (not a fresh interpreter):
+the zygote never reads a request body. The host agent hands it the cell's socket and
+the cell's limits only (pids, memory, cpu, disk, shm, lifetime: `ZYGOTE_KEYS`); the
+zygote names the cell by a serial of its own (never the host's cell id) and keeps only
+{serial: (watcher pid, cgroup dirs)} of live cells, which the forked child clears. The
+cell's own configuration (hostname, user, workdir, `environment_vars` with its secrets)
+travels host agent -> that cell's socket only, and is read by the cell's init after the
+fork, inside the cell (`read_own_conf`). So no process's memory that a cell inherits
+ever held another cell's request; the host agent, which holds them all, is never
+forked after it has read one (the zygote is forked before `main()`). The host agent trusts nothing a cell sends (`Cell`,
 `Pump`): each line is parsed, checked against the requests it forwarded to that
 cell, re-serialised with the id of the channel it came from and size-capped; a
 cell that breaks the protocol is ended alone.
@@ -48,7 +58,8 @@ import struct
 HARDENING = 1
 """The hardening level this runtime reports in the host agent's hello ("hardening"), which
 `rollout_isolation="auto"` requires (sandboxes.cells.AUTO_HARDENING) before it picks cells.
-1: issue 24's defences (agents not dumpable, a fresh agent per cell, identity from the
+1: issue 24's defences (agents not dumpable, a cell's agent holding no other cell's request
+(a fresh agent, since: a fork of a zygote that never reads a request body), identity from the
 channel and every cell line checked, lifetime enforced by the watcher, siblings hidden).
 Raise it with a defence the hostile suite proves (and the requirement with it)."""
 CLONE_NEWNS = 0x00020000
@@ -62,7 +73,7 @@ MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 0x4000, 0x400
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_CAP_AMBIENT = 38, 24, 1, 47
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-STAGE = "/run/.vf-cells"  # holds each cell's mount point <cell id> (its tmpfs lives in the cell's namespace)
+STAGE = "/run/.vf-cells"  # holds each cell's mount point <zygote serial> (its tmpfs lives in the cell's namespace)
 CGROUP_BASE = "/run/.vf-cgroup"  # the zygote's writable cgroup mounts (private to the zygote's namespace)
 CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")  # cpuacct: the cell's CPU counters are its own
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
@@ -448,10 +459,12 @@ def keep_only_fds(keep):
         os.closerange(lo + 1, hi)
 
 
-def cell_first_child(conf, sock_fd, report, alive):
+def cell_first_child(conf, sock_fd, report, alive, inherited):
     """Runs in a fresh child of the zygote: cgroup, namespaces, filesystem; then forks
     the cell's PID 1 and reports its pid (as seen by the host agent). It holds `alive`
-    open until the cell is gone (EOF there tells the host agent so)."""
+    open until the cell is gone (EOF there tells the host agent so). `inherited`: the
+    zygote's bookkeeping of the other live cells, forgotten at once (not the cell's)."""
+    inherited.clear()
     keep_only_fds([sock_fd, report, alive])
     join_cgroups(conf["cgroups"])
     unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
@@ -500,42 +513,47 @@ def watch_cell(init, sock_fd, report, lifetime):
     os._exit(0)
 
 
+def read_own_conf(sock_fd):
+    """The cell's own configuration (hostname, user, workdir, env): one line the host agent
+    writes on the cell's socket, and nothing follows it before the agent's hello."""
+    data = b""
+    while not data.endswith(b"\n"):
+        piece = os.read(sock_fd, 65536)
+        if not piece:
+            raise CellSetupError("the host agent sent no configuration for the cell")
+        data += piece
+    return json.loads(data)
+
+
 def cell_init(conf, sock_fd, report, root):
-    """PID 1 of the cell: finish the filesystem, drop privilege, then exec a fresh
-    interpreter as the cell's agent (`cell_agent_main`): the cell's first process keeps
-    nothing of the zygote's memory (which held other cells' requests, their
-    environments). When the agent ends, for whatever reason, the whole cell ends; its
-    lifetime is the watcher's to enforce."""
+    """PID 1 of the cell: finish the filesystem, read the cell's own configuration from
+    its socket (the zygote never held it), drop privilege, then serve as the cell's agent.
+    Its memory is the zygote's (which never read a request body: limits and its own
+    bookkeeping, cleared in `cell_first_child`) plus its own configuration. When the agent
+    ends, for whatever reason, the whole cell ends; its lifetime is the watcher's."""
     mount_proc(root)
     enter_root(root)
-    socket.sethostname(conf["hostname"])
+    own = read_own_conf(sock_fd)
+    socket.sethostname(own["hostname"])
     loopback_up()
-    workdir = conf.get("workdir") or "/"
+    workdir = own.get("workdir") or "/"
     os.makedirs(workdir, exist_ok=True)  # as Docker does for a container's working directory
     env = {k: v for k, v in os.environ.items() if k not in ("HOME", "HOSTNAME")}
-    env["HOSTNAME"] = conf["hostname"]
-    env.update(conf["env"])
+    env["HOSTNAME"] = own["hostname"]
+    env.update(own["env"])
     os.environ.clear()
     os.environ.update(env)
-    drop_privileges(conf.get("user"))
+    drop_privileges(own.get("user"))
     os.chdir(workdir)
     os.write(report, b"ok\n")
     os.close(report)
     os.dup2(sock_fd, 0)
     os.dup2(sock_fd, 1)
     os.closerange(3, 65536)
-    python = sys.executable or "/usr/bin/python3"
-    # -I: the cell's PYTHON* variables (its commands still get them) never shape its agent;
-    # the program compiled once by the host agent (AGENT_CODE): no compile per cell
-    os.execve(python, [python, "-I", "-u", "-c", CELL_AGENT_BOOT % AGENT_CODE, "--cell-agent"], dict(os.environ))
-
-
-def cell_agent_main():
-    """The cell's agent, freshly exec'd as the cell's PID 1: non-dumpable (main), reaps
-    the cell's orphans; when it ends the kernel kills every process of the cell."""
+    del own, env
     threading.Thread(target=reap_orphans, daemon=True).start()
     try:
-        main()
+        main()  # non-dumpable again (main): setuid reset the flag
     finally:
         os._exit(0)
 
@@ -622,7 +640,7 @@ def zygote_main(sock):
             problem = "no writable %s cgroup for cell limits" % " / ".join(missing)
     except OSError as exc:
         problem = "cannot prepare cells: %s (the host sandbox needs CAP_SYS_ADMIN)" % exc
-    cells = {}  # cell id -> (watcher pid, cgroup dirs)
+    cells = {}  # the zygote's serial of a live cell -> (watcher pid, cgroup dirs): nothing else
     while True:
         ready, _, _ = select.select([sock], [], [], 0.1)
         _reap(cells)
@@ -642,7 +660,7 @@ def zygote_main(sock):
                     raise CellsUnsupported(problem)
                 reply, out_fds = _open_cell(req, fd, cgroups, cells)
             else:
-                reply = _close_cell(req["cell"], cells)
+                reply = _close_cell(req["handle"], cells)
         except Exception as exc:
             reply = {"error": "%s: %s" % (type(exc).__name__, exc), "kind": getattr(exc, "kind", "internal")}
         finally:
@@ -657,16 +675,18 @@ def zygote_main(sock):
     os._exit(0)
 
 
+_serial = [0]
+
+
 def _open_cell(req, fd, cgroups, cells):
-    """Fork the cell's watcher and return at once: ({"watcher": pid}, [the read end of its
-    report pipe, the read end of a pipe the watcher holds until the cell is gone]). The
-    host agent's request threads read them (cells are built and torn down in parallel;
-    the zygote only forks and signals)."""
-    conf = req["conf"]
-    cell = int(req["cell"])
-    if AGENT_SOURCE[0] is None:
-        raise CellsUnsupported("the cell host's agent was not started as `python3 -c <source> --cells`: "
-                               "a cell has no agent program to exec")
+    """Fork the cell's watcher and return at once: ({"watcher": pid, "handle": serial},
+    [the read end of its report pipe, the read end of a pipe the watcher holds until the
+    cell is gone]). The host agent's request threads read them (cells are built and torn
+    down in parallel; the zygote only forks and signals). `req` holds the cell's limits
+    only (ZYGOTE_KEYS); the cell is named by the zygote's own serial."""
+    conf = {k: req["conf"][k] for k in ZYGOTE_KEYS}
+    _serial[0] += 1
+    cell = _serial[0]
     conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
     conf["stage"] = "%s/%d" % (STAGE, cell)
     os.makedirs(conf["stage"], exist_ok=True)
@@ -683,7 +703,7 @@ def _open_cell(req, fd, cgroups, cells):
         try:
             os.close(r)
             os.close(alive_r)
-            cell_first_child(conf, fd, w, alive_w)
+            cell_first_child(conf, fd, w, alive_w, cells)
         except BaseException as exc:
             try:
                 os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
@@ -694,7 +714,7 @@ def _open_cell(req, fd, cgroups, cells):
     os.close(w)
     os.close(alive_w)
     cells[cell] = (pid, conf["cgroups"])
-    return {"watcher": pid}, [r, alive_r]
+    return {"watcher": pid, "handle": cell}, [r, alive_r]
 
 
 def read_report(fd, timeout):
@@ -754,7 +774,12 @@ def _free(cell, paths):
 # ------------------------------------------------------------------ host agent side
 _zygote = {}  # "sock", "lock"
 _cells = {}  # cell id -> Cell
+_handles = {}  # cell id -> the zygote's serial for it (from open until close)
 _cells_lock = threading.Lock()
+ZYGOTE_KEYS = ("pids_limit", "memory_bytes", "cpu_cores", "disk_bytes", "shm_bytes", "lifetime")
+"""All of a cell_open request the zygote gets: limits, none secret, nothing naming the cell."""
+OWN_KEYS = ("hostname", "user", "workdir", "env")
+"""What only the cell's init reads, from the cell's own socket after the fork (secrets: env)."""
 
 
 SEND_TIMEOUT = 5  # seconds
@@ -871,7 +896,7 @@ def end_cell(cell):
         if _cells.get(cell.cid) is cell:
             del _cells[cell.cid]
     try:
-        zygote_call({"op": "close", "cell": cell.cid})
+        close_in_zygote(cell.cid)
         cell.wait_gone()
     except Exception as exc:
         log("cells: ending cell %s: %r" % (cell.cid, exc))
@@ -1000,31 +1025,50 @@ def zygote_call(req, fd=None):
     return reply, passed
 
 
+def close_in_zygote(cid):
+    """Ask the zygote to end cell `cid` (by the zygote's own handle for it)."""
+    with _cells_lock:
+        handle = _handles.pop(cid, None)
+    if handle is None:
+        return {"closed": False}
+    reply, _ = zygote_call({"op": "close", "handle": handle})
+    return reply
+
+
 def op_cell_open(req, ctx):
     cid = int(req["cell_id"])
+    conf = req["conf"]
+    limits = {k: conf.get(k) for k in ZYGOTE_KEYS}
+    own = (json.dumps({k: conf.get(k) for k in OWN_KEYS}, separators=(",", ":")) + "\n").encode()
     ours, theirs = socket.socketpair()
     timeout = float(req.get("hello_timeout") or 30)
     try:
-        _, (report, alive) = zygote_call({"op": "open", "cell": cid, "conf": req["conf"]}, theirs.fileno())
+        reply, (report, alive) = zygote_call({"op": "open", "conf": limits}, theirs.fileno())
     except Exception:
         ours.close()
         raise
     finally:
         theirs.close()
-    # a cell whose agent stops reading holds the host's forwarding for at most this long
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT, 0))
+    with _cells_lock:
+        _handles[cid] = reply["handle"]
     cell = Cell(cid, ours, alive)
     try:
+        # the cell's own configuration, secrets included, on its own channel only
+        ours.settimeout(timeout)
+        ours.sendall(own)
+        ours.settimeout(None)
         init = read_report(report, timeout)
     except Exception:
         ours.close()
-        zygote_call({"op": "close", "cell": cid})
+        close_in_zygote(cid)
         cell.wait_gone()
         raise
+    # a cell whose agent stops reading holds the host's forwarding for at most this long
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT, 0))
     hello, pending = read_hello(ours, timeout)
     if not hello:
         ours.close()
-        zygote_call({"op": "close", "cell": cid})
+        close_in_zygote(cid)
         cell.wait_gone()
         raise CellSetupError("the cell's agent did not start")
     with _cells_lock:
@@ -1039,7 +1083,7 @@ def op_cell_close(req, ctx):
         cell = _cells.pop(cid, None)
     if cell is not None:
         cell.closing = True
-    reply, _ = zygote_call({"op": "close", "cell": cid})
+    reply = close_in_zygote(cid)
     if cell is not None:
         cell.wait_gone()
         try:
@@ -1071,45 +1115,11 @@ def forward_to_cell(req):
               "message": "cell %s is gone" % cid})
 
 
-AGENT_SOURCE = [None]  # this program's source: what a cell's first process execs
-AGENT_CODE = "/run/.vf-agent.code"  # ...compiled (marshal), written by the host agent; the image's own interpreter
-CELL_AGENT_BOOT = "import marshal; exec(marshal.load(open(%r, 'rb')))"
-
-
-def write_agent_code(src):
-    """Compile this program once for every cell's agent (read-only in the cells: their
-    writes go to their own overlay, and it is the public agent program)."""
-    import marshal
-
-    tmp = AGENT_CODE + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(marshal.dumps(compile(src, "vf-sandbox-agent", "exec")))
-    os.chmod(tmp, 0o444)
-    os.rename(tmp, AGENT_CODE)
-
-
-def own_source():
-    """The source this interpreter was started with (`python3 -u -c <source> --cells`)."""
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        src = argv[argv.index(b"-c") + 1].decode()
-    except (OSError, ValueError, IndexError, UnicodeDecodeError):
-        return None
-    return src if "def cell_agent_main" in src else None
-
-
 def cells_main():
     """Start the zygote while still single-threaded, then serve as the host agent."""
     global forward_cell
     not_dumpable()  # before the fork: the zygote and every watcher inherit it
-    AGENT_SOURCE[0] = own_source()
-    if AGENT_SOURCE[0] is not None:
-        try:
-            write_agent_code(AGENT_SOURCE[0])
-        except OSError as exc:
-            log("cells: cannot write the cell agent's code: %r" % exc)
-            AGENT_SOURCE[0] = None
+    # the zygote is forked before main() reads any request: its memory never holds one
     parent, child = socket.socketpair()
     pid = os.fork()
     if pid == 0:
@@ -1129,9 +1139,7 @@ def cells_main():
     main()
 
 
-if __name__ == "__main__" and "--cell-agent" in sys.argv:
-    cell_agent_main()
-elif __name__ == "__main__" and "--cells" in sys.argv:
+if __name__ == "__main__" and "--cells" in sys.argv:
     try:
         cells_main()
     except KeyboardInterrupt:
