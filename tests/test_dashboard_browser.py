@@ -154,6 +154,8 @@ def test_runs_list_shows_real_runs_with_live_progress(world, page):
     row.wait_for(timeout=10_000)
     assert row.locator(".badge").inner_text() == "completed"
     assert "toy-env" in row.inner_text() and "4/4" in row.inner_text()
+    # the registry's scored / errored counts (schema 3) in their own columns
+    assert row.locator("td.scored").inner_text() == "4" and row.locator("td.errored").inner_text() == "0"
     assert page.locator(f'tr[data-run-id="{ids["failed"]}"] .badge').inner_text() == "failed"
     # SIGKILLed run: shown as vanished, never "running"
     assert page.locator(f'tr[data-run-id="{ids["killed"]}"] .badge').inner_text() == "incomplete (vanished)"
