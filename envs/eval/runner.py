@@ -254,182 +254,245 @@ async def heartbeat(url: str, interval: float = 30.0) -> None:
 async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int, loaded_env: Any = None) -> EvalResult:
     """Run one eval to completion (or until cancelled); never raises except CancelledError.
     `loaded_env`: the run's environment when the caller already loaded it (`load_run_env`)."""
-    result = EvalResult(config=cfg)
-    progress = display.evals[idx]
-    env = None
-    writer: ResultsWriter | None = None
-    rec = None
-    rows: list[dict[str, Any]] = []
-    started = time.time()
-    prior_ms = 0.0
-    base_url = cfg.client_config.base_urls()
-    run_dir: Path | None = None
-    status = "failed"
-    error: str | None = None
-    clients: list[Any] = []
-    beats: list[asyncio.Future[Any]] = []
-    planned = 0  # examples this run covers (metadata num_examples, also with -n -1)
-    first_date: str | None = None
+    run = _EvalRun(cfg, display, idx)
     try:
-        # Where the run goes is settled first, so that the registry records even a run
-        # that dies while loading its environment or checking its endpoint.
-        # (envs.eval.resume: a new run's id names its directory; a resume continues a registry run)
-        save = cfg.save_results or cfg.resume
+        run.plan()
+        run.load(loaded_env)
+        run.take_inputs()
+        run.open()
+        await run.generate()
+        run.settle()
+    except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
+        run.status, run.error = "stopped", "interrupted"
+    except StopRequested as exc:
+        run.status, run.error = "stopped", str(exc)
+    except (UsageError, MissingKeyError, ModelAuthError) as exc:  # the key is refused: fix it, as a usage error
+        run.status, run.error = "failed", str(exc)
+        run.result.usage_error = True
+    except Exception as exc:
+        run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
+        log.info("%s: run failed with %s", cfg.env_id, run.error, exc_info=True, extra=RUN_LOG_ONLY)
+    finally:
+        await run.finish()
+    return run.result
+
+
+class _EvalRun:
+    """One eval while `run_eval` drives it: the state its steps share (plan, load, inputs,
+    open, generate, settle, finish)."""
+
+    def __init__(self, cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int):
+        self.cfg, self.display, self.idx = cfg, display, idx
+        self.result = EvalResult(config=cfg)
+        self.progress = display.evals[idx]
+        self.env: Any = None
+        self.writer: ResultsWriter | None = None
+        self.rec: Any = None
+        self.rows: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.prior_ms = 0.0
+        self.base_url = cfg.client_config.base_urls()
+        self.run_dir: Path | None = None
+        self.status = "failed"
+        self.error: str | None = None
+        self.clients: list[Any] = []
+        self.beats: list[asyncio.Future[Any]] = []
+        self.planned = 0  # examples this run covers (metadata num_examples, also with -n -1)
+        self.first_date: str | None = None
+        self.todo: list[Any] = []
+        self.kinds: collections.Counter[str] = collections.Counter()  # the registry's scored / errored counts
+        self.save = cfg.save_results or cfg.resume
+        self.resumed = False
+        self.rewrite = False
+        self.watch = EndpointWatch(cfg.endpoint_down_after)
+        self.last_meta = time.monotonic()
+
+    def metadata(self, status: str, run_dir: Path | None) -> dict[str, Any]:
+        return _build_metadata(self.env, self.cfg, self.rows, run_dir, self.started, status, self.base_url,
+                               self.prior_ms, self.planned, self.first_date)
+
+    def plan(self) -> None:
+        """Where the run goes is settled first, so that the registry records even a run
+        that dies while loading its environment or checking its endpoint.
+        (envs.eval.resume: a new run's id names its directory; a resume continues a registry run)"""
+        cfg = self.cfg
         plan = plan_run(cfg)
-        run_dir, rows, resumed, prior_ms = plan.run_dir, plan.rows, plan.resumed, plan.prior_ms
-        first_date = plan.first_date
-        result.run_dir = run_dir
-        if not resumed:  # a resume is recorded once it passed its checks: a refused one leaves the run as it was
-            rec = _recorder(cfg, run_dir, plan.run_id)
-            result.run_id = rec.id if rec is not None else plan.run_id
-            if rec is not None:
-                log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, rec.id, rec.id)
+        self.run_dir, self.rows, self.resumed, self.prior_ms = plan.run_dir, plan.rows, plan.resumed, plan.prior_ms
+        self.first_date, self.rewrite = plan.first_date, plan.rewrite
+        self.result.run_dir = self.run_dir
+        if not self.resumed:  # a resume is recorded once it passed its checks: a refused one leaves the run as it was
+            self.rec = _recorder(cfg, self.run_dir, plan.run_id)
+            self.result.run_id = self.rec.id if self.rec is not None else plan.run_id
+            if self.rec is not None:
+                log.info("%s: run %s started (follow: vf-sandbox runs logs %s --follow)", cfg.env_id, self.rec.id,
+                         self.rec.id)
+
+    def load(self, loaded_env: Any) -> None:
+        """The run's environment and model clients."""
+        cfg = self.cfg
         if cfg.num_workers > 1 and not cfg.hosted:  # hosted: the workers are Ray actors
             from .workers import warm_up_workers
 
             warm_up_workers(cfg)  # the workers' start-up overlaps this process loading its env
-        env = loaded_env if loaded_env is not None else load_run_env(cfg)
-        clients = make_run_clients(cfg, env)
-        if getattr(env, "requires_model", True):
+        self.env = loaded_env if loaded_env is not None else load_run_env(cfg)
+        self.clients = make_run_clients(cfg, self.env)
+        if getattr(self.env, "requires_model", True):
             log.info("%s: model %s at %s (client retries per request: %d, --client-max-retries; "
-                     "rollout retries: %d, --max-retries)", cfg.env_id, cfg.model, base_url,
+                     "rollout retries: %d, --max-retries)", cfg.env_id, cfg.model, self.base_url,
                      cfg.client_config.max_retries, cfg.rollout_retries())
-        inputs = env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
-        planned = len({i.get("example_id") for i in inputs})
-        if 0 <= planned < cfg.num_examples:
+
+    def take_inputs(self) -> None:
+        """The rollouts to run: the dataset's, less those a resumed run has scored."""
+        cfg, rows, run_dir = self.cfg, self.rows, self.run_dir
+        inputs = self.env.get_eval_inputs(cfg.num_examples, cfg.rollouts_per_example, cfg.shuffle, cfg.shuffle_seed)
+        self.planned = len({i.get("example_id") for i in inputs})
+        if 0 <= self.planned < cfg.num_examples:
             log.warning("%s: -n %d asked for more examples than the dataset has: running all %d example(s) "
-                        "(x %d rollouts = %d)", cfg.env_id, cfg.num_examples, planned, cfg.rollouts_per_example,
+                        "(x %d rollouts = %d)", cfg.env_id, cfg.num_examples, self.planned, cfg.rollouts_per_example,
                         len(inputs))
-        todo = inputs
-        if resumed:  # rows not scored were dropped by plan_run: they run again with the missing ones
+        self.todo = inputs
+        if self.resumed:  # rows not scored were dropped by plan_run: they run again with the missing ones
             check_same_inputs(inputs, rows, run_dir)
-            todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
-            rec = _recorder(cfg, run_dir)
-            result.run_id = rec.id if rec is not None else None
-            log.info("%s: resuming run %s (%s): %d rollouts saved, %d to run", cfg.env_id, result.run_id or run_dir,
-                     run_dir, len(rows), len(todo))
-        progress.total = len(rows) + len(todo)
+            self.todo = missing_inputs(inputs, rows, cfg.rollouts_per_example)
+            self.rec = _recorder(cfg, run_dir)
+            self.result.run_id = self.rec.id if self.rec is not None else None
+            log.info("%s: resuming run %s (%s): %d rollouts saved, %d to run", cfg.env_id,
+                     self.result.run_id or run_dir, run_dir, len(rows), len(self.todo))
+
+    def open(self) -> None:
+        """The progress display and (with -s) the results file and metadata.json."""
+        progress, rows = self.progress, self.rows
+        progress.total = len(rows) + len(self.todo)
         progress.done = progress.resumed = len(rows)
         progress.reward_sum = sum(float(r.get("reward") or 0.0) for r in rows if is_scored(r))
         progress.errors = sum(1 for r in rows if r.get("error"))
         progress.infra = 0
-        kinds = collections.Counter(verdict_of(r) for r in rows)  # the registry's scored / errored counts
-        progress.output = str(run_dir) if save else ""
+        self.kinds = collections.Counter(verdict_of(r) for r in rows)
+        progress.output = str(self.run_dir) if self.save else ""
         progress.status = "running"
         progress.started = time.time()
-        display.update(idx)
-        if save:
-            writer = ResultsWriter(run_dir)
-            if plan.rewrite:
-                writer.rewrite(rows)
-            writer.open()
-            writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned, first_date))
-        last_meta = [time.monotonic()]
-        watch = EndpointWatch(cfg.endpoint_down_after)
+        self.display.update(self.idx)
+        if self.save:
+            self.writer = ResultsWriter(self.run_dir)
+            if self.rewrite:
+                self.writer.rewrite(rows)
+            self.writer.open()
+            self.writer.write_metadata(self.metadata("running", self.run_dir))
+        self.last_meta = time.monotonic()
 
-        async def on_group(group_rows: list[dict[str, Any]]) -> None:
-            watch.see(group_rows)
-            if writer is not None:
-                writer.append(group_rows)  # one write + flush + fsync per group, on the loop (no torn groups)
-            rows.extend(group_rows)
-            progress.done += len(group_rows)
-            progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if is_scored(r))
-            progress.infra += sum(1 for r in group_rows if not is_scored(r))
-            progress.errors += sum(1 for r in group_rows if r.get("error"))
-            kinds.update(verdict_of(r) for r in group_rows)
-            for r in group_rows:
-                if r.get("error"):
-                    log.warning(
-                        "%s: rollout example_id=%s failed after %s attempt(s): %s",
-                        cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"],
-                    )
-                    tb = (r.get("error_info") or {}).get("traceback") if isinstance(r.get("error_info"), dict) else None
-                    if tb:  # the whole traceback goes to the run log (the console keeps one line)
-                        log.info("%s: traceback of rollout example_id=%s:\n%s", cfg.env_id, r.get("example_id"),
-                                 tb.rstrip(), extra=RUN_LOG_ONLY)
-            display.add_rows(idx, group_rows)
-            display.update(idx)
-            if rec is not None:
-                rec.progress(completed=progress.done, total=progress.total, scored=kinds["scored"],
-                             errors_by_kind={k: n for k, n in kinds.items() if k != "scored"})
-            if writer is not None and time.monotonic() - last_meta[0] > 1.0:
-                last_meta[0] = time.monotonic()
-                writer.write_metadata(_build_metadata(env, cfg, rows, run_dir, started, "running", base_url, prior_ms, planned, first_date))
+    async def on_group(self, group_rows: list[dict[str, Any]]) -> None:
+        cfg, progress, writer = self.cfg, self.progress, self.writer
+        self.watch.see(group_rows)
+        if writer is not None:
+            writer.append(group_rows)  # one write + flush + fsync per group, on the loop (no torn groups)
+        self.rows.extend(group_rows)
+        progress.done += len(group_rows)
+        progress.reward_sum += sum(float(r.get("reward") or 0.0) for r in group_rows if is_scored(r))
+        progress.infra += sum(1 for r in group_rows if not is_scored(r))
+        progress.errors += sum(1 for r in group_rows if r.get("error"))
+        self.kinds.update(verdict_of(r) for r in group_rows)
+        for r in group_rows:
+            if r.get("error"):
+                log.warning(
+                    "%s: rollout example_id=%s failed after %s attempt(s): %s",
+                    cfg.env_id, r.get("example_id"), r.get("attempts"), r["error"],
+                )
+                tb = (r.get("error_info") or {}).get("traceback") if isinstance(r.get("error_info"), dict) else None
+                if tb:  # the whole traceback goes to the run log (the console keeps one line)
+                    log.info("%s: traceback of rollout example_id=%s:\n%s", cfg.env_id, r.get("example_id"),
+                             tb.rstrip(), extra=RUN_LOG_ONLY)
+        self.display.add_rows(self.idx, group_rows)
+        self.display.update(self.idx)
+        if self.rec is not None:
+            self.rec.progress(completed=progress.done, total=progress.total, scored=self.kinds["scored"],
+                              errors_by_kind={k: n for k, n in self.kinds.items() if k != "scored"})
+        if writer is not None and time.monotonic() - self.last_meta > 1.0:
+            self.last_meta = time.monotonic()
+            writer.write_metadata(self.metadata("running", self.run_dir))
 
-        beat = asyncio.ensure_future(heartbeat(cfg.heartbeat_url)) if cfg.heartbeat_url else None
-        if beat is not None:
-            beats.append(beat)
-        if todo and not cfg.hosted and cfg.num_workers <= 1 and hasattr(env, "model_waits"):
-            beats.append(asyncio.ensure_future(report_model_waits(env, cfg)))
-        if todo and cfg.hosted:  # this process is the Ray job of a hosted run: groups go to actors
+    def rollouts(self) -> Any:
+        """The awaitable that runs `todo`: on Ray actors (hosted), in worker processes (-w N)
+        or in this process's env."""
+        cfg, env, clients, todo, watch = self.cfg, self.env, self.clients, self.todo, self.watch
+        if cfg.hosted:  # this process is the Ray job of a hosted run: groups go to actors
             from sandboxes.labels import run_id as sandbox_run_id
 
             from .group_runner import GroupRunner
             from .ray_workers import generate_on_ray
 
             # this process runs groups on its own environment until the actors are ready
-            gen = generate_on_ray(cfg, todo, on_group, sandbox_run_id(), local=GroupRunner(cfg, env, clients, 1, owned=False))
-        elif todo and cfg.num_workers > 1:
+            return generate_on_ray(cfg, todo, self.on_group, sandbox_run_id(),
+                                   local=GroupRunner(cfg, env, clients, 1, owned=False))
+        if cfg.num_workers > 1:
             from sandboxes.labels import run_id as sandbox_run_id
 
             from .workers import generate_in_workers
 
-            gen = generate_in_workers(cfg, todo, on_group, sandbox_run_id(), stop_starting=watch.event.is_set)
-        elif todo:
-            # the endpoint down: no new rollout starts, those in flight finish (they fail fast if it
-            # is still down, or succeed if it came back) and are recorded with their real verdicts
-            env.start_gate = lambda: not watch.event.is_set()
-            gen = env.generate(
-                todo,
-                clients[0] if len(clients) == 1 else clients,
-                cfg.model,
-                sampling_args=cfg.sampling_args,
-                max_concurrent=cfg.max_concurrent_generation or cfg.max_concurrent,
-                max_concurrent_scoring=cfg.max_concurrent_scoring or cfg.max_concurrent,
-                interleave_scoring=not cfg.no_interleave_scoring,
-                state_columns=cfg.state_columns,
-                independent_scoring=cfg.independent_scoring,
-                max_retries=cfg.rollout_retries(),
-                on_group=on_group,
-            )
-        if todo:
-            try:
-                async with asyncio.timeout(cfg.timeout_minutes * 60):
-                    if cfg.hosted:
-                        await run_until_endpoint_down(gen, watch)
-                    else:
-                        await gen
-            except asyncio.TimeoutError:
-                raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
-        status, error = run_verdict(rows, progress.total, cfg, result.run_id or str(run_dir))
-        if watch.down_since is not None and status != "completed":
-            status, error = "incomplete", (
-                f"the model endpoint {base_url} is down since {watch.down_since} ({watch.streak} rollouts in a row "
-                f"could not connect: {watch.last_error}); stopped early: no rollout started after that, those in "
-                f"flight finished: {len(rows)} of {progress.total} rollouts ran, {verdict_counts(rows)['scored']} "
-                f"scored. When the endpoint is back, continue with: "
-                f"vf-sandbox eval --resume {result.run_id or run_dir}")
+            return generate_in_workers(cfg, todo, self.on_group, sandbox_run_id(), stop_starting=watch.event.is_set)
+        # the endpoint down: no new rollout starts, those in flight finish (they fail fast if it
+        # is still down, or succeed if it came back) and are recorded with their real verdicts
+        env.start_gate = lambda: not watch.event.is_set()
+        return env.generate(
+            todo,
+            clients[0] if len(clients) == 1 else clients,
+            cfg.model,
+            sampling_args=cfg.sampling_args,
+            max_concurrent=cfg.max_concurrent_generation or cfg.max_concurrent,
+            max_concurrent_scoring=cfg.max_concurrent_scoring or cfg.max_concurrent,
+            interleave_scoring=not cfg.no_interleave_scoring,
+            state_columns=cfg.state_columns,
+            independent_scoring=cfg.independent_scoring,
+            max_retries=cfg.rollout_retries(),
+            on_group=self.on_group,
+        )
+
+    async def generate(self) -> None:
+        """Run the rollouts (with the heartbeat and model-wait reports beside them) within
+        --timeout-minutes; the endpoint down stops a hosted run at once."""
+        cfg = self.cfg
+        if cfg.heartbeat_url:
+            self.beats.append(asyncio.ensure_future(heartbeat(cfg.heartbeat_url)))
+        if not self.todo:
+            return
+        if not cfg.hosted and cfg.num_workers <= 1 and hasattr(self.env, "model_waits"):
+            self.beats.append(asyncio.ensure_future(report_model_waits(self.env, cfg)))
+        gen = self.rollouts()
+        try:
+            async with asyncio.timeout(cfg.timeout_minutes * 60):
+                if cfg.hosted:
+                    await run_until_endpoint_down(gen, self.watch)
+                else:
+                    await gen
+        except asyncio.TimeoutError:
+            raise StopRequested(f"timeout after {cfg.timeout_minutes:g} minute(s)") from None
+
+    def settle(self) -> None:
+        """The run's status and error once its rollouts ran (and -H's push)."""
+        cfg, rows, watch = self.cfg, self.rows, self.watch
+        ref = self.result.run_id or self.run_dir
+        self.status, self.error = run_verdict(rows, self.progress.total, cfg, self.result.run_id or str(self.run_dir))
+        if watch.down_since is not None and self.status != "completed":
+            self.status, self.error = "incomplete", (
+                f"the model endpoint {self.base_url} is down since {watch.down_since} ({watch.streak} rollouts in a "
+                f"row could not connect: {watch.last_error}); stopped early: no rollout started after that, those "
+                f"in flight finished: {len(rows)} of {self.progress.total} rollouts ran, "
+                f"{verdict_counts(rows)['scored']} scored. When the endpoint is back, continue with: "
+                f"vf-sandbox eval --resume {ref}")
         if cfg.save_to_hf_hub:
             push_to_hub(rows, cfg)
-    except asyncio.CancelledError:  # SIGINT / SIGTERM: this task is the top of the eval, so finish cleanly
-        status, error = "stopped", "interrupted"
-    except StopRequested as exc:
-        status, error = "stopped", str(exc)
-    except (UsageError, MissingKeyError, ModelAuthError) as exc:  # the key is refused: fix it, as a usage error
-        status, error = "failed", str(exc)
-        result.usage_error = True
-    except Exception as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
-        log.info("%s: run failed with %s", cfg.env_id, error, exc_info=True, extra=RUN_LOG_ONLY)
-    finally:
-        for b in beats:
+
+    async def finish(self) -> None:
+        """Always: stop the side tasks, tear the env down, write the final metadata (and JUnit),
+        close the clients and the results file, record the end in the registry."""
+        cfg, result, rows, status, error = self.cfg, self.result, self.rows, self.status, self.error
+        for b in self.beats:
             b.cancel()
-        progress.status = status
+        self.progress.status = status
         result.status, result.error, result.rows = status, error, rows
-        if env is not None:
-            await _teardown(env)
-        if env is not None and run_dir is not None:
-            result.metadata = _build_metadata(env, cfg, rows, run_dir if writer else None, started, status, base_url, prior_ms, planned, first_date)
+        if self.env is not None:
+            await _teardown(self.env)
+        if self.env is not None and self.run_dir is not None:
+            result.metadata = self.metadata(status, self.run_dir if self.writer else None)
             if error:
                 result.metadata["error"] = error
             if cfg.junit_xml:
@@ -437,29 +500,32 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
                     write_junit(cfg.junit_xml, rows, result.metadata)
                 except OSError as exc:
                     log.warning("cannot write the JUnit report %s: %s", cfg.junit_xml, exc)
-        for c in clients:
+        for c in self.clients:
             try:
                 await asyncio.shield(c.close())
             except BaseException:  # noqa: BLE001
                 pass
-        if writer is not None:
-            try:  # a full disk must not keep the run's end out of metadata.json and the registry below
-                writer.close()
-            except OSError as exc:
-                log.warning("%s", exc)
-            try:
-                writer.write_metadata(result.metadata)
-            except OSError as exc:
-                log.warning("cannot write metadata: %s", exc)
-        if rec is not None:
+        self.close_writer()
+        if self.rec is not None:
             final = collections.Counter(verdict_of(r) for r in rows)
-            rec.progress(completed=len(rows), total=progress.total, scored=final["scored"],
-                         errors_by_kind={k: n for k, n in final.items() if k != "scored"})
-            rec.finish(status=status, error=error, error_kind="usage" if result.usage_error else None)
-        display.update(idx)
+            self.rec.progress(completed=len(rows), total=self.progress.total, scored=final["scored"],
+                              errors_by_kind={k: n for k, n in final.items() if k != "scored"})
+            self.rec.finish(status=status, error=error, error_kind="usage" if result.usage_error else None)
+        self.display.update(self.idx)
         if error and status == "failed":  # the console gets it once, from the CLI's last line
             log.error("%s: %s", cfg.env_id, error, extra=RUN_LOG_ONLY)
-    return result
+
+    def close_writer(self) -> None:
+        if self.writer is None:
+            return
+        try:  # a full disk must not keep the run's end out of metadata.json and the registry below
+            self.writer.close()
+        except OSError as exc:
+            log.warning("%s", exc)
+        try:
+            self.writer.write_metadata(self.result.metadata)
+        except OSError as exc:
+            log.warning("cannot write metadata: %s", exc)
 
 
 async def _teardown(env: Any) -> None:
