@@ -146,6 +146,9 @@ class Environment(ABC):
     its sandbox is deleted, and it is a `model` error when it waited on the model, a `sandbox`
     error when still in setup, else the rollout's result (scored, `sandbox_timeout` 1, stop
     `rollout_timeout`). Its scoring is bounded by as much again (then an `env` error)."""
+    requires_model: bool = True
+    """False for an env that never sends anything to a model (e.g. SWE debugging): it needs
+    no client, model, key or live endpoint."""
     start_gate: Callable[[], bool] | None = None
     """The run's say on starting a rollout (None: always): called when a rollout got its
     concurrency slot; False refuses it unless a rollout of its group already started (a
@@ -917,7 +920,7 @@ class Environment(ABC):
 
         client = client if client is not None else self.client
         model = model if model is not None else self.model
-        if client is None or model is None:
+        if self.requires_model and (client is None or model is None):
             raise TypeError(f"{type(self).__name__}.generate() needs a client and a model "
                             "(none given here or to the constructor)")
         if push_to_hf_hub and not hf_hub_dataset_name:

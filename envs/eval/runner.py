@@ -336,7 +336,7 @@ class _EvalRun:
             warm_up_workers(cfg)  # the workers' start-up overlaps this process loading its env
         self.env = loaded_env if loaded_env is not None else load_run_env(cfg)
         self.clients = make_run_clients(cfg, self.env)
-        if getattr(self.env, "requires_model", True):
+        if self.env.requires_model:
             log.info("%s: model %s at %s (client retries per request: %d, --client-max-retries; "
                      "rollout retries: %d, --max-retries)", cfg.env_id, cfg.model, self.base_url,
                      cfg.client_config.max_retries, cfg.rollout_retries())

@@ -85,7 +85,7 @@ def make_run_clients(cfg: EvalConfig, env: Any, check: bool = True) -> list[Any]
         replicas = [c.model_copy(update={"timeout": min(c.timeout, cfg.rollout_timeout),
                                          "connect_timeout": min(c.connect_timeout, cfg.rollout_timeout)})
                     for c in replicas]
-    if not getattr(env, "requires_model", True):
+    if not env.requires_model:
         return [make_client(c.model_copy(update={"api_key_var": "EMPTY"})) for c in replicas]
     clients = [make_client(c) for c in replicas]  # resolves API keys (MissingKeyError)
     if check:
