@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..types import State
-from .rubric import Rubric
+from .rubric import Rubric, set_advantages
 
 
 class RubricGroup(Rubric):
@@ -64,16 +64,7 @@ class RubricGroup(Rubric):
         for i, s in enumerate(states):
             s["reward"] = totals[i] if s.get("error") is None else 0.0
             s["metrics"] = {**base_metrics[i], **summed[i]}
-        if states:
-            from ..outputs import error_verdict
-
-            if all(s.get("error") is None or error_verdict(s["error"]) == "scored" for s in states):
-                mean = sum(s["reward"] for s in states) / len(states)
-                for s in states:
-                    s["advantage"] = s["reward"] - mean
-            else:  # a group with an errored rollout has no group-relative numbers
-                for s in states:
-                    s["advantage"] = None
+        set_advantages(states)
 
     async def cleanup(self, state: State) -> None:
         for r in self.rubrics:

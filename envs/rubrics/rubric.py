@@ -239,16 +239,7 @@ class Rubric:
             metrics.update({n: per_func[j][i] for j, n in enumerate(names)})
             s["reward"] = float(reward)
             s["metrics"] = metrics
-        if states:
-            from ..outputs import error_verdict
-
-            if all(s.get("error") is None or error_verdict(s["error"]) == "scored" for s in states):
-                mean = sum(s["reward"] for s in states) / len(states)
-                for s in states:
-                    s["advantage"] = s["reward"] - mean
-            else:  # a group with an errored rollout has no group-relative numbers
-                for s in states:
-                    s["advantage"] = None
+        set_advantages(states)
 
     def _group_args(self, states: list[State]) -> dict[str, Any]:
         singles = [self._args(s) for s in states]
@@ -287,6 +278,21 @@ class _Failed:
 
     def __init__(self, name: str, exc: BaseException):
         self.name, self.exc = name, exc
+
+
+def set_advantages(states: list[State]) -> None:
+    """Each state's `advantage`: its reward minus the group's mean, when every rollout of the
+    group was scored; None for all of them otherwise (no group-relative numbers from a group
+    with an errored rollout)."""
+    from ..outputs import error_verdict
+
+    if states and all(s.get("error") is None or error_verdict(s["error"]) == "scored" for s in states):
+        mean = sum(s["reward"] for s in states) / len(states)
+        for s in states:
+            s["advantage"] = s["reward"] - mean
+    else:
+        for s in states:
+            s["advantage"] = None
 
 
 def _num(value: Any) -> float:
