@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -761,10 +762,11 @@ def test_model_wait_is_visible_and_default_request_timeout(tmp_path):
 
     (cfg,) = configs_from_cli(["math-single"], {"model": "m", "api_base_url": "http://127.0.0.1:1/v1",
                                                 "api_key_var": "EMPTY", "env_dir_path": str(ENVS)})
-    (client,) = make_run_clients(cfg, object(), check=False)
+    env = types.SimpleNamespace(requires_model=True)  # what make_run_clients asks of the env
+    (client,) = make_run_clients(cfg, env, check=False)
     assert client.config.timeout == DEFAULT_MODEL_REQUEST_TIMEOUT == 600.0
     cfg2 = cfg.model_copy(update={"client_config": cfg.client_config.model_copy(update={"timeout": 42.0})})
-    assert make_run_clients(cfg2, object(), check=False)[0].config.timeout == 42.0
+    assert make_run_clients(cfg2, env, check=False)[0].config.timeout == 42.0
 
     with ModelServer(sequence(stall(25, then=compute()), compute())).run_in_thread() as srv:
         res = run(eval_cmd(tmp_path, srv.base_url, "math-single", "-n", "1", "-r", "1", "-s"), tmp_path)
