@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import threading
+import uuid
 
 import pytest
 
@@ -50,8 +51,10 @@ class RuntimeWatch:
 @pytest.mark.parametrize("env_id,policy", [("bash-files", bash_files_policy), ("python-math", python_math_policy)])
 def test_example_env_under_gvisor_same_results(tmp_path, env_id, policy):
     require_gvisor()
-    with RuntimeWatch("vf-sandbox.test=1") as watch:
-        rows, meta, label = eval_four_solved(tmp_path, env_id, policy(), "-x", "isolation=gvisor")
+    label = uuid.uuid4().hex[:12]
+    # this run's sandboxes only: other tests (other xdist workers, other suites) run beside it under runc
+    with RuntimeWatch(f"vf-test-case={label}") as watch:
+        rows, meta, label = eval_four_solved(tmp_path, env_id, policy(), "-x", "isolation=gvisor", label=label)
     assert meta["isolation"] == "gvisor" and meta["eval_config"]["isolation"] == "gvisor"
     assert watch.seen and set(watch.seen.values()) == {"runsc"}, watch.seen
     if env_id == "python-math":

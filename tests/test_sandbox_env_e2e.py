@@ -53,11 +53,12 @@ def bash_files_policy():
     return bash_files.scripted_policy()
 
 
-def eval_four_solved(tmp_path: Path, env_id: str, policy, *extra: str) -> tuple[list[dict], dict, str]:
+def eval_four_solved(tmp_path: Path, env_id: str, policy, *extra: str,
+                     label: str | None = None) -> tuple[list[dict], dict, str]:
     """`vf-sandbox eval ENV -n 4 -r 1 -c 4` against the scripted `policy`, in sandboxes
-    labelled for this test: it exits 0 and all 4 rollouts score 1.
-    Returns (rows, metadata, the sandboxes' `vf-test-case` label)."""
-    label = uuid.uuid4().hex[:12]
+    labelled for this test (`label`, default a fresh one): it exits 0 and all 4 rollouts
+    score 1. Returns (rows, metadata, the sandboxes' `vf-test-case` label)."""
+    label = label or uuid.uuid4().hex[:12]
     with ModelServer(policy).run_in_thread() as srv:
         res = run_eval(tmp_path, env_id, srv.base_url, "-n", "4", "-r", "1", "-c", "4",
                        "-a", json.dumps({"labels": {"vf-sandbox.test": "1", "vf-test-case": label}}), *extra)
