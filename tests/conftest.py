@@ -16,9 +16,12 @@ what this process still tracks), and containers carry the label
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +34,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 DEFAULT_TEST_IMAGE = "vf-sandbox/python:3.11"
 TEST_LABELS = {"vf-sandbox.test": "1"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def one_at_a_time(name: str):
+    """An exclusive lock of this checkout named `name` (.cache/NAME.lock), held for the block.
+    `make test` runs the suite on parallel workers (pytest-xdist), each with its own session
+    fixtures: a fixture that fills a cache shared by every process (downloads, a dataset file)
+    takes it, so the first worker fills the cache and the others wait, then find it filled."""
+    lock_dir = ROOT / ".cache"
+    lock_dir.mkdir(exist_ok=True)
+    with open(lock_dir / f"{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def docker_required() -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import one_at_a_time
 from envs.runs import registry, results
 
 pytestmark = pytest.mark.docker
@@ -30,8 +31,9 @@ def examples() -> Path:
 
     from swe_debug.examples.builder import build_dataset, build_images
 
-    path = build_dataset()
-    asyncio.run(build_images(path))
+    with one_at_a_time("swe-examples"):  # shared with test_swe_docker's fixture, on any worker: one at a time
+        path = build_dataset()
+        asyncio.run(build_images(path))
     return path
 
 

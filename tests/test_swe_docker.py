@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_docker
+from conftest import one_at_a_time, require_docker
 
 pytestmark = pytest.mark.docker
 
@@ -40,8 +40,9 @@ def examples() -> Path:
 
     from swe_debug.examples.builder import build_dataset, build_images
 
-    path = build_dataset()
-    asyncio.run(build_images(path))
+    with one_at_a_time("swe-examples"):  # every xdist worker's session builds it: one at a time
+        path = build_dataset()
+        asyncio.run(build_images(path))
     return path
 
 
