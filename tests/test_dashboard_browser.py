@@ -22,7 +22,9 @@ import pytest
 
 from envs.runs import registry
 
-pytestmark = pytest.mark.browser
+# One worker runs the module (`make test`: pytest-xdist, --dist loadgroup): its module fixture
+# `world` (real runs, a dashboard, Chromium) is set up once, not once per worker.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("dashboard-browser")]
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "tests" / "runs_driver.py"

@@ -29,7 +29,10 @@ import pytest
 
 from envs.testing.model_server import ModelServer, PolicyRequest, Reply, ToolCallSpec, compute, stall
 
-pytestmark = pytest.mark.docker
+# One worker runs the module (`make test` runs pytest-xdist with --dist loadgroup): its
+# module fixture is a 2-node Ray cluster (a dozen processes); split across workers, each
+# would start its own on this 2-core machine.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("ray-cluster")]
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = ROOT / "environments"

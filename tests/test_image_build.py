@@ -313,6 +313,7 @@ async def test_swe_image_names_carry_the_host_arch_and_reuse_the_content_key(pyt
 
 
 @pytest.mark.docker
+@pytest.mark.xdist_group("openenv-probe")  # runs the probe: test_openenv_build.py says why
 def test_openenv_project_builds_once_per_content(tmp_path, python_image, count_builds):
     from envs.openenv.build import build_project, content_hash
 

@@ -16,7 +16,11 @@ from envs.openenv.build import build_project
 from envs.openenv.probe import PROBE_LABEL
 from sandboxes.errors import ServerStartError, is_infra_error
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+# Every test that runs `openenv build`'s probe (a sandbox labelled only with the project's
+# environment id, shared by every copy of the echo/arith projects) is in one xdist group, so
+# one worker runs them in turn: test_server_that_cannot_start_fails_the_build_with_its_log_tail
+# asserts that no probe sandbox is left, which another worker's probe would contradict.
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900), pytest.mark.xdist_group("openenv-probe")]
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO = ROOT / "environments/openenv_echo/openenv_echo/echo_env"

@@ -30,6 +30,8 @@ from envs.testing.model_server import ModelServer, Reply, fixed
 from sandboxes.errors import ConfigError, ServerStartError, is_infra_error
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]  # the first test may build the images
+# The tests that run `openenv build`'s probe (test_openenv_build.py says why they share a worker)
+OPENENV_PROBE = pytest.mark.xdist_group("openenv-probe")
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO = ROOT / "environments/openenv_echo/openenv_echo/echo_env"
@@ -213,6 +215,7 @@ def _broken_spec(env: OpenEnvEnv):
     return env.sandbox_spec.model_copy(update={"environment_vars": {**env.sandbox_spec.environment_vars, BREAK_VAR: "1"}})
 
 
+@OPENENV_PROBE
 async def test_server_that_never_starts_is_infra_error_with_log_tail(breakable, run_label):
     async with ModelServer(fixed("{}")) as srv:
         env = OpenEnvEnv(breakable, prompt_renderer=echo_render, startup_timeout=90, start_attempts=2,
@@ -228,6 +231,7 @@ async def test_server_that_never_starts_is_infra_error_with_log_tail(breakable, 
     assert srv.count == 0  # the model was never asked
 
 
+@OPENENV_PROBE
 async def test_a_failed_server_start_is_retried_on_a_fresh_sandbox(breakable, run_label):
     """The first sandbox's server dies; the start is retried on a new sandbox (the
     first one deleted) and the rollout completes normally."""
@@ -274,6 +278,7 @@ async def test_server_starts_are_admitted_a_few_at_a_time(built, run_label):
     assert env.server_gate.peak == 2 and len(env.server_gate.starts) == 6
 
 
+@OPENENV_PROBE
 async def test_contract_mismatch_names_both_sides(built, run_label, tmp_path):
     proj = tmp_path / "echo_copy"
     shutil.copytree(ECHO, proj, ignore=shutil.ignore_patterns("__pycache__"))
@@ -343,6 +348,7 @@ def _build_cli(project: Path) -> tuple[subprocess.CompletedProcess, float]:
     return p, time.monotonic() - t0
 
 
+@OPENENV_PROBE
 def test_build_cli_is_content_hashed(built, tmp_path):
     proj = tmp_path / "echo_env"
     shutil.copytree(ECHO, proj, ignore=shutil.ignore_patterns(".build.json", "__pycache__"))
