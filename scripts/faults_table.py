@@ -48,6 +48,7 @@ class Case:
     outcome: str  # passed | failed | skipped
     seconds: float
     props: dict[str, str] = field(default_factory=dict)
+    line: int = 0  # where the test is defined (the table's row order)
 
 
 def read_cases(paths: list[str]) -> list[Case]:
@@ -61,7 +62,8 @@ def read_cases(paths: list[str]) -> list[Case]:
             else:
                 outcome = "passed"
             props = {p.get("name"): p.get("value") for p in tc.iter("property")}
-            cases.append(Case(tc.get("classname", ""), tc.get("name", ""), outcome, float(tc.get("time") or 0), props))
+            cases.append(Case(tc.get("classname", ""), tc.get("name", ""), outcome, float(tc.get("time") or 0), props,
+                              int(tc.get("line") or 0)))
     return cases
 
 
@@ -81,7 +83,8 @@ def cell(text: str) -> str:
 def table(cases: list[Case]) -> tuple[str, bool]:
     lines = ["| Fault injected | Outcome asserted | Result | Figure (same run) | Test |", "|---|---|---|---|---|"]
     ok = True
-    for c in cases:
+    # rows in the order of the tests in the file: a report of parallel workers lists them as they finished
+    for c in sorted(cases, key=lambda c: (c.line, c.name)):
         if c.classname != SUITE or "fault" not in c.props:
             continue
         v = verdict([c])
