@@ -101,6 +101,25 @@ def require_gvisor() -> None:
     pytest.skip(f"no gVisor: {reason}")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs pytest-xdist with --dist loadgroup: tests marked
+    `@pytest.mark.xdist_group(name)` run on one worker, in file order. xdist tells its scheduler
+    the group by appending `@name` to the test's node id, but writes the attribute pytest 9.2
+    no longer reads (pytest-dev/pytest-xdist#1386): the groups were silently ignored. Until
+    xdist sets it, this sets the node id the same way xdist does (`<nodeid>@<names>`)."""
+    if not getattr(config.option, "loadgroup", False):  # set in xdist workers under --dist loadgroup
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)  # JUnit names these tests `...@name` too
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("docker") is not None:
         require_docker()
