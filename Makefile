@@ -12,8 +12,14 @@ setup:
 demo: setup
 	scripts/demo.sh
 
+# The suite mostly waits (containers, subprocesses, servers): it runs on parallel workers
+# (pytest-xdist), more than the machine's cores. --dist loadgroup keeps each
+# @pytest.mark.xdist_group on one worker (tests that share a Ray cluster, a browser, or
+# engine state only they may touch); `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 4
 test: setup
-	VF_REQUIRE_DOCKER=1 VF_REQUIRE_BROWSER=1 VF_REQUIRE_RAY=1 .venv/bin/pytest -q -p no:cacheprovider --junitxml=test-artifacts/junit.xml
+	VF_REQUIRE_DOCKER=1 VF_REQUIRE_BROWSER=1 VF_REQUIRE_RAY=1 .venv/bin/pytest -q -p no:cacheprovider \
+	  -n $(TEST_WORKERS) --dist loadgroup --junitxml=test-artifacts/junit.xml
 
 bench: setup
 	scripts/bench.sh
