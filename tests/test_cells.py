@@ -148,6 +148,7 @@ async def test_a_cell_dies_at_its_lifetime(backend):
     assert "4247" not in (await host_of(backend).exec("ps -eo args")).stdout
 
 
+@pytest.mark.serial  # a sibling's commands must answer during the bomb: run alone, not beside parallel workers
 async def test_fork_bomb_and_memory_hog_stay_within_their_cell(backend, request):
     if backend.test_isolation == "gvisor":
         # gVisor enforces a cell's pids cgroup but only accounts its memory cgroup: the bomb's
