@@ -240,6 +240,29 @@ async def test_lifetime_enforced_without_owner(docker_backend, docker_spec):
     await sb.delete()
 
 
+async def test_deadline_deletes_from_outside_and_delete_cancels_it(docker_backend, docker_spec, monkeypatch):
+    """The creating process deletes a container at its labelled deadline + slack even when
+    the in-container `timeout` is stopped; a deleted sandbox's timer is cancelled."""
+    from backends.docker import backend as docker_mod
+
+    monkeypatch.setattr(docker_mod, "DEADLINE_SLACK_SECONDS", 0.0)
+    kept = await docker_backend.create(docker_spec)
+    assert kept.id in docker_backend._deadlines
+    await kept.delete()
+    assert kept.id not in docker_backend._deadlines
+    sb = await docker_backend.create(docker_spec.model_copy(update={"timeout_minutes": 0.1, "user": "root"}))
+    stopped = await sb.exec("for p in /proc/[0-9]*; do grep -qx timeout $p/comm 2>/dev/null && "
+                            "kill -STOP ${p#/proc/} && sleep 0.2 && cut -d' ' -f3 $p/stat; done")
+    assert stopped.stdout.split() == ["T"], stopped  # the in-container timer is stopped: only the owner's is left
+    for _ in range(80):
+        if not await container_exists(docker_backend, sb.id):
+            break
+        await asyncio.sleep(0.25)
+    assert not await container_exists(docker_backend, sb.id)
+    assert sb.id not in docker_backend._deadlines
+    await sb.delete()
+
+
 async def test_idempotency_key_one_container(docker_backend, docker_spec):
     tag = uuid.uuid4().hex[:8]
     spec = docker_spec.model_copy(update={"labels": {**docker_spec.labels, "case": tag}})

@@ -6,7 +6,12 @@ Each container runs with networking off (unless `spec.network`: then on the
 project's egress-only bridge, see network.py; never host networking), every
 capability dropped, no-new-privileges, pids/memory(+swap)/CPU limits, an init
 process, AutoRemove, and PID 1 wrapped in `timeout -s KILL <lifetime>`: it is
-gone after `timeout_minutes` even if its owner was SIGKILLed. Creation is
+gone after `timeout_minutes` even if its owner was SIGKILLed. That timer is
+within reach of the container's root code (it can SIGSTOP `timeout`), so the
+lifetime is also enforced from outside: the creating process deletes the
+container at its labelled deadline (`EXPIRES_AT`) + DEADLINE_SLACK_SECONDS (an
+event-loop timer, cancelled on delete), and the reaper removes any managed
+container past its deadline, its owner alive or not. Creation is
 idempotent (the container name derives from the idempotency key; a 409 means
 "fetch the one a previous attempt made"), retried on transient InfraErrors
 only (`retry_op`, as every idempotent operation; delete too).
@@ -59,7 +64,7 @@ from sandboxes.errors import (
     SandboxNotRunning,
 )
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RecipeStatus, RegistryAuth
-from sandboxes.labels import MANAGED, lifecycle_labels
+from sandboxes.labels import EXPIRES_AT, MANAGED, lifecycle_labels
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent, retry_op
 from sandboxes.spec import SandboxSpec
@@ -73,6 +78,9 @@ from .network import check_network_mode, ensure_egress_network
 log = logging.getLogger(__name__)
 
 NAME_PREFIX = "vf-"
+DEADLINE_SLACK_SECONDS = 5.0
+"""The creating process deletes a container this long after its labelled deadline (the
+in-container `timeout` normally ends it first; this is for one whose `timeout` was stopped)."""
 PYTHON_PROBE = "command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 7))'"
 
 
@@ -239,6 +247,7 @@ class DockerBackend:
         self._no_agent: set[str] = set()  # images without a usable python3
         self._engine_images = EngineImages(self.url)
         self.cells = CellHosts(self._create_cell_host, cells_per_host=cells_per_host)
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}  # container id -> its deletion at the deadline
 
     # ---------------------------------------------------------- plumbing
     async def _client(self) -> aiodocker.Docker:
@@ -293,6 +302,9 @@ class DockerBackend:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.cells.close()
+        for handle in self._deadlines.values():  # the reaper is the backstop for what is left
+            handle.cancel()
+        self._deadlines.clear()
         if self._docker is not None:
             docker, self._docker = self._docker, None
             with contextlib.suppress(Exception):
@@ -561,6 +573,8 @@ class DockerBackend:
             elif state.get("Status") != "created":
                 raise SandboxCreateError(f"container {name} from an earlier attempt is {state.get('Status')}") from exc
         lifecycle.track(cid, partial(remove_container_sync, self.url, cid), backend=self.name)
+        adopted = ((getattr(container, "_container", None) or {}).get("Config") or {}).get("Labels")
+        self._schedule_deadline(cid, adopted or config["Labels"])  # an adopted container: its own deadline
         try:
             if not started:
                 try:
@@ -574,6 +588,32 @@ class DockerBackend:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.delete(cid))
             raise
+
+    def _schedule_deadline(self, cid: str, labels: dict[str, str]) -> None:
+        """Delete container `cid` from this process at its labelled deadline + slack: the
+        lifetime held from outside the container (its root code can stop `timeout`)."""
+        try:
+            deadline = float(labels[EXPIRES_AT]) + DEADLINE_SLACK_SECONDS
+        except (KeyError, TypeError, ValueError):
+            return
+        loop = asyncio.get_running_loop()
+        old = self._deadlines.pop(cid, None)
+        if old is not None:
+            old.cancel()
+        self._deadlines[cid] = loop.call_later(max(0.0, deadline - time.time()), self._deadline_passed, cid)
+
+    def _deadline_passed(self, cid: str) -> None:
+        self._deadlines.pop(cid, None)
+
+        async def remove() -> None:
+            try:
+                await self.delete(cid)
+            except Exception as exc:  # noqa: BLE001 - best effort: the reaper removes what is left
+                log.warning("could not remove container %s past its lifetime: %s", cid[:12], exc)
+            else:
+                log.debug("removed container %s at its deadline", cid[:12])
+
+        asyncio.ensure_future(remove())
 
     async def _shielded_create(self, docker, config: dict[str, Any], name: str):
         """Create the container; if the caller is cancelled meanwhile, the container
@@ -706,6 +746,9 @@ class DockerBackend:
             if exc.status not in (404, 409):  # 404 gone, 409 AutoRemove already removing it
                 raise SandboxCreateError(f"cannot remove {sandbox_id}: {exc.message}") from exc
         lifecycle.untrack(sandbox_id)
+        handle = self._deadlines.pop(sandbox_id, None)
+        if handle is not None:
+            handle.cancel()
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
         """By label (every vf-sandbox container when both are None), or by ids
