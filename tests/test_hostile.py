@@ -250,6 +250,7 @@ async def _rss_kb(host, pid: int) -> int:
     return int(r.stdout.split()[1])
 
 
+@pytest.mark.serial  # a latency / deadline bound: run alone, not beside parallel workers
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_flood_costs_the_host_bounded_memory_and_siblings_no_latency(backend, compromised, mode):
     """An endless line without a newline for FLOOD_SECONDS: a flooding cell is ended at its
@@ -309,6 +310,7 @@ async def test_a_flood_costs_the_host_bounded_memory_and_siblings_no_latency(bac
 
 
 # ------------------------------------------------------------------ lifetime and what a cell sees
+@pytest.mark.serial  # a latency / deadline bound: run alone, not beside parallel workers
 @pytest.mark.parametrize("mode", MODES)
 async def test_lifetime_holds_against_the_code(backend, compromised, mode):
     # a container's `timeout -s KILL` is within reach of its root code (SIGSTOP): the creating
