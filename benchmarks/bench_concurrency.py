@@ -90,7 +90,7 @@ def main() -> None:
     os.environ.setdefault("BENCH_KEY", "x")
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "compute"],
+        [sys.executable, "-m", "testmodel.model_server", "--port", str(port), "--policy", "compute"],
         cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     results = []

@@ -213,7 +213,7 @@ def main() -> None:
         variants[1:1] = [("verifiers", vpy), ("verifiers-wrapped", vpy)]
     port = free_port()
     server = subprocess.Popen(
-        [project_py, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "compute"],
+        [project_py, "-m", "testmodel.model_server", "--port", str(port), "--policy", "compute"],
         cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     try:

@@ -48,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-VF = [sys.executable, "-m", "envs.cli.app"]
+VF = [sys.executable, "-m", "vfcli.app"]
 # a log line of the job (any format with an HH:MM:SS time before the logger name)
 LOG_TIME = re.compile(r"(\d\d:\d\d:\d\d(?:[.,]\d+)?)\s.*envs\.eval\.(hosted|ray_workers)\b.*?"
                       r"(hosted run|worker actor \d+ ready|runs no more groups)")
@@ -118,7 +118,7 @@ def gated(gate: threading.Event, then: Any) -> Any:
     """A model policy that answers (with `then`) only once `gate` is set."""
     import asyncio
 
-    from envs.testing.model_server import PolicyRequest, Reply
+    from testmodel.model_server import PolicyRequest, Reply
 
     async def policy(req: PolicyRequest) -> Reply:
         while not gate.is_set():
@@ -151,7 +151,7 @@ def median(xs: list[float]) -> float:
 def main() -> None:
     from ray_cluster import RayCluster
 
-    from envs.testing.model_server import ModelServer, compute
+    from testmodel.model_server import ModelServer, compute
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=100)
@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--scale-examples", type=int, default=1000)
     a = ap.parse_args()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "compute"],
+    server = subprocess.Popen([sys.executable, "-m", "testmodel.model_server", "--port", str(port), "--policy", "compute"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}/v1"
     cores = os.cpu_count() or 2

@@ -32,7 +32,7 @@ from openai import AsyncOpenAI  # noqa: E402
 from envs.clients.openai_clients import OpenAIChatCompletionsClient  # noqa: E402
 from envs.openenv.build import ensure_built  # noqa: E402
 from envs.openenv.env import OpenEnvEnv  # noqa: E402
-from envs.testing.model_server import ModelServer, fixed  # noqa: E402
+from testmodel.model_server import ModelServer, fixed  # noqa: E402
 
 ECHO = ROOT / "environments/openenv_echo/openenv_echo/echo_env"
 LABELS = {"vf-sandbox.bench": "1", "vf-bench": "openenv-start"}

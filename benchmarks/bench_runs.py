@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.runs import registry  # noqa: E402
+from runs import registry  # noqa: E402
 
 
 def per_call(fn, n: int) -> float:
@@ -90,7 +90,7 @@ def main() -> None:
     # 3. concurrency
     # Each process sleeps until a common start instant, then times its update
     # loop; wall = last end - start (interpreter start-up excluded).
-    writer = ("import sys, time\nfrom envs.runs.registry import RunRecorder\n"
+    writer = ("import sys, time\nfrom runs.registry import RunRecorder\n"
               "rec = RunRecorder.start(kind='eval', env_id='c', output_dir=sys.argv[1], capture_logging=False)\n"
               "time.sleep(max(0, float(sys.argv[3]) - time.time()))\n"
               "for i in range(int(sys.argv[2])):\n    rec.progress(completed=i, total=i)\n"

@@ -119,7 +119,7 @@ async def eval_run(args, *, pool_size: int | None, persistent: bool, latency: fl
     from openai import AsyncOpenAI
 
     import envs as vf
-    from envs.testing.model_server import ModelServer, stall, tool_script
+    from testmodel.model_server import ModelServer, stall, tool_script
 
     policy = tool_script([("bash", {"command": "cd /tmp && echo $((6 * 7)) > out.txt"}),
                           ("bash", {"command": "cat out.txt"}),

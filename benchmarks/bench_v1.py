@@ -47,7 +47,7 @@ AGENT = textwrap.dedent("""
 async def one_row(name: str, harness_kwargs: dict, policy, args, backend, label: dict) -> dict:
     from openai import AsyncOpenAI
 
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
     from envs.v1 import Env, Harness, Taskset
 
     rows = [{"prompt": f"What is {i} + 1?"} for i in range(args.rollouts)]
@@ -80,7 +80,7 @@ async def main() -> None:
     args = ap.parse_args()
 
     from backends.docker import DockerBackend
-    from envs.testing.model_server import PolicyRequest, compute, tool_then_answer
+    from testmodel.model_server import PolicyRequest, compute, tool_then_answer
 
     def slow(inner):
         async def policy(req: PolicyRequest):

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VF = [sys.executable, "-m", "envs.cli.app"]
+VF = [sys.executable, "-m", "vfcli.app"]
 
 
 def free_port() -> int:
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved -w 1 / -w N pairs; medians reported")
     a = ap.parse_args()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "compute"],
+    server = subprocess.Popen([sys.executable, "-m", "testmodel.model_server", "--port", str(port), "--policy", "compute"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:

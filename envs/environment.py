@@ -139,7 +139,7 @@ class Environment(ABC):
     """Abstract base of every environment."""
 
     retry_if: Callable[..., bool] | None = None
-    """The run's retry rules (`envs.eval.config.retry_predicate`: `retry_if(error, attempt)`);
+    """The run's retry rules (`runner.config.retry_predicate`: `retry_if(error, attempt)`);
     None: retry what `is_retryable` accepts (infrastructure, transient model errors)."""
     rollout_timeout: float | None = None
     """Seconds a rollout may run (--rollout-timeout; None: no bound): past it the rollout ends,

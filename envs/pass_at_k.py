@@ -1,6 +1,6 @@
 """pass@k and pass^k: the one implementation used by run metadata
 (`envs.outputs.aggregate`), `vf-sandbox runs show` and the dashboard
-(`envs.runs.results`).
+(`runs.results`).
 
 Both are the unbiased estimators over an example's n rollouts of which c
 passed (reward >= threshold), averaged over examples:

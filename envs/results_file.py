@@ -3,7 +3,7 @@ write and flushed, so a killed process loses nothing; fsynced at most once a
 second and on close, so a machine crash loses at most the last second; a torn last line from a killed writer is cut
 before appending) and `metadata.json` (rewritten atomically: temp file +
 os.replace). Used by `Environment.generate(save_results=True)` and by the
-eval run layer (`envs.eval.writer`, which adds the directory layout and
+eval run layer (`runner.writer`, which adds the directory layout and
 resume).
 
 A write that fails (a full disk, a read-only or vanished directory) raises

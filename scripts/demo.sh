@@ -26,7 +26,7 @@ export VF_LOCAL_API_KEY=local
 SERVERS=()
 trap 'kill "${SERVERS[@]}" 2>/dev/null || true' EXIT
 serve() {  # serve PORT POLICY
-  .venv/bin/python -m envs.testing.model_server --port "$1" --policy "$2" >"/tmp/vf-demo-model-$1.log" 2>&1 &
+  .venv/bin/python -m testmodel.model_server --port "$1" --policy "$2" >"/tmp/vf-demo-model-$1.log" 2>&1 &
   SERVERS+=($!)
   for _ in $(seq 1 100); do
     .venv/bin/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=1)" 2>/dev/null && return 0

@@ -44,7 +44,7 @@ fi
 # shells here) stops Python from writing them, so every process (CLI, Ray workers
 # and job drivers, -w workers) compiled its imports from source: `import ray` 0.7 s
 # instead of 0.26 s. Compiled once here; compileall skips what is up to date.
-.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages envs sandboxes backends swe_debug \
+.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages envs runs runner hosted dashboard vfcli testmodel sandboxes backends swe_debug \
   environments >/dev/null 2>&1 || true
 
 # 2. Docker engine -----------------------------------------------------------

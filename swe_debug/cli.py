@@ -10,7 +10,7 @@ verdict in `info.verdict`) and metadata.json, records the run in the registry
 (`--junit-xml`) like for every other eval. What this module adds is the view:
 a line per finished instance, a progress bar and the summary table.
 
-Exit codes (the same table as `vf-sandbox eval`, envs/eval/exit_codes.py): 0 all
+Exit codes (the same table as `vf-sandbox eval`, runner/exit_codes.py): 0 all
 valid · 1 some instance invalid or a row malformed · 2 bad usage (unknown ids,
 missing files) · 3 incomplete: instances ended in sandbox / env errors or were not
 run (Docker down, stopped) -- `--resume` continues · 130 Ctrl-C · 143 SIGTERM
@@ -25,9 +25,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from envs.eval import exit_codes
+from runner import exit_codes
 
-from envs.cli.eval_cmd import AUTO_RESUME, OptionalResumeCommand
+from vfcli.eval_cmd import AUTO_RESUME, OptionalResumeCommand
 
 from .debug import verdict
 
@@ -126,7 +126,7 @@ def run_name(dataset: str, step: str) -> str:
 
 def eval_config(a: dict[str, Any]):
     """The run definition of these flags (raises ConfigError)."""
-    from envs.eval.config import configs_from_cli
+    from runner.config import configs_from_cli
 
     cli = {
         "env_args": env_args(a), "model": MODEL, "api_key_var": "EMPTY", "num_examples": -1, "rollouts_per_example": 1,
@@ -150,7 +150,7 @@ def _main(**a: Any) -> int:
 
     from rich.console import Console
 
-    from envs.eval.runner import run_evals
+    from runner.runner import run_evals
     from sandboxes import ConfigError, UsageError
     from sandboxes.lifecycle import reap_in_background
 
@@ -197,9 +197,9 @@ def _main_hosted(cfg: Any, a: dict[str, Any], console: Any) -> int:
     import sys
     import time
 
-    from envs.eval.hosted import submit
-    from envs.eval.writer import load_existing
-    from envs.runs import hosted
+    from hosted.submit import submit
+    from runner.writer import load_existing
+    from hosted import jobs as hosted
     from sandboxes.errors import Error
 
     try:
@@ -340,7 +340,7 @@ def _print_table(console: Any, rows: list[dict[str, Any]], elapsed: float, run_d
 
 
 def main() -> None:
-    from envs.cli.errors import exit_on_error
+    from vfcli.errors import exit_on_error
 
     with exit_on_error():
         app()

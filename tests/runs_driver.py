@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from envs.runs.registry import RunRecorder
+from runs.registry import RunRecorder
 
 mode, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 r = int(sys.argv[4]) if len(sys.argv) > 4 else 3

@@ -18,7 +18,7 @@ from source_tree import parse_file
 from sandboxes.agent.client import AgentChannel, AgentConnection
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sandboxes", "backends", "envs", "swe_debug", "benchmarks")
+PACKAGES = ("sandboxes", "backends", "envs", "runs", "runner", "hosted", "dashboard", "vfcli", "testmodel", "swe_debug", "benchmarks")
 
 
 def _calls(tree: ast.AST):

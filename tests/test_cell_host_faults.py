@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from envs.testing.model_server import ModelServer, PolicyRequest, tool_script
+from testmodel.model_server import ModelServer, PolicyRequest, tool_script
 from sandboxes.cells import host_spec
 from sandboxes import SandboxSpec
 from test_sandbox_env import (
@@ -104,7 +104,7 @@ def test_three_quick_sigints_leave_no_cell_host(tmp_path):
     (tmp_path / "no-endpoints.toml").write_text("")
     policy = tool_script([("bash", {"command": "sleep 25"})])
     with ModelServer(policy).run_in_thread() as srv:
-        cmd = [sys.executable, "-m", "envs.cli.app", "eval", "sig-env", "-p", str(tmp_path / "environments"),
+        cmd = [sys.executable, "-m", "vfcli.app", "eval", "sig-env", "-p", str(tmp_path / "environments"),
                "-e", str(tmp_path / "no-endpoints.toml"), "-k", "VF_SIG_KEY", "-m", "test-model", "-b", srv.base_url,
                "-n", "4", "-r", "1", "-c", "4", "-d", "-a", json.dumps({"label": label, "rollout_isolation": "auto"})]
         env = {**os.environ, "VF_SIG_KEY": "k", "VF_RUNS_DB": str(tmp_path / "runs.db")}

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import typer
 
-from envs.testing.model_server import ModelServer, compute, fail, stall
+from testmodel.model_server import ModelServer, compute, fail, stall
 from test_eval_cli import ENV_SOURCES, cli_env, eval_cmd, read_rows, run_cli, run_dirs, workdir  # noqa: F401
 
 _ = ENV_SOURCES
 
 
 def vf(workdir: Path, *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 60):
-    return subprocess.run([sys.executable, "-m", "envs.cli.app", *args], cwd=cwd or workdir,
+    return subprocess.run([sys.executable, "-m", "vfcli.app", *args], cwd=cwd or workdir,
                           env=env or cli_env(workdir), capture_output=True, text=True, timeout=timeout)
 
 
@@ -177,7 +177,7 @@ def test_default_model_without_key_or_network_names_variable_and_url(workdir, tm
     env = cli_env(workdir)
     env.pop("PRIME_API_KEY", None)
     env["HOME"] = str(tmp_path / "home")  # no ~/.prime/config.json
-    res = subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", "e2e-basic", "-n", "1", "-d",
+    res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", "e2e-basic", "-n", "1", "-d",
                           "-p", str(workdir / "environments"), "-e", str(workdir / "no-endpoints.toml")],
                          cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2  # a usage error: the key variable is missing
@@ -213,7 +213,7 @@ def test_h_is_help_and_every_option_has_help(workdir):
     swe_h = subprocess.run([sys.executable, "-m", "swe_debug.cli", "-h"], capture_output=True, text=True, cwd=workdir)
     assert swe_h.returncode == 0 and "--eval-name" in swe_h.stdout
 
-    from envs.cli.app import app
+    from vfcli.app import app
     from swe_debug.cli import app as swe_app
 
     def missing(cmd, path=()):
@@ -260,7 +260,7 @@ def test_registry_per_user_found_from_any_cwd_with_outputs_state(workdir, tmp_pa
     # the state dir follows XDG_STATE_HOME without VF_STATE_DIR; --db names another file
     env2 = {k: v for k, v in env.items() if k != "VF_STATE_DIR"}
     env2["XDG_STATE_HOME"] = str(tmp_path / "xdg")
-    r = subprocess.run([sys.executable, "-c", "from envs.runs.registry import db_path; print(db_path())"],
+    r = subprocess.run([sys.executable, "-c", "from runs.registry import db_path; print(db_path())"],
                        env=env2, capture_output=True, text=True)
     assert r.stdout.strip() == str(tmp_path / "xdg" / "vf-sandbox" / "runs.db")
     other = json.loads(vf(workdir, "runs", "list", "--json", "--db", str(tmp_path / "none.db"), env=env).stdout)

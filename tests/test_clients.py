@@ -6,7 +6,7 @@ import pytest
 
 import envs as vf
 from envs.clients import make_client
-from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, fail, fail_first, fixed, stall, tool_then_answer
+from testmodel.model_server import ModelServer, Reply, ToolCallSpec, fail, fail_first, fixed, stall, tool_then_answer
 
 TOOLS = [vf.Tool(name="add", description="Add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})]
 
@@ -220,7 +220,7 @@ async def test_token_client_stitches_the_engines_tokens_across_turns():
     next turns send the previous turn's engine ids + the bridge tokens of the new messages
     to /v1/chat/completions/tokens (the server refuses ids that differ from its own
     tokenization of the conversation); every step records ids and logprobs."""
-    from envs.testing.model_server import tool_script
+    from testmodel.model_server import tool_script
 
     def add(a: int, b: int) -> int:
         """Add two integers."""
@@ -252,7 +252,7 @@ async def test_nemorl_client_carries_the_engines_tokens_both_ways():
     """nemorl_chat_completions against a NeMo Gym-style server: the ids in the returned
     message become the step's tokens, and later requests carry each earlier assistant
     turn's ids back (the server refuses ids that are not its own)."""
-    from envs.testing.model_server import tool_script
+    from testmodel.model_server import tool_script
 
     def add(a: int, b: int) -> int:
         """Add two integers."""

@@ -11,7 +11,7 @@ from datasets import Dataset
 from openai import AsyncOpenAI
 
 import envs as vf
-from envs.testing.model_server import ModelServer, tool_then_answer
+from testmodel.model_server import ModelServer, tool_then_answer
 
 
 # --------------------------------------------------------------------------- Client
@@ -251,7 +251,7 @@ def test_setup_logging_configures_the_package_logger(restore_envs_logger, tmp_pa
 
 
 async def test_openai_responses_client_end_to_end_with_tools():
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     def policy(req):
         if not req.tool_results():
@@ -290,7 +290,7 @@ def test_every_reference_client_type_is_served_and_unknown_ones_refused():
     from typing import get_args
 
     from envs.clients import client_class
-    from envs.eval.config import CLIENT_TYPES
+    from runner.config import CLIENT_TYPES
     from envs.types import ClientType
     from sandboxes.errors import ConfigError
 
@@ -304,7 +304,7 @@ async def test_client_config_connection_limit_is_honoured():
     import asyncio
 
     from envs.clients import make_client
-    from envs.testing.model_server import Reply
+    from testmodel.model_server import Reply
 
     inflight, peak = 0, 0
 
@@ -347,7 +347,7 @@ def test_sandbox_env_reference_arguments_are_used_or_refused():
 def test_endpoint_toml_takes_the_reference_long_field_names(tmp_path):
     """api_base_url / api_key_var (the reference's ClientConfig names) beside url / key;
     both given must agree (issue 26 item 8)."""
-    from envs.eval.config import load_endpoints
+    from runner.config import load_endpoints
     from sandboxes.errors import ConfigError
 
     p = tmp_path / "endpoints.toml"

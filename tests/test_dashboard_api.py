@@ -7,7 +7,8 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from envs.runs import dashboard, registry
+from dashboard import server as dashboard
+from runs import registry
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ async def test_endpoints_never_expose_keys(client):
 def test_launch_argv_validation(tmp_path):
     argv = dashboard.launch_argv({"env": "toy-env", "endpoint": "local", "n": "4", "r": 2,
                                   "env_args": '{"split": "test"}'}, "eps.toml")
-    assert argv[1:] == ["-m", "envs.cli.app", "eval", "toy-env", "-s", "-e", "eps.toml", "-m", "local",
+    assert argv[1:] == ["-m", "vfcli.app", "eval", "toy-env", "-s", "-e", "eps.toml", "-m", "local",
                         "-n", "4", "-r", "2", "-a", '{"split": "test"}']
     for bad in ({"env": ""}, {"env": "--evil"}, {"env": "x", "n": 0}, {"env": "x", "env_args": "[1]"},
                 {"env": "x", "endpoint": "-b"}):

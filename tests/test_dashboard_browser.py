@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.runs import registry
+from runs import registry
 
 # One worker runs the module (`make test`: pytest-xdist, --dist loadgroup): its module fixture
 # `world` (real runs, a dashboard, Chromium) is set up once, not once per worker.
@@ -102,7 +102,7 @@ def world(tmp_path_factory):
     running, ids["running"] = drive("slow", "live", 400)
 
     port = _free_port()
-    dash = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "dashboard", "--port", str(port),
+    dash = subprocess.Popen([sys.executable, "-m", "vfcli.app", "dashboard", "--port", str(port),
                              "--no-launch"], env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 20

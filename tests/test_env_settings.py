@@ -11,7 +11,7 @@ from openai import AsyncOpenAI
 import envs as vf
 from envs.environment import EnvSettings
 from envs.sandbox_env import SandboxEnv
-from envs.testing.model_server import ModelServer, compute
+from testmodel.model_server import ModelServer, compute
 from envs.v1 import Env, Harness, SandboxConfig, Taskset
 from sandboxes.errors import ConfigError
 from swe_debug.env import SWEDebugEnv

@@ -8,7 +8,7 @@ from sandboxes.errors import ConfigError
 from openai import AsyncOpenAI
 
 import envs as vf
-from envs.testing.model_server import ModelServer, PolicyRequest, Reply, compute, fixed, stall, tool_script, tool_then_answer
+from testmodel.model_server import ModelServer, PolicyRequest, Reply, compute, fixed, stall, tool_script, tool_then_answer
 from envs.types import State
 
 
@@ -336,7 +336,7 @@ async def test_task_errors_are_not_retried(server):
 
 
 async def test_model_auth_error_aborts_generate():
-    from envs.testing.model_server import fail
+    from testmodel.model_server import fail
 
     async with ModelServer(fail(401)) as srv:
         env = vf.SingleTurnEnv(dataset=rows(3))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.testing.model_server import ModelServer, PolicyRequest, Reply, compute, fail
+from testmodel.model_server import ModelServer, PolicyRequest, Reply, compute, fail
 
 ENV_SOURCES = {
     "e2e_nomodel": '''
@@ -119,7 +119,7 @@ def cli_env(workdir: Path) -> dict[str, str]:
 
 
 def eval_cmd(workdir: Path, *args: str, base_url: str | None = None, key: str = "VF_E2E_KEY") -> list[str]:
-    cmd = [sys.executable, "-m", "envs.cli.app", "eval", *args, "-p", str(workdir / "environments"),
+    cmd = [sys.executable, "-m", "vfcli.app", "eval", *args, "-p", str(workdir / "environments"),
            "-e", str(workdir / "no-endpoints.toml"), "-k", key, "-m", "test-model"]
     if base_url:
         cmd += ["-b", base_url]
@@ -153,7 +153,7 @@ def wait_rows(run_root: Path, at_least: int, timeout: float = 60) -> Path:
 
 
 def registry_rows(workdir: Path):
-    from envs.runs.registry import list_runs
+    from runs.registry import list_runs
 
     return list_runs(path=workdir / "runs.db")
 
@@ -213,7 +213,7 @@ def test_toml_config_runs_several_envs(workdir):
             rollouts_per_example = 1
             max_retries = 2
         """))
-        res = subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", str(cfg), "-d"], cwd=workdir,
+        res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", str(cfg), "-d"], cwd=workdir,
                              env=cli_env(workdir), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert len(read_rows(run_dirs(workdir, "e2e-basic")[0])) == 4  # TOML saves by default
@@ -250,7 +250,7 @@ def test_unknown_env_lists_installed(workdir):
 def test_toml_syntax_error_names_file_and_line(workdir):
     cfg = workdir / "broken.toml"
     cfg.write_text('[[eval]]\nenv_id = "e2e-basic"\nnum_examples = = 2\n')
-    res = subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", str(cfg)], cwd=workdir, env=cli_env(workdir),
+    res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", str(cfg)], cwd=workdir, env=cli_env(workdir),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and str(cfg) in res.stderr and "line 3" in res.stderr
 
@@ -258,7 +258,7 @@ def test_toml_syntax_error_names_file_and_line(workdir):
 def test_toml_unknown_key(workdir):
     cfg = workdir / "typo.toml"
     cfg.write_text('[[eval]]\nenv_id = "e2e-basic"\nrollouts_per_exmple = 2\n')
-    res = subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", str(cfg)], cwd=workdir, env=cli_env(workdir),
+    res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", str(cfg)], cwd=workdir, env=cli_env(workdir),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "'rollouts_per_exmple'" in res.stderr
 
@@ -411,7 +411,7 @@ def test_env_install(workdir, tmp_path):
         '[project]\nname = "vf-probe-env"\nversion = "0.0.1"\n[build-system]\nrequires = ["setuptools>=68"]\n'
         'build-backend = "setuptools.build_meta"\n[tool.setuptools]\npy-modules = ["vf_probe_env"]\n'
     )
-    cmd = [sys.executable, "-m", "envs.cli.app", "env", "install", "vf-probe-env", "-p", str(workdir / "environments")]
+    cmd = [sys.executable, "-m", "vfcli.app", "env", "install", "vf-probe-env", "-p", str(workdir / "environments")]
     res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=180)
     try:
         assert res.returncode == 0, res.stderr + res.stdout
@@ -419,7 +419,7 @@ def test_env_install(workdir, tmp_path):
         assert check.returncode == 0 and "vf_probe_env.py" in check.stdout
     finally:
         subprocess.run(["uv", "pip", "uninstall", "--python", sys.executable, "vf-probe-env"], capture_output=True)
-    res = subprocess.run([sys.executable, "-m", "envs.cli.app", "env", "install", "absent", "-p", str(workdir / "environments")],
+    res = subprocess.run([sys.executable, "-m", "vfcli.app", "env", "install", "absent", "-p", str(workdir / "environments")],
                          cwd=workdir, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "e2e_basic" in res.stderr
 
@@ -430,10 +430,10 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("env_id,client_type", [("math-single", "openai_chat_completions"), ("tool-calc", "openai_chat_completions"),
                                                 ("tool-calc", "anthropic_messages"), ("math-single", "openai_completions")])
 def test_example_environments_end_to_end(workdir, env_id, client_type):
-    from envs.testing.model_server import auto
+    from testmodel.model_server import auto
 
     with ModelServer(auto()).run_in_thread() as srv:
-        cmd = [sys.executable, "-m", "envs.cli.app", "eval", env_id, "-p", str(ROOT / "environments"), "-e", str(workdir / "none.toml"),
+        cmd = [sys.executable, "-m", "vfcli.app", "eval", env_id, "-p", str(ROOT / "environments"), "-e", str(workdir / "none.toml"),
                "-m", "local-model", "-b", srv.base_url, "-k", "VF_E2E_KEY", "--api-client-type", client_type,
                "-n", "3", "-r", "2", "-s", "-d", "-A"]
         if client_type == "openai_completions":
@@ -458,7 +458,7 @@ def test_eval_with_the_renderer_client_from_a_toml(workdir):
     import renderers
     from renderers.base import load_tokenizer
 
-    from envs.testing.tokenizer import build_chatml_tokenizer
+    from testmodel.tokenizer import build_chatml_tokenizer
 
     tok_dir = build_chatml_tokenizer(workdir / "tokenizer")
     tokenizer = load_tokenizer(str(tok_dir))
@@ -480,7 +480,7 @@ def test_eval_with_the_renderer_client_from_a_toml(workdir):
             renderer_model_name = "{tok_dir}"
             renderer_config = {{ name = "qwen3" }}
         """))
-        res = subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", str(cfg), "-d"], cwd=workdir,
+        res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", str(cfg), "-d"], cwd=workdir,
                              env={**cli_env(workdir), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = read_rows(run_dirs(workdir, "e2e-basic")[0])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.eval.config import (
+from runner.config import (
     configs_from_cli,
     configs_from_toml,
     expand_ablation,
@@ -239,8 +239,8 @@ def test_hosted_junit_without_follow_is_refused_before_anything_is_submitted():
     """The hosted JUnit report is written when the run ends, which only --follow waits for:
     without it the flag would be accepted and ignored."""
     from envs.clients import ClientConfig
-    from envs.eval.config import EvalConfig
-    from envs.eval.hosted import run_hosted
+    from runner.config import EvalConfig
+    from hosted.submit import run_hosted
     from sandboxes.errors import ConfigError
 
     cfg = EvalConfig(env_id="math-single", model="m", client_config=ClientConfig(), junit_xml="report.xml")
@@ -249,7 +249,7 @@ def test_hosted_junit_without_follow_is_refused_before_anything_is_submitted():
 
 
 def test_repeated_x_flags_merge_and_a_conflict_is_an_error():
-    from envs.eval.config import parse_kwargs_list
+    from runner.config import parse_kwargs_list
     from sandboxes.errors import ConfigError
 
     assert parse_kwargs_list(["rollout_isolation=namespace", "isolation=gvisor,n=3", '{"flag": true}'], "-x") == {
@@ -291,7 +291,7 @@ def test_renderer_client_settings_reach_the_client_config(tmp_path):
 def test_resume_check_sees_client_settings_that_change_results_not_the_endpoint():
     """`definition_diff` (what --resume refuses): another client type or renderer setting
     changes what the model sees; another endpoint URL or key variable does not."""
-    from envs.eval.config import EvalConfig
+    from runner.config import EvalConfig
     from envs.types import ClientConfig
 
     base = EvalConfig(env_id="math-single", model="m", client_config=ClientConfig())

@@ -2,7 +2,7 @@
 
 import io
 
-from envs.eval.display import EvalProgress, PlainDisplay, RichDisplay, print_summary
+from runner.display import EvalProgress, PlainDisplay, RichDisplay, print_summary
 
 
 def test_rich_display_selection_and_render():
@@ -28,7 +28,7 @@ def test_plain_display_logs_progress(caplog):
     i = d.add(EvalProgress(label="env", model="m", total=2))
     d.update(i)  # pending: nothing
     d.evals[i].status, d.evals[i].done, d.evals[i].reward_sum = "running", 2, 1.5
-    with caplog.at_level("INFO", logger="envs.eval"):
+    with caplog.at_level("INFO", logger="envs.runner"):
         d.update(i)
     assert "env: 2/2 rollouts, avg reward 0.750" in caplog.text
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from envs.testing.model_server import ModelServer, compute
+from testmodel.model_server import ModelServer, compute
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-vf-secret-4f1c0de9a7"
@@ -21,7 +21,7 @@ def test_api_key_and_header_values_never_written(tmp_path):
     env = {**os.environ, "VF_SECRET_KEY": KEY, "VF_RUNS_DB": str(tmp_path / "runs.db")}
     with ModelServer(compute()).run_in_thread() as srv:
         proc = subprocess.run(
-            [sys.executable, "-m", "envs.cli.app", "eval", "math-single", "-m", "toy", "-b", srv.base_url,
+            [sys.executable, "-m", "vfcli.app", "eval", "math-single", "-m", "toy", "-b", srv.base_url,
              "-k", "VF_SECRET_KEY", "--header", f"X-Team-Token: {TOKEN}", "-n", "3", "-r", "2", "-s", "-v", "-d",
              "-o", str(out), "-e", str(tmp_path / "none.toml")],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,

@@ -144,7 +144,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 def eval_cmd(tmp_path: Path, base_url: str, *args: str) -> list[str]:
     (tmp_path / "none.toml").write_text("")
-    return [sys.executable, "-m", "envs.cli.app", "eval", *args, "-m", "test-model", "-b", base_url, "-k", KEY,
+    return [sys.executable, "-m", "vfcli.app", "eval", *args, "-m", "test-model", "-b", base_url, "-k", KEY,
             "-e", str(tmp_path / "none.toml"), "-p", str(ENVS), "-o", str(tmp_path / "outputs"), "-d"]
 
 
@@ -161,7 +161,7 @@ COUNT = ("cd /task && grep -r --include='*.log' -c ERROR . | awk -F: '{s += $2} 
 def killing_policy(kill_during_tool: bool, kills: list[str]):
     """bash-files solver that, on its first rollout only, has the rollout's own container
     `docker kill`ed: between two tool calls (mid-rollout) or while a tool call runs."""
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     lock = threading.Lock()
 
@@ -205,7 +205,7 @@ def test_sigkill_mid_eval_then_reap_and_resume(tmp_path, case):
     leaves 0 containers, `--resume` runs exactly the missing rollouts (0 lost, 0 duplicated)."""
     case.row("runner SIGKILLed mid-eval (SandboxEnv, -c 8)",
              "`sandboxes reap` → 0 containers; `--resume`: 0 lost, 0 duplicated")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     sys.path.insert(0, str(ENVS / "bash_files"))
     import bash_files
@@ -241,7 +241,7 @@ def test_sigkill_mid_eval_then_reap_and_resume(tmp_path, case):
             if proc.poll() is None:
                 proc.kill()
         assert len(containers(case.label)) == live  # SIGKILL: nothing could clean up...
-        reap = subprocess.run([sys.executable, "-m", "envs.cli.app", "sandboxes", "reap"], cwd=tmp_path, env=cli_env(tmp_path),
+        reap = subprocess.run([sys.executable, "-m", "vfcli.app", "sandboxes", "reap"], cwd=tmp_path, env=cli_env(tmp_path),
                               capture_output=True, text=True, timeout=120)
         assert reap.returncode == 0, reap.stderr
         assert wait_no_containers(case.label) == []  # ...and reap removed every one of them
@@ -268,7 +268,7 @@ def test_docker_kill_of_a_sandbox_is_retried_as_infra_error(tmp_path, case, duri
     where = "mid-tool-call" if during_tool else "mid-rollout"
     case.row(f"sandbox container `docker kill`ed {where}",
              "retried on a fresh sandbox as an infrastructure error; row recorded once")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     kills: list[str] = []
     with ModelServer(killing_policy(during_tool, kills)).run_in_thread() as srv:
@@ -290,7 +290,7 @@ def test_sandbox_killed_without_retries_is_not_a_reward_0_row(tmp_path, case):
     runs it again to completion."""
     case.row("sandbox killed mid-rollout with `max_retries = 0`",
              "not scored: out of the averages, run `incomplete` (exit 3); `--resume` reruns it")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     kills: list[str] = []
     with ModelServer(killing_policy(False, kills)).run_in_thread() as srv:
@@ -637,7 +637,7 @@ def test_bad_cli_input_exits_2_and_keeps_earlier_results(tmp_path, case):
     swe_rows = tmp_path / "swe.jsonl"
     swe_rows.write_text(json.dumps({"instance_id": "no-patch", "image_name": "vf-sandbox/python:3.11",
                                     "FAIL_TO_PASS": ["t"]}) + "\n")
-    base = [sys.executable, "-m", "envs.cli.app", "eval"]
+    base = [sys.executable, "-m", "vfcli.app", "eval"]
     common = ["-p", str(ENVS), "-o", str(tmp_path / "outputs"), "-d"]
     cases = {
         "malformed TOML": (base + [str(tmp_path / "broken.toml")], "line 3"),
@@ -698,7 +698,7 @@ def test_secrets_never_written(tmp_path, case):
     run wrote (results, metadata, registry, logs) nor in its console output."""
     case.row("secrets: API key, header token, a custom secret (sandbox env var via `-x`)",
              "never in results, metadata, registry or logs (the custom one really reached the sandbox)")
-    from envs.testing.model_server import ModelServer, Reply, ToolCallSpec
+    from testmodel.model_server import ModelServer, Reply, ToolCallSpec
 
     seen: list[str] = []
 
@@ -875,7 +875,7 @@ def test_engine_restart_mid_run(tmp_path, case, own_engine):
     case.row("Docker engine SIGKILLed and restarted mid-run (the suite's own dockerd)",
              "run completes (infra errors retried), each rollout once; 0 containers listed after; what the "
              "engine lost removed by `sandboxes reap`: 0 shims, 0 containers in containerd")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     sys.path.insert(0, str(ENVS / "bash_files"))
     import bash_files
@@ -924,7 +924,7 @@ def test_engine_restart_mid_run(tmp_path, case, own_engine):
     # `runc init` (a create in flight, never started), even running sandboxes only containerd
     # still holds. `sandboxes reap` removes them (through containerd): nothing of the run is left.
     lost = sorted(held_by_containerd(own_engine) - engine_ids(own_engine.sock))
-    out = subprocess.run([sys.executable, "-m", "envs.cli.app", "sandboxes", "reap"], env=own_engine.env(),
+    out = subprocess.run([sys.executable, "-m", "vfcli.app", "sandboxes", "reap"], env=own_engine.env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert held_by_containerd(own_engine) == set(), out.stdout
@@ -995,7 +995,7 @@ def test_sandboxes_the_engine_lost_are_reaped(case, own_engine):
     shims_before = len(shim_ids(own_engine.containerd))
     procs_before = len(case_processes(case.label))
     assert procs_before > 0, "the sandbox whose record was deleted should still be running"
-    out = subprocess.run([sys.executable, "-m", "envs.cli.app", "sandboxes", "reap"], env=own_engine.env(),
+    out = subprocess.run([sys.executable, "-m", "vfcli.app", "sandboxes", "reap"], env=own_engine.env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     reaped = [line for line in out.stdout.splitlines() if line.endswith("(engine-lost)")]

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 SERVER = """
 import asyncio, sys
-from envs.testing.model_server import ModelServer, compute
+from testmodel.model_server import ModelServer, compute
 async def slow(req):
     await asyncio.sleep({delay})
     return compute()(req)
@@ -100,7 +100,7 @@ def dashboard_view(tmp_path: Path, run_id: str) -> dict:
     """What the dashboard API serves for the run (GET /api/runs/{id})."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from envs.runs import dashboard
+    from dashboard import server as dashboard
 
     async def go() -> dict:
         app = dashboard.make_app(endpoints_path=str(tmp_path / "none.toml"), allow_launch=False)
@@ -122,7 +122,7 @@ def dashboard_view(tmp_path: Path, run_id: str) -> dict:
 
 def registry_record(tmp_path: Path, run_id: str):
     """The run's row in the test's run registry (VF_RUNS_DB of cli_env)."""
-    from envs.runs import registry
+    from runs import registry
 
     return registry.get_run(run_id, path=tmp_path / "runs.db")
 
@@ -131,7 +131,7 @@ def dashboard_list(tmp_path: Path) -> list[dict]:
     """The dashboard API's runs list (GET /api/runs), whose rows the runs table shows."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from envs.runs import dashboard
+    from dashboard import server as dashboard
 
     async def go() -> list[dict]:
         app = dashboard.make_app(endpoints_path=str(tmp_path / "none.toml"), allow_launch=False)
@@ -273,7 +273,7 @@ def test_model_faults_are_model_errors_then_resume(tmp_path, fault):
     """Answering 500s, answering garbage, hanging past --rollout-timeout: each rollout is a
     `model` error (with the HTTP status where there is one), nothing is averaged, exit 3;
     `--resume` against a healthy server scores every rollout once."""
-    from envs.testing.model_server import ModelServer, fail, stall
+    from testmodel.model_server import ModelServer, fail, stall
 
     base = ["math-single", "-n", "3", "-r", "2", "-c", "6", "-s", "--client-max-retries", "0"]
     t0 = time.monotonic()
@@ -292,7 +292,7 @@ def test_model_faults_are_model_errors_then_resume(tmp_path, fault):
     if fault == "hang":
         assert all("timed out after 2s" in r["error"] for r in rows) and elapsed < 60  # not 3600 s x 3
     assert "all 6 rollouts failed (model API errors)" in res.stderr
-    from envs.testing.model_server import compute
+    from testmodel.model_server import compute
 
     with ModelServer(compute()).run_in_thread() as good:
         res2 = run(eval_cmd(tmp_path, good.base_url, *base, "--resume", str(run_dir)), tmp_path)
@@ -327,7 +327,7 @@ def test_reward_function_raising_is_an_env_error_then_resume(tmp_path):
     """A reward function raising KeyError on half the rows: those are `env` errors with
     the traceback in the row and the run log, never a silent 0; average over the scored
     half, exit 3; fixed, `--resume` scores them."""
-    from envs.testing.model_server import ModelServer, compute
+    from testmodel.model_server import ModelServer, compute
 
     pkg = tmp_path / "envs_here" / "honest_reward"
     pkg.mkdir(parents=True)
@@ -342,10 +342,10 @@ def test_reward_function_raising_is_an_env_error_then_resume(tmp_path):
         assert sorted(r["example_id"] for r in bad) == [1, 3, 5]
         assert all(r["error_type"] == "ScoringError" and "KeyError" in r["error_info"]["traceback"] for r in bad)
         assert meta["avg_reward"] == 1.0  # the 3 scored rows; the raising ones are not a 0
-        log = subprocess.run([sys.executable, "-m", "envs.cli.app", "runs", "logs", rid], cwd=tmp_path,
+        log = subprocess.run([sys.executable, "-m", "vfcli.app", "runs", "logs", rid], cwd=tmp_path,
                              env=cli_env(tmp_path), capture_output=True, text=True, timeout=60).stdout
         assert "Traceback" in log and "KeyError: 'missing'" in log
-        runs_cli = [sys.executable, "-m", "envs.cli.app", "runs"]
+        runs_cli = [sys.executable, "-m", "vfcli.app", "runs"]
         listed = subprocess.run([*runs_cli, "list"], cwd=tmp_path, env={**cli_env(tmp_path), "COLUMNS": "250"},
                                 capture_output=True, text=True, timeout=60).stdout
         assert "SCORED" in listed and "ERRORED" in listed and "3 (env 3)" in listed, listed
@@ -362,7 +362,7 @@ def test_reward_function_raising_is_an_env_error_then_resume(tmp_path):
 
 def test_max_error_rate_accepts_errors_explicitly(tmp_path):
     """--max-error-rate 0.5 accepts the 3 of 6 env errors: completed, exit 0, counts still shown."""
-    from envs.testing.model_server import ModelServer, compute
+    from testmodel.model_server import ModelServer, compute
 
     pkg = tmp_path / "envs_here" / "honest_reward"
     pkg.mkdir(parents=True)
@@ -386,7 +386,7 @@ FORK_BOMB = "bomb() { bomb | bomb & }; bomb"
 def bomb_policy(first: str, seen: list[str]):
     """bash-files solver that runs `first` as its first command, then checks the shell
     still works, then gives a (wrong) answer."""
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     def policy(req):
         turn = req.n_tool_turns()
@@ -415,7 +415,7 @@ def test_memory_bomb_is_a_scored_task_failure(tmp_path, case, isolation):
     if isolation == "gvisor" and not gvisor_available():
         pytest.skip("the engine has no runsc runtime")
     case.row(f"memory bomb under {isolation}", "scored: reward 0, sandbox_oom=1, not retried; run completed, exit 0")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     seen: list[str] = []
     with ModelServer(bomb_policy(BOMB_MEM, seen)).run_in_thread() as srv:
@@ -441,7 +441,7 @@ def test_fork_bomb_is_not_exit_0(tmp_path, case):
     works, the rollout is scored and the run completed."""
     case.row("bash fork bomb (returns at once, children hold the pids limit)",
              "tool result exit 137 + note, processes killed, next command works; scored, completed")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     seen: list[str] = []
     with ModelServer(bomb_policy(FORK_BOMB, seen)).run_in_thread() as srv:
@@ -462,7 +462,7 @@ def test_sandbox_killed_mid_rollout_is_a_sandbox_error_then_resume(tmp_path, cas
     """`docker kill` of a rollout's sandbox with no retries: a `sandbox` error, out of the
     average, incomplete (exit 3), on the dashboard; `--resume` scores it."""
     case.row("sandbox killed mid-rollout, no retries", "verdict sandbox; incomplete, exit 3; --resume scores it")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     kills: list[str] = []
     with ModelServer(killing_policy(False, kills)).run_in_thread() as srv:
@@ -481,9 +481,9 @@ def test_sandbox_killed_mid_rollout_is_a_sandbox_error_then_resume(tmp_path, cas
 def test_eval_and_swe_debug_agree_on_exit_codes(tmp_path):
     """One table for both CLIs: documented in both --help texts, and the same statuses map to
     the same codes (swe-debug adds 1 for an invalid instance)."""
-    from envs.eval import exit_codes
+    from runner import exit_codes
 
-    for argv in (["-m", "envs.cli.app", "eval", "--help"], ["-m", "swe_debug.cli", "--help"]):
+    for argv in (["-m", "vfcli.app", "eval", "--help"], ["-m", "swe_debug.cli", "--help"]):
         out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60,
                              env={**os.environ, "COLUMNS": "300"})
         text = " ".join(out.stdout.split())
@@ -499,7 +499,7 @@ def test_eval_and_swe_debug_agree_on_exit_codes(tmp_path):
 @pytest.mark.docker
 def test_docker_down_exits_3_for_both_clis(tmp_path):
     """The sandbox backend unreachable is a sandbox (infrastructure) error: exit 3 from both."""
-    from envs.testing.model_server import ModelServer, compute
+    from testmodel.model_server import ModelServer, compute
 
     env = {**cli_env(tmp_path), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
     with ModelServer(compute()).run_in_thread() as srv:
@@ -522,7 +522,7 @@ def test_docker_down_exits_3_for_both_clis(tmp_path):
 def test_retry_rules_by_http_status_with_backoff_and_cap(tmp_path):
     """[[retry_rules]] in the run definition: 503s are retried (backoff, up to 3 times,
     attempts in the row), a 429 is not (no rule for it): a `model` error with its status."""
-    from envs.testing.model_server import ModelServer, compute, fail, fail_first
+    from testmodel.model_server import ModelServer, compute, fail, fail_first
 
     toml = tmp_path / "run.toml"
 
@@ -548,7 +548,7 @@ def test_retry_rules_by_http_status_with_backoff_and_cap(tmp_path):
             rollouts_per_example = 1
         '''))
     (tmp_path / "none.toml").write_text("")
-    cmd = [sys.executable, "-m", "envs.cli.app", "eval", str(toml), "-o", str(tmp_path / "outputs"), "-d"]
+    cmd = [sys.executable, "-m", "vfcli.app", "eval", str(toml), "-o", str(tmp_path / "outputs"), "-d"]
     with ModelServer(fail_first(3, 503, then=compute())).run_in_thread() as srv:
         write(srv.base_url)
         res = run(cmd, tmp_path)
@@ -572,7 +572,7 @@ def test_retry_rules_by_http_status_with_backoff_and_cap(tmp_path):
 
 LATE_SIGNAL = """
 import asyncio, os, signal, sys
-import envs.eval.runner as runner
+import runner.runner as runner
 real = runner.run_evals
 async def run_evals(*a, **k):
     out = await real(*a, **k)  # the run is over, its teardown done, the runner's handlers removed
@@ -591,11 +591,11 @@ def test_signal_after_teardown_exits_130_or_143(tmp_path, cli, sig):
     """A Ctrl-C (or SIGTERM) that arrives after the runner removed its handlers (the run's
     teardown done) exits 130 (143), not -2 (-15) or a KeyboardInterrupt traceback; the same
     for vf-sandbox eval and vf-swe-debug."""
-    from envs.testing.model_server import ModelServer, compute
+    from testmodel.model_server import ModelServer, compute
 
     want = 130 if sig == "SIGINT" else 143
     if cli == "eval":
-        code = LATE_SIGNAL.format(sig=sig, module="envs.cli.app")
+        code = LATE_SIGNAL.format(sig=sig, module="vfcli.app")
         with ModelServer(compute()).run_in_thread() as srv:
             cmd = eval_cmd(tmp_path, srv.base_url, "math-single", "-n", "1", "-r", "1", "-s")
             res = run([sys.executable, "-c", code, *cmd[3:]], tmp_path, timeout=120)
@@ -618,7 +618,7 @@ def test_signal_after_teardown_exits_130_or_143(tmp_path, cli, sig):
 
 SLOW_TOOL_SERVER = """
 import asyncio, sys
-from envs.testing.model_server import ModelServer, Reply, ToolCallSpec
+from testmodel.model_server import ModelServer, Reply, ToolCallSpec
 COUNT = {count!r}
 def policy(req):
     turn = req.n_tool_turns()
@@ -675,7 +675,7 @@ def test_endpoint_down_in_flight_rollouts_finish_nothing_new_starts(tmp_path, ca
         env_args = {{ pool_size = 0, rollout_isolation = "container", labels = {{ {labels} }} }}
     '''))
     (tmp_path / "none.toml").write_text("")
-    cmd = [sys.executable, "-m", "envs.cli.app", "eval", str(toml), "-o", str(tmp_path / "outputs"), "-d"]
+    cmd = [sys.executable, "-m", "vfcli.app", "eval", str(toml), "-o", str(tmp_path / "outputs"), "-d"]
     srv = ServerProcess(code, port=port)
     again = None
     try:
@@ -733,7 +733,7 @@ def test_rollout_timeout_in_the_sandbox_is_the_rollouts_result(tmp_path, case):
     (the case's leak check); the run completed, exit 0, in seconds, not minutes."""
     case.row("rollout stuck in a sandbox command past --rollout-timeout",
              "scored: reward 0, sandbox_timeout 1, stop rollout_timeout; sandbox deleted; completed, exit 0")
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     seen: list[str] = []
     t0 = time.monotonic()
@@ -756,9 +756,9 @@ def test_model_wait_is_visible_and_default_request_timeout(tmp_path):
     """No --rollout-timeout and a model that does not answer for 25 s: the log names the rollout
     waiting on the model and for how long, and the request limit (600 s by default, not the
     clients' 3600 s); an endpoint's own `timeout` is kept."""
-    from envs.eval.config import configs_from_cli
-    from envs.eval.setup import DEFAULT_MODEL_REQUEST_TIMEOUT, make_run_clients
-    from envs.testing.model_server import ModelServer, compute, sequence, stall
+    from runner.config import configs_from_cli
+    from runner.setup import DEFAULT_MODEL_REQUEST_TIMEOUT, make_run_clients
+    from testmodel.model_server import ModelServer, compute, sequence, stall
 
     (cfg,) = configs_from_cli(["math-single"], {"model": "m", "api_base_url": "http://127.0.0.1:1/v1",
                                                 "api_key_var": "EMPTY", "env_dir_path": str(ENVS)})
@@ -784,7 +784,7 @@ def test_rollout_timeout_verdict_by_phase_in_process():
     import envs as vf
     from envs.environment import Environment
     from envs.outputs import error_verdict
-    from envs.testing.model_server import ModelServer, Reply
+    from testmodel.model_server import ModelServer, Reply
 
     class Stuck(vf.MultiTurnEnv):
         async def env_response(self, messages, state, **kw):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.testing.model_server import ModelServer, PolicyRequest, Reply, ToolCallSpec, compute, stall
+from testmodel.model_server import ModelServer, PolicyRequest, Reply, ToolCallSpec, compute, stall
 
 # One worker runs the module (`make test` runs pytest-xdist with --dist loadgroup): its
 # module fixture is a 2-node Ray cluster (a dozen processes); split across workers, each
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("ray-cluster")]
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = ROOT / "environments"
-VF = [sys.executable, "-m", "envs.cli.app"]
+VF = [sys.executable, "-m", "vfcli.app"]
 SWE = [sys.executable, "-m", "swe_debug.cli"]
 SECRET = f"zebra-{uuid.uuid4().hex}-quokka"
 IDNA, BAD_GOLD = "kjd__idna-3.4", "kjd__idna-3.4-bad-gold"
@@ -296,10 +296,10 @@ def test_swe_debug_hosted_gives_the_local_verdicts(tmp_path, cluster):
 
 
 def test_permission_rules_sandboxes_and_instances(monkeypatch):
-    """No cluster needed: what the job checks before any rollout (envs.eval.hosted_job)."""
-    from envs.eval.config import configs_from_cli
-    from envs.eval.hosted_job import MissingPermission, check_permissions
-    from envs.eval.setup import load_run_env
+    """No cluster needed: what the job checks before any rollout (hosted.driver)."""
+    from runner.config import configs_from_cli
+    from hosted.driver import MissingPermission, check_permissions
+    from runner.setup import load_run_env
 
     monkeypatch.setenv("VF_TEST_KEY", "k")
 
@@ -346,7 +346,7 @@ def test_kuberay_manifest_is_consistent():
 def test_hosted_without_ray_says_how_to_install_it(tmp_path):
     """No cluster needed: the CLI in a process where `import ray` fails."""
     code = ("import sys; sys.modules['ray'] = None; sys.argv = ['vf-sandbox', *sys.argv[1:]]; "
-            "from envs.cli.app import main; main()")
+            "from vfcli.app import main; main()")
     e = {**os.environ, "VF_RUNS_DB": str(tmp_path / "runs.db"), "VF_TEST_KEY": "k"}
     p = subprocess.run([sys.executable, "-c", code, *eval_args("math-single", "http://127.0.0.1:9/v1"),
                         "--address", "http://127.0.0.1:9"], cwd=tmp_path, env=e, capture_output=True, text=True,

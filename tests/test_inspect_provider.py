@@ -111,7 +111,7 @@ def arithmetic():
 def _policy(req):
     """First turn: the sample's arithmetic through a sandboxed tool (bash for one sample,
     python for the other); then answer with what the tool printed."""
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     results = req.tool_results()
     if results:
@@ -136,7 +136,7 @@ async def test_inspect_eval_with_a_sandboxed_tool(tmp_path, python_image):
     """`inspect eval` (the real CLI) runs a two-sample task on the vf provider, found by its
     entry point (the task file imports nothing of ours: `pip install` is enough), against the local scripted model (offline); both samples are scored
     correct from tool output computed in the sandbox, and no sandbox is left behind."""
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
     from inspect_ai.log import read_eval_log
 
     config = tmp_path / "vf.json"
@@ -174,7 +174,7 @@ def _wait_for_sandbox(label: str, proc: subprocess.Popen, within: float = 120.0)
 async def test_interrupted_inspect_leaves_no_sandbox(tmp_path, python_image):
     """Ctrl-C (SIGINT) to `inspect eval` during a sample: inspect's interrupt path
     (sample_cleanup with interrupted=True, task_cleanup) removes the sandbox."""
-    from envs.testing.model_server import ModelServer, stall
+    from testmodel.model_server import ModelServer, stall
 
     config = tmp_path / "vf.json"
     config.write_text(json.dumps({"image": python_image, "labels": dict(TEST_LABELS), "timeout_minutes": 10}))

@@ -4,7 +4,7 @@ outside `backends/` names a backend module in a string (a dynamic import the
 import graph cannot see), except the backend registry that maps names to
 import paths.
 
-    swe_debug -> envs -> sandboxes <- backends
+    swe_debug -> vfcli -> dashboard -> hosted -> runner -> runs -> testmodel -> envs -> sandboxes <- backends
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_import_contracts_hold():
 
 def dynamic_backend_imports() -> list[str]:
     found = []
-    for package in ("sandboxes", "envs", "swe_debug"):
+    for package in ("sandboxes", "envs", "runs", "runner", "hosted", "dashboard", "vfcli", "testmodel", "swe_debug"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT)
             if rel == REGISTRY:

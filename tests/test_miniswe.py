@@ -28,7 +28,7 @@ pytestmark = pytest.mark.docker
 def _policy(req):
     """Step 1: compute in the sandbox into a file (and show who runs it); step 2: submit
     the file; mini-swe-agent's bash tool each time."""
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     if not req.tool_results():
         return Reply(content="Computing.", tool_calls=[ToolCallSpec(
@@ -57,7 +57,7 @@ def _leftovers(label: dict[str, str], wait: float = 20.0) -> list[str]:
 
 
 def test_mini_cli_runs_in_a_vf_sandbox(tmp_path, python_image):
-    from envs.testing.model_server import ModelServer
+    from testmodel.model_server import ModelServer
 
     run_label = {"vf-miniswe-test": uuid.uuid4().hex[:12]}
     trajectory = tmp_path / "run.traj.json"

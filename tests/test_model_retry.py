@@ -18,7 +18,7 @@ import pytest
 import envs as vf
 from envs.clients import AnthropicMessagesClient, ModelAuthError, OpenAIChatCompletionsClient, TransientModelError
 from envs.errors import ModelError, OverlongPromptError, error_kind
-from envs.testing.model_server import ModelServer, fail, fail_first, fixed
+from testmodel.model_server import ModelServer, fail, fail_first, fixed
 from sandboxes.retry import is_retryable
 
 

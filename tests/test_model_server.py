@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from envs.testing.model_server import (
+from testmodel.model_server import (
     ModelServer,
     PolicyRequest,
     Reply,
@@ -158,7 +158,7 @@ def test_cli_process_serves():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "envs.testing.model_server", "--port", str(port), "--policy", "fixed:pong"],
+        [sys.executable, "-m", "testmodel.model_server", "--port", str(port), "--policy", "fixed:pong"],
         stdout=subprocess.PIPE, text=True,
     )
     try:

@@ -107,7 +107,7 @@ async def test_every_env_refuses_another_backend_after_its_first_sandbox(tmp_pat
 
 async def test_sandbox_env_and_python_env_rollouts(handed):
     import envs as vf
-    from envs.testing.model_server import tool_script
+    from testmodel.model_server import tool_script
     from test_sandbox_env import dataset, run_env
 
     env = vf.SandboxEnv(dataset=dataset(), backend="local", max_turns=3)
@@ -126,7 +126,7 @@ async def test_sandbox_env_and_python_env_rollouts(handed):
 async def test_v1_harness_rollout(handed, docker_backend, python_image):
     from openai import AsyncOpenAI
 
-    from envs.testing.model_server import ModelServer, compute
+    from testmodel.model_server import ModelServer, compute
     from envs.v1 import Harness, Task
 
     async with ModelServer(compute()) as srv:
@@ -152,7 +152,7 @@ async def test_openenv_env_rollout(handed):
     require_docker()
     from envs.openenv.build import ensure_built
     from envs.openenv.env import OpenEnvEnv
-    from envs.testing.model_server import ModelServer, fixed
+    from testmodel.model_server import ModelServer, fixed
     from test_openenv_env import ECHO, _client, echo_render
 
     ensure_built(ECHO)

@@ -26,7 +26,7 @@ from envs.openenv.build import ensure_built
 from envs.openenv.contract import ContractMismatch
 from envs.openenv.env import OpenEnvEnv
 from envs.openenv.manifest import read_manifest, write_manifest
-from envs.testing.model_server import ModelServer, Reply, fixed
+from testmodel.model_server import ModelServer, Reply, fixed
 from sandboxes.errors import ConfigError, ServerStartError, is_infra_error
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]  # the first test may build the images

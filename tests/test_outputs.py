@@ -11,8 +11,8 @@ from openai import AsyncOpenAI
 import envs as vf
 from envs.errors import error_text
 from envs.outputs import serialize_trajectory, state_to_output
-from envs.runs.results import sample_groups, summarize_eval
-from envs.testing.model_server import ModelServer, tool_then_answer
+from runs.results import sample_groups, summarize_eval
+from testmodel.model_server import ModelServer, tool_then_answer
 from envs.types import Response, RolloutTiming, State
 
 STEP_KEYS = {"prompt", "completion", "response", "tokens", "reward", "advantage", "is_truncated", "trajectory_id", "extras"}

@@ -1,5 +1,5 @@
 """One pass@k: run metadata (envs.outputs.aggregate) and `runs show` / the
-dashboard (envs.runs.results.summarize_eval) give the same, hand-computed numbers."""
+dashboard (runs.results.summarize_eval) give the same, hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from envs.outputs import aggregate
 from envs.pass_at_k import ks_for, pass_at_k
-from envs.runs.results import summarize_eval
+from runs.results import summarize_eval
 
 
 def rows(rewards_by_example: dict[int, list[float]]) -> list[dict]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.cli.plugins.prime import PRIME_PLUGIN_API_VERSION, PrimeCLIPlugin, get_plugin, plugin
-from envs.testing.model_server import ModelServer, compute
+from vfcli.plugins.prime import PRIME_PLUGIN_API_VERSION, PrimeCLIPlugin, get_plugin, plugin
+from testmodel.model_server import ModelServer, compute
 from sandboxes.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_contract_shape():
     p = get_plugin()
     assert PRIME_PLUGIN_API_VERSION == 1 and p.api_version == 1 and plugin() == p
-    assert p.build_module_command(p.eval_module, ["x"]) == [sys.executable, "-m", "envs.cli.commands.eval", "x"]
+    assert p.build_module_command(p.eval_module, ["x"]) == [sys.executable, "-m", "vfcli.commands.eval", "x"]
     with pytest.raises(UsageError, match="not provided"):
         p.build_module_command(p.gepa_module, [])
     with pytest.raises(Exception):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import envs as vf
-from envs.testing.model_server import PolicyRequest, tool_script
+from testmodel.model_server import PolicyRequest, tool_script
 from test_sandbox_env import dataset, run_env, tool_messages, unique_labels, wait_gone
 
 pytestmark = pytest.mark.docker

@@ -1,7 +1,7 @@
 """RendererClient (client_type "renderer") against the local model server's token-in generate route.
 
 Real tokenization: a Qwen3-template renderer of the `renderers` package over a small
-BPE tokenizer built here (envs.testing.tokenizer) and loaded from disk by transformers;
+BPE tokenizer built here (testmodel.tokenizer) and loaded from disk by transformers;
 the Hugging Face hub is never reached (HF_HUB_OFFLINE). The server reads the prompt
 ids back into messages, refuses ids that are neither their conversation's rendering
 nor an extension of an earlier turn, and answers with completion ids of the same
@@ -13,7 +13,7 @@ import pytest
 
 import envs as vf
 from envs.clients import make_client
-from envs.testing.model_server import ModelServer, Reply, ToolCallSpec, tool_script
+from testmodel.model_server import ModelServer, Reply, ToolCallSpec, tool_script
 from sandboxes.errors import ConfigError
 
 import renderers  # noqa: E402  (the `renderers` extra is part of the dev install: fail loudly without it)
@@ -31,7 +31,7 @@ def _offline(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from envs.testing.tokenizer import build_chatml_tokenizer
+    from testmodel.tokenizer import build_chatml_tokenizer
 
     return str(build_chatml_tokenizer(tmp_path_factory.mktemp("tok")))
 

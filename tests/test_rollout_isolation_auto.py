@@ -10,7 +10,7 @@ import pytest
 
 import envs as vf
 from conftest import require_gvisor
-from envs.testing.model_server import tool_script
+from testmodel.model_server import tool_script
 from sandboxes import ConfigError
 from test_docker import nopython_image  # noqa: F401 - fixture
 from test_sandbox_env import bash_env, containers_with, run_env, tool_messages, unique_labels, wait_gone

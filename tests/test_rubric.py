@@ -123,7 +123,7 @@ async def test_math_rubric():
 async def test_judge_rubric_against_local_server():
     from openai import AsyncOpenAI
 
-    from envs.testing.model_server import ModelServer, fixed
+    from testmodel.model_server import ModelServer, fixed
 
     async with ModelServer(fixed("yes")) as srv:
         judge = vf.JudgeRubric(judge_client=AsyncOpenAI(base_url=srv.base_url, api_key="x"), judge_model="judge")

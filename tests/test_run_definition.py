@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 import envs as vf
-from envs.eval.config import EvalConfig, configs_from_cli, configs_from_toml
-from envs.runs import registry
-from envs.testing.model_server import ModelServer, stall
+from runner.config import EvalConfig, configs_from_cli, configs_from_toml
+from runs import registry
+from testmodel.model_server import ModelServer, stall
 from sandboxes import get_backend
 from sandboxes.errors import ConfigError
 from sandboxes.labels import MANAGED, RUN_ID
@@ -49,7 +49,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 
 def vf_cli(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envs.cli.app", *args], cwd=tmp_path, env=cli_env(tmp_path),
+    return subprocess.run([sys.executable, "-m", "vfcli.app", *args], cwd=tmp_path, env=cli_env(tmp_path),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -118,7 +118,7 @@ def test_isolation_from_x_toml_and_the_run_definition(tmp_path):
     """`isolation` is one field of the run definition, whichever way it is given: `-x
     isolation=gvisor` (lifted out of the env settings), TOML top level or per [[eval]];
     unset it is None (the env's own choice); a bad value or two different ones are refused."""
-    from envs.eval.config import parse_kwargs
+    from runner.config import parse_kwargs
 
     base = {"endpoints_path": str(tmp_path / "none.toml"), "env_dir_path": str(ENVS)}
     (tmp_path / "none.toml").write_text("")
@@ -146,7 +146,7 @@ def test_isolation_from_x_toml_and_the_run_definition(tmp_path):
 def test_the_run_isolation_reaches_every_kind_of_sandbox_env(tmp_path):
     """load_run_env puts the run's isolation on the sandbox spec of SandboxEnv/PythonEnv
     examples and on SWE debug options; None leaves the env's own choice (never weaker)."""
-    from envs.eval.setup import load_run_env
+    from runner.setup import load_run_env
 
     (tmp_path / "none.toml").write_text("")
     base = {"endpoints_path": str(tmp_path / "none.toml"), "env_dir_path": str(ENVS)}
@@ -224,7 +224,7 @@ def test_runs_stop_cleans_up_on_the_recorded_backend(tmp_path):
             {"env_id": "bash-files", "backend": "local", "backend_options": {"base_dir": str(base_dir)},
              "num_examples": 2, "rollouts_per_example": 1},
         ])
-        proc = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "eval", str(path), "-d"], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "vfcli.app", "eval", str(path), "-d"], cwd=tmp_path,
                                 env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         backend = get_backend("local", base_dir=str(base_dir))
         try:
@@ -259,7 +259,7 @@ def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig, workers,
     in-flight rollouts are cancelled, finished groups are saved, every sandbox is deleted,
     status `stopped`."""
     label = uuid.uuid4().hex[:12]
-    from envs.testing.model_server import PolicyRequest
+    from testmodel.model_server import PolicyRequest
 
     solver = bash_files_policy()
     hanging: list[int] = []  # rollouts in their model call, each holding its sandbox
@@ -276,7 +276,7 @@ def test_signal_mid_run_of_a_sandbox_eval_leaves_nothing(tmp_path, sig, workers,
             {"env_id": "bash-files", "num_examples": 12, "rollouts_per_example": 1, "max_concurrent": 8,
              "env_args": {"labels": {"vf-sandbox.test": "1", "vf-test-case": label}, "rollout_isolation": mode}},
         ])
-        proc = subprocess.Popen([sys.executable, "-m", "envs.cli.app", "eval", str(path), "-d", "-w", str(workers)],
+        proc = subprocess.Popen([sys.executable, "-m", "vfcli.app", "eval", str(path), "-d", "-w", str(workers)],
                                 cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
         try:

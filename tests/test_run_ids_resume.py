@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.testing.model_server import ModelServer, Reply, compute
+from testmodel.model_server import ModelServer, Reply, compute
 from test_eval_cli import (  # noqa: F401 - workdir is a fixture
     cli_env,
     eval_cmd,
@@ -50,12 +50,12 @@ def odd_examples_fail():
 
 def eval_alone(workdir: Path, *args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`vf-sandbox eval ARGS` with nothing added (e.g. `--resume ID`, `--from-run ID`)."""
-    return subprocess.run([sys.executable, "-m", "envs.cli.app", "eval", *args, "-d"], cwd=cwd or workdir,
+    return subprocess.run([sys.executable, "-m", "vfcli.app", "eval", *args, "-d"], cwd=cwd or workdir,
                           env=cli_env(workdir), capture_output=True, text=True, timeout=timeout)
 
 
 def vf(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envs.cli.app", *args], cwd=workdir, env=cli_env(workdir),
+    return subprocess.run([sys.executable, "-m", "vfcli.app", *args], cwd=workdir, env=cli_env(workdir),
                           capture_output=True, text=True, timeout=60)
 
 
@@ -68,7 +68,7 @@ def examples(rows: list[dict]) -> Counter:
 
 
 def get(workdir: Path, rid: str):
-    from envs.runs.registry import get_run
+    from runs.registry import get_run
 
     return get_run(rid, path=workdir / "runs.db")
 
@@ -295,7 +295,7 @@ def test_sigkilled_eval_is_not_running_and_resume_scores_every_rollout_once(work
 def test_unknown_endpoint_alias_names_the_registry_and_the_closest_alias(workdir):
     eps = workdir / "endpoints.toml"
     eps.write_text('[[endpoint]]\nendpoint_id = "local"\nmodel = "m"\nurl = "http://127.0.0.1:9/v1"\nkey = "K"\n')
-    cmd = [sys.executable, "-m", "envs.cli.app", "eval", "e2e-basic", "-p", str(workdir / "environments"), "-d"]
+    cmd = [sys.executable, "-m", "vfcli.app", "eval", "e2e-basic", "-p", str(workdir / "environments"), "-d"]
     res = subprocess.run([*cmd, "-m", "lcoal", "-e", str(eps)], cwd=workdir, env=cli_env(workdir),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
@@ -309,7 +309,7 @@ def test_unknown_endpoint_alias_names_the_registry_and_the_closest_alias(workdir
 
 
 def test_an_alias_resolves_outside_the_repo_root(tmp_path, monkeypatch):
-    from envs.eval.config import configs_from_cli
+    from runner.config import configs_from_cli
 
     monkeypatch.chdir(tmp_path)
     (cfg,) = configs_from_cli(["e2e-basic"], {"model": "local", "env_dir_path": str(tmp_path)})
@@ -325,7 +325,7 @@ def test_zero_examples_is_a_usage_error(workdir):
 @pytest.mark.skipif(shutil.which("docker") is None, reason="needs the Docker engine")
 def test_an_image_that_does_not_exist_is_a_usage_error(workdir):
     with ModelServer(compute()).run_in_thread() as srv:
-        cmd = [sys.executable, "-m", "envs.cli.app", "eval", "bash-files", "-p", str(ROOT / "environments"),
+        cmd = [sys.executable, "-m", "vfcli.app", "eval", "bash-files", "-p", str(ROOT / "environments"),
                "-e", str(workdir / "none.toml"), "-m", "m", "-b", srv.base_url, "-k", "VF_E2E_KEY",
                "-x", "docker_image=nosuch/image:1", "-n", "1", "-r", "1", "-d"]
         res = subprocess.run(cmd, cwd=workdir, env=cli_env(workdir), capture_output=True, text=True, timeout=180)
@@ -345,7 +345,7 @@ def test_vf_swe_debug_prints_its_run_id_and_resumes_by_it(tmp_path):
     swe = [sys.executable, "-m", "swe_debug.cli", str(rows), "-o", str(tmp_path / "out"), "-q", "--no-tests",
            "--debug-step", "none"]
     res = subprocess.run(swe, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    from envs.runs.registry import list_runs
+    from runs.registry import list_runs
 
     (rec,) = list_runs(path=tmp_path / "runs.db")
     assert f"run {rec.id}: vf-sandbox runs show {rec.id}" in res.stdout + res.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.runs import registry, results
+from runs import registry, results
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "tests" / "runs_driver.py"
@@ -125,7 +125,7 @@ def test_stop_via_cli(env):
 def test_stop_of_process_ignoring_sigterm_needs_force(env, tmp_path):
     stubborn = tmp_path / "stubborn.py"
     stubborn.write_text(
-        "import signal, time\nfrom envs.runs.registry import RunRecorder\n"
+        "import signal, time\nfrom runs.registry import RunRecorder\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         f"rec = RunRecorder.start(kind='eval', env_id='x', output_dir={str(tmp_path / 'o')!r})\n"
         "print(rec.id, flush=True)\ntime.sleep(60)\n")

@@ -1,5 +1,5 @@
 """Run registry states through the real `vf-sandbox eval` against the local
-model server (envs/testing/model_server.py): completed, failed, SIGKILL,
+model server (testmodel/model_server.py): completed, failed, SIGKILL,
 stopped with `runs stop` then `--resume`d, `logs --follow`, `--timeout-minutes`;
 and the dashboard showing a real eval run in headless Chromium."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.runs import registry
-from envs.testing.model_server import ModelServer, compute, stall
+from runs import registry
+from testmodel.model_server import ModelServer, compute, stall
 
 ROOT = Path(__file__).resolve().parents[1]
 VF = shutil.which("vf-sandbox", path=str(Path(sys.executable).parent)) or "vf-sandbox"

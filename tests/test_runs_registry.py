@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.runs import registry
+from runs import registry
 
 DRIVER = Path(__file__).with_name("runs_driver.py")
 
@@ -91,7 +91,7 @@ def test_reused_pid_is_not_alive(env):
 
 
 def test_stop_then_resume_continues_same_run(env):
-    from envs.runs.stop import stop_run
+    from dashboard.stop import stop_run
     p, rid = spawn(env, "slow", n=12)
     wait_progress(rid, 2)
     r = stop_run(rid, timeout=20)
@@ -142,7 +142,7 @@ def test_sigkill_during_writes_never_corrupts_the_registry(env, tmp_path):
     """Writers SIGKILLed mid-transaction: the file stays consistent, every run readable."""
     storm = tmp_path / "storm.py"
     storm.write_text(
-        "import sys\nfrom envs.runs.registry import RunRecorder\n"
+        "import sys\nfrom runs.registry import RunRecorder\n"
         "rec = RunRecorder.start(kind='eval', env_id='storm', output_dir=sys.argv[1], capture_logging=False)\n"
         "print(rec.id, flush=True)\n"
         "i = 0\nwhile True:\n    i += 1\n    rec.progress(completed=i, total=i)  # completed==total: never throttled\n")
@@ -192,7 +192,7 @@ async def test_concurrent_runs_in_one_process_get_their_own_log_lines(env, tmp_p
 
 
 def _open_fresh(path, barrier, results):
-    from envs.runs import registry as reg
+    from runs import registry as reg
 
     barrier.wait()
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import one_at_a_time
-from envs.runs import registry, results
+from runs import registry, results
 
 pytestmark = pytest.mark.docker
 

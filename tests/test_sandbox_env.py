@@ -19,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import envs as vf
-from envs.testing.model_server import ModelServer, PolicyRequest, tool_script
+from testmodel.model_server import ModelServer, PolicyRequest, tool_script
 
 pytestmark = pytest.mark.docker
 
@@ -289,7 +289,7 @@ def test_no_sandbox_left_after_signal(tmp_path, sig, mode):
     # first turn: a long command, so every rollout sits in its sandbox when the signal comes
     policy = tool_script([("bash", {"command": "sleep 25"})])
     with ModelServer(policy).run_in_thread() as srv:
-        cmd = [sys.executable, "-m", "envs.cli.app", "eval", "sig-env", "-p", str(tmp_path / "environments"),
+        cmd = [sys.executable, "-m", "vfcli.app", "eval", "sig-env", "-p", str(tmp_path / "environments"),
                "-e", str(tmp_path / "no-endpoints.toml"), "-k", "VF_SIG_KEY", "-m", "test-model", "-b", srv.base_url,
                "-n", "4", "-r", "1", "-c", "4", "-d", "-a", json.dumps({"label": label, "rollout_isolation": mode})]
         env = {**os.environ, "VF_SIG_KEY": "k", "VF_RUNS_DB": str(tmp_path / "runs.db")}

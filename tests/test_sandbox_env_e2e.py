@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.testing.model_server import PolicyRequest, Reply, ToolCallSpec, ModelServer
+from testmodel.model_server import PolicyRequest, Reply, ToolCallSpec, ModelServer
 from test_sandbox_env import wait_gone
 
 pytestmark = pytest.mark.docker
@@ -25,7 +25,7 @@ ENVS = REPO / "environments"
 
 def run_eval(tmp_path: Path, env_id: str, base_url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (tmp_path / "no-endpoints.toml").write_text("")
-    cmd = [sys.executable, "-m", "envs.cli.app", "eval", env_id, "-p", str(ENVS), "-e", str(tmp_path / "no-endpoints.toml"),
+    cmd = [sys.executable, "-m", "vfcli.app", "eval", env_id, "-p", str(ENVS), "-e", str(tmp_path / "no-endpoints.toml"),
            "-k", "VF_E2E_SANDBOX_KEY", "-m", "test-model", "-b", base_url, "-s", "-d", *args]
     env = {**os.environ, "VF_E2E_SANDBOX_KEY": "k", "VF_RUNS_DB": str(tmp_path / "runs.db")}
     env.pop("VF_RUN_ID", None)

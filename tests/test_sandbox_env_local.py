@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import envs as vf
-from envs.testing.model_server import tool_script
+from testmodel.model_server import tool_script
 from sandboxes.errors import ConfigError
 from test_sandbox_env import dataset, run_env, tool_messages
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import envs as vf
-from envs.testing.model_server import ModelServer, tool_script
+from testmodel.model_server import ModelServer, tool_script
 from sandboxes import ConfigError, RetryPolicy
 from test_sandbox_env import bash_env, containers_with, tool_messages, unique_labels, wait_gone
 

@@ -10,9 +10,9 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from envs.cli.eval_cmd import app
-from envs.eval import config as C
-from envs.eval.options import declared, flags
+from vfcli.eval_cmd import app
+from runner import config as C
+from runner.options import declared, flags
 from sandboxes.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,15 +92,15 @@ def test_definition_diff_compares_what_the_declarations_say():
 def test_configuration_reference_is_current():
     doc = ROOT / "docs" / "configuration.md"
     assert doc.read_text() == C.configuration_reference(), (
-        "docs/configuration.md is stale: regenerate it with python -c 'from envs.eval.config import "
+        "docs/configuration.md is stale: regenerate it with python -c 'from runner.config import "
         "configuration_reference as r; open(\"docs/configuration.md\", \"w\").write(r())'")
 
 
 def test_the_run_id_travels_in_the_definition(tmp_path):
     """A chosen run id is part of the run definition (no process global / environment
     variable needed): a new run takes it; resume's diff ignores it; --from-run drops it."""
-    from envs.eval.hosted_job import HostedJobSpec, prepare
-    from envs.eval.resume import new_run
+    from hosted.driver import HostedJobSpec, prepare
+    from runner.resume import new_run
 
     cfg = C.build_eval_config({"env_id": "gsm8k", "model": "openai/x", "output_dir": str(tmp_path)})
     assert cfg.run_id is None and len(new_run(cfg)[0]) == 12

@@ -13,7 +13,7 @@ from pathlib import Path
 from sandboxes.settings import ProcessSettings, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sandboxes", "backends", "envs", "swe_debug")
+PACKAGES = ("sandboxes", "backends", "envs", "runs", "runner", "hosted", "dashboard", "vfcli", "testmodel", "swe_debug")
 # source text shipped into sandboxes, not importable on its own (glued onto the agent's source)
 NOT_MODULES = {"sandboxes.agent.cells_program"}
 

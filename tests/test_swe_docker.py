@@ -378,7 +378,7 @@ def _containers(run_id: str) -> list[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_mid_run_at_c8_stops_cleanly(hang_dataset, tmp_path, monkeypatch, sig):
-    from envs.runs import registry
+    from runs import registry
 
     out = tmp_path / "out"
     run_id = uuid.uuid4().hex[:12]

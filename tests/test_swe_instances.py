@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from swe_debug.instances import SWEInstance, load_instances, patch_file_changes
-from envs.eval.junit import write_junit
-from envs.eval.writer import ResultsWriter, load_existing, missing_inputs, needs_rerun
+from runner.junit import write_junit
+from runner.writer import ResultsWriter, load_existing, missing_inputs, needs_rerun
 
 TEST_PATCH = """diff --git a/tests/test_a.py b/tests/test_a.py
 index 1111111..2222222 100644
@@ -182,7 +182,7 @@ def test_junit_is_well_formed_and_reads_back(tmp_path):
 
 def test_junit_of_a_plain_eval():
     """Rows without a verdict (any eval): a case per rollout, failing below the pass threshold."""
-    from envs.eval.junit import render_junit
+    from runner.junit import render_junit
 
     rows = [{"example_id": 0, "reward": 1.0}, {"example_id": 0, "reward": 0.2},
             {"example_id": 1, "reward": 0.0, "error": "ModelError: 500"}]

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 
 import envs as vf
 from envs.sync_pool import SyncPool, is_async_callable
-from envs.testing.model_server import ModelServer, compute, tool_then_answer
+from testmodel.model_server import ModelServer, compute, tool_then_answer
 
 
 def rows(n: int) -> list[dict]:

@@ -11,7 +11,7 @@ import pytest
 from openai import AsyncOpenAI
 
 import envs as vf
-from envs.testing.model_server import ModelServer, compute, fixed, tool_then_answer
+from testmodel.model_server import ModelServer, compute, fixed, tool_then_answer
 from envs.v1 import (
     Config,
     Env,
@@ -170,7 +170,7 @@ async def test_base_loop_max_turns_and_model_errors_are_typed():
         state = await harness.run({"prompt": "x", "max_turns": 2})
         assert state["stop_condition"] == "no_tools_called" and len(state["trajectory"]) == 2
         await harness.teardown()
-    from envs.testing.model_server import fail
+    from testmodel.model_server import fail
 
     async with ModelServer(fail(400, "bad request body")) as srv:
         harness = Harness(client=client_for(srv), model="m")
@@ -460,7 +460,7 @@ async def test_model_errors_surface_the_same_way_in_every_program_form(tmp_path,
     whatever the program form did with the SDK's exception (it was only re-raised by the
     base loop: a callable / fn / command program turned it into a task error or nothing)."""
     from envs.clients.base import TransientModelError
-    from envs.testing.model_server import fail, fail_first
+    from testmodel.model_server import fail, fail_first
 
     pkg = tmp_path / "v1swallow"
     pkg.mkdir()
@@ -540,7 +540,7 @@ async def test_model_errors_surface_the_same_way_in_every_program_form(tmp_path,
 
 async def test_model_auth_error_stops_the_run_as_in_the_classic_stack():
     from envs.clients.base import ModelAuthError
-    from envs.testing.model_server import fail
+    from testmodel.model_server import fail
 
     env = Env(Taskset(source=[{"prompt": "x"}]), Harness(program=_swallowing_program))
     async with ModelServer(fail(401)) as srv:
@@ -759,7 +759,7 @@ async def test_the_endpoint_translates_the_responses_and_anthropic_apis():
     policy_calls = []
 
     def policy(req):
-        from envs.testing.model_server import Reply, ToolCallSpec, compute_answer
+        from testmodel.model_server import Reply, ToolCallSpec, compute_answer
 
         policy_calls.append((req.api, req.messages, req.body))
         if req.tools:

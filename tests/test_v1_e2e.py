@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from envs.testing.model_server import ModelServer, PolicyRequest, Reply, compute
+from testmodel.model_server import ModelServer, PolicyRequest, Reply, compute
 from envs.v1 import Harness, State, Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def cli_env(workdir: Path) -> dict[str, str]:
 
 
 def eval_cmd(workdir: Path, config: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "envs.cli.app", "eval", str(config), *args]
+    return [sys.executable, "-m", "vfcli.app", "eval", str(config), *args]
 
 
 def write_config(workdir: Path, base_url: str, extra: str = "", num_examples: int = 2) -> Path:
@@ -179,7 +179,7 @@ def test_v1_env_resume_after_sigkill(tmp_path, docker_backend):
 
 
 async def test_base_loop_with_a_sandbox_gets_a_bash_tool_there(docker_backend, python_image):
-    from envs.testing.model_server import tool_then_answer
+    from testmodel.model_server import tool_then_answer
 
     async with ModelServer(tool_then_answer("bash", {"command": "echo hi > /tmp/f && cat /tmp/f && exit 3"})) as srv:
         harness = Harness(program={"base": True}, sandbox={"image": python_image},
@@ -198,7 +198,7 @@ async def test_base_loop_with_a_sandbox_gets_a_bash_tool_there(docker_backend, p
 async def test_bash_tool_output_is_capped_by_the_sandbox_config_as_in_sandbox_env(docker_backend, python_image):
     """The bash tool kept a hard-coded 8000-char tail: it now keeps head and tail up to
     `output_limit_bytes` (SandboxEnv's default 16 KiB, settable), like SandboxEnv's tool."""
-    from envs.testing.model_server import tool_then_answer
+    from testmodel.model_server import tool_then_answer
 
     command = "python3 -c \"print('S' + 'a' * 12000 + 'E')\""
     for limit, whole in ((None, True), (1000, False)):
@@ -311,7 +311,7 @@ async def test_fn_and_callable_programs_run_in_the_sandbox_through_the_relay(tmp
     import importlib
 
     from envs.errors import error_kind
-    from envs.testing.model_server import fail
+    from testmodel.model_server import fail
     from envs.v1.sandbox_python import SandboxedProgramError
     from sandboxes.errors import ConfigError
 
@@ -448,7 +448,7 @@ async def test_sandboxed_toolsets_run_their_tools_in_a_sandbox(tmp_path, monkeyp
     import importlib
     import uuid
 
-    from envs.testing.model_server import tool_then_answer
+    from testmodel.model_server import tool_then_answer
     from envs.v1 import Toolset
     from sandboxes.errors import ConfigError
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.runs import registry
-from envs.testing.model_server import ModelServer, compute
+from runs import registry
+from testmodel.model_server import ModelServer, compute
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def run(tmp_path: Path, server, env_id: str, *extra: str, marker: Path | None = 
     env = dict(os.environ, VF_RUNS_DB=str(tmp_path / "runs.db"), FAKE_KEY="x",
                PYTHONPATH=f"{ROOT}:{ROOT / 'environments' / 'math_single'}:{envdir}",
                VF_TEST_MARKER=str(marker or tmp_path / "marker"), **more_env)
-    argv = [sys.executable, "-m", "envs.cli.app", "eval", env_id, "-m", "toy", "-b", server.base_url, "-k", "FAKE_KEY",
+    argv = [sys.executable, "-m", "vfcli.app", "eval", env_id, "-m", "toy", "-b", server.base_url, "-k", "FAKE_KEY",
             "-d", "-s", "-o", str(tmp_path / "out"), "-p", str(tmp_path / "environments"), *extra]
     return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
@@ -143,10 +143,10 @@ def test_eval_writes_a_junit_report_for_ci(tmp_path, server):
 
 
 def test_dispatcher_stand_in_hands_over_to_the_workers_within_the_limit():
-    """A hosted job's own process stands in for its actors (envs.eval.ray_workers): it may
+    """A hosted job's own process stands in for its actors (runner.ray_workers): it may
     hold every group the actors would, a ready actor gets only what the stand-in leaves of
     that limit, and once retired the stand-in gets nothing while its groups still count."""
-    from envs.eval.dispatch import GroupDispatcher
+    from runner.dispatch import GroupDispatcher
 
     inputs = [{"example_id": e, "rollout": r} for e in range(10) for r in range(2)]
     d = GroupDispatcher(inputs, share=2)  # 2 rollouts per worker: 2 groups of 2 held each
@@ -189,8 +189,8 @@ async def test_a_worker_that_does_not_stop_is_killed_and_the_runner_deletes_its_
     import uuid
 
     from conftest import DEFAULT_TEST_IMAGE, require_docker
-    from envs.eval.dispatch import GroupDispatcher
-    from envs.eval.workers import _delete_left_behind, _shut_down, _Worker
+    from runner.dispatch import GroupDispatcher
+    from runner.workers import _delete_left_behind, _shut_down, _Worker
     from sandboxes import SandboxSpec, labels
     from sandboxes.registry import get_backend
 

@@ -96,9 +96,9 @@ def load_environment(
 
 def scripted_policy():
     """A scripted solver for the offline demo and the end-to-end tests (serve it with
-    `python -m envs.testing.model_server --policy py:bash_files:scripted_policy`):
+    `python -m testmodel.model_server --policy py:bash_files:scripted_policy`):
     cd in one call, count in the next (relies on the persistent shell), then box the number."""
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     count = ("grep -r --include='*.log' -c ERROR . | awk -F: '{s += $2} END {print s}' > answer.txt; "
              "cat answer.txt")

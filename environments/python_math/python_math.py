@@ -104,10 +104,10 @@ def load_environment(
 
 def scripted_policy():
     """A scripted solver for the offline demo and the end-to-end tests (serve it with
-    `python -m envs.testing.model_server --policy py:python_math:scripted_policy`).
+    `python -m testmodel.model_server --policy py:python_math:scripted_policy`).
     Looks the question up in the env's own dataset and solves it in two cells:
     everything but the last line first, then the final expression (namespace kept)."""
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     code_of = {}
     for row in load_environment(num_eval=20, pool_size=0).get_eval_dataset():

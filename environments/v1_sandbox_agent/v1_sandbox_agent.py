@@ -129,7 +129,7 @@ def load_environment(config: AgentEnvConfig | None = None) -> vf.Environment:
 
 def scripted_policy():
     """For the local model server: grep with the bash tool, then answer the tool's output boxed."""
-    from envs.testing.model_server import tool_then_answer
+    from testmodel.model_server import tool_then_answer
 
     return tool_then_answer("bash", {"command": "grep -c ERROR /task/app.log"},
                             answer=lambda req: "\\boxed{%s}" % req.tool_results()[-1].strip())

@@ -32,12 +32,12 @@ def load_environment(max_turns: int = 8, num_train_examples: int = 100, num_eval
 
 def scripted_policy():
     """A scripted solver for the offline demo and the end-to-end tests (serve it with
-    `python -m envs.testing.model_server --policy py:openenv_mcp:scripted_policy`):
+    `python -m testmodel.model_server --policy py:openenv_mcp:scripted_policy`):
     multiply, add, then submit, all through the project's MCP tools. A request for the
     model named "wrong" submits an answer off by one (a failing rollout on purpose)."""
     import re
 
-    from envs.testing.model_server import Reply, ToolCallSpec
+    from testmodel.model_server import Reply, ToolCallSpec
 
     def policy(req):
         text = " ".join(m.get("content") or "" for m in req.messages if m["role"] == "user")

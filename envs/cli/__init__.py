@@ -1,1 +1,0 @@
-"""The `vf-sandbox` command line: the app assembly and its sub-commands."""

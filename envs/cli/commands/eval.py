@@ -1,8 +1,0 @@
-"""`python -m envs.cli.commands.eval ARGS` = `vf-sandbox eval ARGS`."""
-
-import sys
-
-from envs.cli.app import app
-
-if __name__ == "__main__":
-    app(["eval", *sys.argv[1:]], prog_name="vf-sandbox")
