@@ -81,6 +81,7 @@ NAME_PREFIX = "vf-"
 DEADLINE_SLACK_SECONDS = 5.0
 """The creating process deletes a container this long after its labelled deadline (the
 in-container `timeout` normally ends it first; this is for one whose `timeout` was stopped)."""
+OOM_EVENT_WAIT = 3.0  # seconds died_of_oom waits for the engine to log a dead sandbox's oom event
 PYTHON_PROBE = "command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 7))'"
 
 
@@ -162,17 +163,26 @@ class DockerSandbox(AgentSandbox):
         gVisor a memory bomb takes the whole sandbox down (the host's OOM killer hits the
         sentry, whose memory is the sandbox's): that is the sandbox's own doing, a task
         failure, not an infrastructure error. The engine keeps its recent events after an
-        AutoRemove container is gone; an engine that cannot answer counts as "no"."""
+        AutoRemove container is gone; an engine that cannot answer counts as "no". The engine
+        may log the `oom` event a moment after the caller saw the sandbox die (seen under load:
+        the bomb was then retried as an infrastructure error), so a "no" is asked again for up
+        to OOM_EVENT_WAIT seconds; only a dead sandbox's caller pays that wait."""
         docker = await self._backend._client()
-        params = {"since": str(int(self._created_at) - 5), "until": str(int(time.time()) + 1),
-                  "filters": json.dumps({"container": [self.id], "event": ["oom"]})}
-        try:
-            async with docker._query("events", params=params, timeout=10) as resp:
-                text = await resp.text()
-        except Exception as exc:  # noqa: BLE001 - cannot tell: the caller keeps the infra error
-            log.debug("events of %s: %s", self.id, exc)
-            return False
-        return '"oom"' in text
+        deadline = time.monotonic() + OOM_EVENT_WAIT
+        while True:
+            params = {"since": str(int(self._created_at) - 5), "until": str(int(time.time()) + 1),
+                      "filters": json.dumps({"container": [self.id], "event": ["oom"]})}
+            try:
+                async with docker._query("events", params=params, timeout=10) as resp:
+                    text = await resp.text()
+            except Exception as exc:  # noqa: BLE001 - cannot tell: the caller keeps the infra error
+                log.debug("events of %s: %s", self.id, exc)
+                return False
+            if '"oom"' in text:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.5)
 
     async def gone(self) -> bool:
         """Only the engine's own answer counts: no such container (404) or not running.
