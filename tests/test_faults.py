@@ -200,6 +200,8 @@ def killing_policy(kill_during_tool: bool, kills: list[str]):
 # --------------------------------------------------------------------------- runner killed
 
 
+@pytest.mark.serial  # counts the killed run's containers before the reap: any other CLI starting beside it (a parallel
+# worker) reaps containers whose owner is dead
 def test_sigkill_mid_eval_then_reap_and_resume(tmp_path, case):
     """SIGKILL of the runner mid SandboxEnv eval at -c 8: `vf-sandbox sandboxes reap`
     leaves 0 containers, `--resume` runs exactly the missing rollouts (0 lost, 0 duplicated)."""

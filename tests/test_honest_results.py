@@ -407,6 +407,7 @@ def gvisor_available() -> bool:
 
 
 @pytest.mark.docker
+@pytest.mark.serial  # the engine's oom event and the sandbox's death race more under a loaded machine
 @pytest.mark.parametrize("isolation", ["runc", "gvisor"])
 def test_memory_bomb_is_a_scored_task_failure(tmp_path, case, isolation):
     """A model's memory bomb: under runc the command is OOM-killed, under gVisor the whole

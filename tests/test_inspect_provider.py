@@ -195,6 +195,8 @@ async def test_interrupted_inspect_leaves_no_sandbox(tmp_path, python_image):
     assert _leftovers("stalled", wait=30) == [], "the interrupted sample's sandbox is still there"
 
 
+@pytest.mark.serial  # the killed owner's sandbox must outlive it until OUR reap: a CLI starting on a
+# parallel worker would reap it first
 async def test_killed_process_sandbox_is_reaped(python_image):
     """SIGKILL of the process holding a sample's sandbox: nothing of ours runs, the sandbox
     stays with its dead owner in its labels, and our reaper (which the next task_init
