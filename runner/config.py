@@ -508,7 +508,7 @@ def endpoint_registries(path: str | Path | None) -> list[Path]:
     rel = Path(BUILTIN_DEFAULTS["endpoints_path"])
     here = Path.cwd()
     out = [here / rel, *(d / rel for d in here.parents)]
-    checkout = Path(__file__).resolve().parents[2] / rel
+    checkout = Path(__file__).resolve().parents[1] / rel
     if checkout not in out:
         out.append(checkout)
     return out
