@@ -1,0 +1,5 @@
+"""Prime numbers (unfinished)."""
+
+
+def primes_below(n):
+    raise NotImplementedError
