@@ -18,7 +18,9 @@ Errors are named by what the caller can do about them:
     │   │   ├── IsADirectory       a file operation on a directory (IsADirectoryError)
     │   │   └── PermissionDenied   the sandbox's user may not (PermissionError)
     │   ├── UnknownUser            exec as a user the sandbox does not have (ConfigError)
-    │   ├── UserSwitchUnsupported  exec as another user where the sandbox cannot switch
+    │   ├── UnsupportedError       this backend cannot do that (the message names the backend)
+    │   │   ├── UserSwitchUnsupported  exec as another user where the sandbox cannot switch
+    │   │   └── SnapshotUnsupported    snapshot / fork where the backend has no snapshots
     │   ├── TransferTooLarge       a read_file / upload / download past its size limit
     │   └── BackendNotFound        unknown backend name
     └── ModelError                 the model endpoint failed (after its own retries)
@@ -124,7 +126,17 @@ class UnknownUser(ConfigError):
     """`exec(user=...)` names a user (or uid) the sandbox's /etc/passwd does not have."""
 
 
-class UserSwitchUnsupported(UsageError):
+class UnsupportedError(UsageError):
+    """This backend (or this kind of sandbox) cannot do what was asked; the message names
+    the backend. Retrying cannot help: another backend or option might."""
+
+
+class SnapshotUnsupported(UnsupportedError):
+    """`Sandbox.snapshot()` / `fork()` / `create_from_snapshot` where the backend (or this
+    kind of sandbox on it) has no snapshots: Kubernetes, Prime, local processes."""
+
+
+class UserSwitchUnsupported(UnsupportedError):
     """`exec(user=...)` asks for another user than the sandbox runs commands as, and the
     sandbox cannot switch users (its agent lacks CAP_SETUID / CAP_SETGID: every capability
     is dropped by default, a cell's processes hold none, a non-root sandbox user)."""

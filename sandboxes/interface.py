@@ -1,8 +1,15 @@
 """The sandbox contract: an async `Sandbox` handle and the `SandboxBackend`
 protocol. Backends translate it to one substrate each; everything above
 (envs, swe_debug, CLIs) uses only this. Optional backend capabilities are
-small protocols of their own (`SupportsDerivedImages`); callers test for them
-with `getattr(backend, "<method>", None)` and fall back when absent.
+small protocols of their own (`SupportsDerivedImages`, `SupportsSnapshots`);
+callers test for them with `getattr(backend, "<method>", None)` / `isinstance` and
+fall back when absent.
+
+Snapshots and forks (see `sandboxes.snapshots`): call `await sandbox.fork(n)` /
+`await sandbox.snapshot()`; for a `Snapshot` object, `await
+backend.create_from_snapshot(snap)`. A backend with snapshots sets
+`sandbox.snapshot_backend = self` on every handle it returns; `fork` reaches the
+backend through it.
 
 Limits and errors, for every backend:
 
@@ -40,6 +47,9 @@ The errors of each operation (every backend; the conformance suite checks it):
                   secure default drops every capability; cells hold none)
     upload,       TransferTooLarge: past spec.transfer_limit_bytes
     download
+    snapshot,     SnapshotUnsupported (UnsupportedError, UsageError) naming the backend
+    fork          where it has no snapshots (Kubernetes, Prime, local processes);
+                  InfraError when the sandbox or the engine failed; ConfigError: n < 1
 
 Idempotent operations (create with its idempotency key, get, list, delete,
 delete_many) are repeated by the backend on transient InfraErrors under its
@@ -49,11 +59,14 @@ delete_many) are repeated by the backend on transient InfraErrors under its
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from .errors import ConfigError, SnapshotUnsupported
 from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo
+from .snapshots import Snapshot
 from .spec import SandboxSpec
 
 Command = str | Sequence[str]
@@ -120,6 +133,8 @@ class Sandbox(abc.ABC):
     name: str
     spec: SandboxSpec
     backend_name: str
+    snapshot_backend: "SupportsSnapshots | None" = None
+    """The backend `fork` creates from (set by backends with snapshots on the handles they return)."""
 
     @abc.abstractmethod
     async def exec(
@@ -208,6 +223,49 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def delete(self) -> None:
         """Remove the sandbox; idempotent, never raises for an already gone sandbox."""
+
+    async def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """Freeze this sandbox's filesystem as a `Snapshot` to create sandboxes from
+        (`backend.create_from_snapshot`). The sandbox keeps running; its later writes
+        are not in the snapshot. Carried: the filesystem, and the spec (environment,
+        workdir, user, limits, isolation, network, start command); NOT carried:
+        processes, memory, open files (see `sandboxes.snapshots`).
+
+        The snapshot is labelled like a sandbox and goes away with the run (backend
+        close, cleanup on signals / exit, the reaper once this process is dead)
+        unless `keep=True`. Raises SnapshotUnsupported naming the backend where it
+        has none; InfraError when the sandbox or the engine failed.
+        """
+        raise SnapshotUnsupported(
+            f"the {self.backend_name} backend cannot snapshot or fork a sandbox (filesystem snapshots exist on the "
+            "docker backend: containers and cells); create each sandbox and run its setup instead")
+
+    async def fork(self, n: int) -> list["Sandbox"]:
+        """`n` (>= 1) new sandboxes, each a copy of this one's filesystem now, made concurrently:
+        `snapshot()`, then `n` `create_from_snapshot` on this sandbox's backend.
+
+        Forks are independent: a write in one is never seen by its siblings nor by
+        the source, which keeps running (its later writes are not in the forks).
+        Environment, workdir, user, limits and isolation are carried; processes are
+        NOT (each fork starts with nothing running but its start command). Either all
+        `n` exist or none: if one creation fails (or the caller is cancelled), the
+        forks already made are deleted and the error re-raised. The snapshot made for
+        the fork is released with `delete_snapshot` once the forks exist: the backend
+        removes it at once, or when the last fork made of it is deleted where the forks
+        need it (Docker images; see the backend); a run's end removes it in any case.
+        Raises SnapshotUnsupported where the backend has no snapshots, ConfigError for n < 1.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"fork(n) needs an integer n >= 1, got {n!r}")
+        backend = self.snapshot_backend
+        snap = await self.snapshot()  # SnapshotUnsupported from backends without snapshots
+        if backend is None:
+            raise SnapshotUnsupported(f"the {self.backend_name} backend made a snapshot but gave this handle no "
+                                      "backend to create from (snapshot_backend is None)")
+        try:
+            return await create_from_snapshot_many(backend, snap, n)
+        finally:
+            await asyncio.shield(backend.delete_snapshot(snap))
 
     async def __aenter__(self) -> "Sandbox":
         return self
@@ -315,6 +373,67 @@ class SupportsCells(Protocol):
         the hardening `sandboxes.cells.AUTO_HARDENING` requires. Raises InfraError
         when the substrate itself fails (never read as "no cells")."""
         ...
+
+
+@runtime_checkable
+class SupportsSnapshots(Protocol):
+    """Optional backend capability: sandboxes from snapshots (see `sandboxes.snapshots`).
+
+    `Sandbox.snapshot()` makes one (the handle knows how: a container commits its
+    filesystem to an image, a cell freezes its writable layer); the backend creates
+    from, lists, removes and pushes them. Backends without it leave `Sandbox.snapshot`
+    / `fork` to raise SnapshotUnsupported naming the backend.
+    """
+
+    async def create_from_snapshot(self, snapshot: Snapshot) -> Sandbox:
+        """A new sandbox of `snapshot`: its filesystem, created with `snapshot.spec` (fresh
+        lifecycle labels). Raises SnapshotUnsupported for a kind this backend cannot
+        create from, ImageNotFound when the snapshot is gone, InfraError as `create`."""
+        ...
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Release a snapshot (object or id), kept or not: removed now, or, where sandboxes
+        still run of it and need it (a Docker image under its containers), as soon as the
+        last of them is deleted through this backend (at the latest when the backend closes
+        or the reaper finds its owner dead). Idempotent; never raises for an unknown id."""
+        ...
+
+    async def list_snapshots(self, labels: dict[str, str] | None = None) -> list[Snapshot]:
+        """vf-sandbox's snapshots on this backend carrying all `labels` (kept ones included)."""
+        ...
+
+    async def push_snapshot(self, snapshot: Snapshot, target: str, auth: RegistryAuth | None = None) -> Snapshot:
+        """Push an "image" snapshot to a registry as `target` (`registry/repository:tag`);
+        returns the snapshot with `image` = the registry reference, which other hosts and
+        backends can create from. SnapshotUnsupported for a "layer" snapshot,
+        ImagePushFailed when the registry refuses it."""
+        ...
+
+
+async def create_from_snapshot_many(backend: SupportsSnapshots, snapshot: Snapshot, n: int) -> list[Sandbox]:
+    """`n` sandboxes of `snapshot`, created concurrently: all of them, or (on the first
+    failure, or when the caller is cancelled) none: those made are deleted, the error
+    re-raised."""
+    tasks = [asyncio.ensure_future(backend.create_from_snapshot(snapshot)) for _ in range(n)]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
+        if failed is None:
+            return [t.result() for t in tasks]
+    except BaseException:
+        await asyncio.shield(_discard(tasks))
+        raise
+    await asyncio.shield(_discard(tasks))
+    raise failed
+
+
+async def _discard(tasks: list[asyncio.Future]) -> None:
+    """Cancel the creations still running, wait for all, delete every sandbox made."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    made = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
+    await asyncio.gather(*(sb.delete() for sb in made), return_exceptions=True)
 
 
 # ---------------------------------------------------------------- image builds

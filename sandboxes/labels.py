@@ -2,7 +2,9 @@
 sandbox it is, which run made it, and when it must be gone.
 
 A backend merges `lifecycle_labels(spec)` into the user's labels at creation;
-the reaper and `vf-sandbox sandboxes ls` read them back.
+the reaper and `vf-sandbox sandboxes ls` read them back. Snapshots carry the
+same owner / run labels (`snapshot_labels`) and no deadline: a snapshot lives
+as long as its run (or, with `keep`, until deleted explicitly).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ OWNER_START = f"{PREFIX}.owner-start"  # owner's process start time: tells a reu
 RUN_ID = f"{PREFIX}.run-id"
 CREATED_AT = f"{PREFIX}.created-at"
 EXPIRES_AT = f"{PREFIX}.expires-at"
+SNAPSHOT_ID = f"{PREFIX}.snapshot-id"  # on a snapshot (and inherited by the sandboxes made of it)
+SNAPSHOT_OF = f"{PREFIX}.snapshot-of"  # the id of the sandbox it was taken from
+SNAPSHOT_KIND = f"{PREFIX}.snapshot-kind"  # "image" | "layer"
+SNAPSHOT_KEEP = f"{PREFIX}.snapshot-keep"  # "true": outlives its run, never reaped
+SNAPSHOT_SPEC = f"{PREFIX}.snapshot-spec"  # the source's SandboxSpec as JSON (forks are made with it)
 
 _RUN_ID: str | None = None  # decided on first use (never at import): $VF_SANDBOX_RUN_ID or a fresh id
 
@@ -79,6 +86,15 @@ def lifecycle_labels(spec: SandboxSpec) -> dict[str, str]:
         CREATED_AT: f"{now:.3f}",
         EXPIRES_AT: f"{now + spec.timeout_minutes * 60:.3f}",
     }
+
+
+def snapshot_labels(spec: SandboxSpec, *, snapshot_id: str, source_id: str, kind: str,
+                    keep: bool) -> dict[str, str]:
+    """A snapshot's labels: the source's user labels, this process's owner / run labels
+    (no deadline), and what the snapshot is (SNAPSHOT_*; the spec itself is not here)."""
+    life = {k: v for k, v in lifecycle_labels(spec).items() if k != EXPIRES_AT}
+    return {**{k: str(v) for k, v in spec.labels.items()}, **life, SNAPSHOT_ID: snapshot_id,
+            SNAPSHOT_OF: source_id, SNAPSHOT_KIND: kind, SNAPSHOT_KEEP: "true" if keep else "false"}
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
