@@ -1,5 +1,5 @@
 #!/bin/bash
-# Harbor verifier script (runs as root): the file must exist, hold the right
+# Harbor verifier script (runs as worker): the file must exist, hold the right
 # content, be mode 600 and be owned by worker (so it was made as that user).
 f=/home/worker/notes/todo.txt
 ok=1
