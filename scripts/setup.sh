@@ -47,6 +47,23 @@ fi
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages envs runs runner hosted dashboard vfcli testmodel sandboxes backends swe_debug \
   environments >/dev/null 2>&1 || true
 
+# 1b. Harbor (Python >= 3.12) in its own venv, .venv-harbor, with vf-sandbox (editable):
+# integrations/harbor_env.py is Harbor's environment provider; tests/test_harbor_provider.py
+# and benchmarks/bench_harbor.py run the `harbor` CLI from there. Skipped with a warning
+# when no Python 3.12+ is found (those tests then fail loudly).
+HARBOR_VERSION=0.26.0
+HARBOR_PY=$(uv python find '>=3.12' 2>/dev/null || ls -d /root/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null | head -1 || true)
+HSTAMP=.venv-harbor/.vf-installed
+HHASH="$HARBOR_VERSION $(cat pyproject.toml | sha256sum | cut -c1-16)"
+if [ -z "$HARBOR_PY" ]; then
+  echo "warning: no Python >= 3.12: .venv-harbor (Harbor) not set up" >&2
+elif [ "$(cat $HSTAMP 2>/dev/null)" != "$HHASH" ]; then
+  log "installing harbor $HARBOR_VERSION and vf-sandbox into .venv-harbor ($HARBOR_PY)"
+  [ -x .venv-harbor/bin/python ] || uv venv -q .venv-harbor -p "$HARBOR_PY"
+  uv pip install -q --python .venv-harbor/bin/python "harbor==$HARBOR_VERSION" -e .
+  echo "$HHASH" > $HSTAMP
+fi
+
 # 2. Docker engine -----------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   command -v dockerd >/dev/null 2>&1 || apt_install docker.io
