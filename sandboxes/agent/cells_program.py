@@ -47,6 +47,8 @@ file; docs/isolation.md compares a cell with a container row by row.
 
 import array
 import ctypes
+import errno
+import stat
 import selectors
 import fcntl
 import pwd
@@ -75,6 +77,7 @@ PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG, PR_CAP_AMBIENT = 38, 24,
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 STAGE = "/run/.vf-cells"  # holds each cell's mount point <zygote serial> (its tmpfs lives in the cell's namespace)
 CGROUP_BASE = "/run/.vf-cgroup"  # the zygote's writable cgroup mounts (private to the zygote's namespace)
+LAYERS = "/run/.vf-layers"  # frozen cell layers (snapshots): a tmpfs of the host's, mounted before the zygote forks
 CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")  # cpuacct: the cell's CPU counters are its own
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats", "acpi", "scsi")
@@ -216,8 +219,9 @@ def build_root(conf):
     for d in ("upper", "work", "root"):
         os.mkdir(os.path.join(stage, d))
     root = stage + "/root"
+    lower = ":".join(list(reversed(conf.get("lower") or [])) + ["/"])  # frozen layers (newest first) over the image
     mount("overlay", root, "overlay", 0,
-          "lowerdir=/,upperdir=%s/upper,workdir=%s/work" % (stage, stage))
+          "lowerdir=%s,upperdir=%s/upper,workdir=%s/work" % (lower, stage, stage))
     try:
         os.listdir(root + "/tmp")
     except FileNotFoundError:
@@ -264,7 +268,7 @@ def build_root(conf):
         others = []
     for name in others:  # the host sandbox's counters (blkio, cpuset, ...): not the cell's to read
         hide(cg_dir + "/" + name)
-    for path in (STAGE, CGROUP_BASE):  # siblings' cell ids (their mount points), the zygote's cgroup mounts
+    for path in (STAGE, CGROUP_BASE, LAYERS):  # siblings' cell ids (mount points), cgroup mounts, frozen layers
         if os.path.isdir(root + path):
             hide(root + path)
     return root
@@ -461,29 +465,39 @@ def keep_only_fds(keep):
 
 def cell_first_child(conf, sock_fd, report, alive, inherited):
     """Runs in a fresh child of the zygote: cgroup, namespaces, filesystem; then forks
-    the cell's PID 1 and reports its pid (as seen by the host agent). It holds `alive`
-    open until the cell is gone (EOF there tells the host agent so). `inherited`: the
-    zygote's bookkeeping of the other live cells, forgotten at once (not the cell's)."""
+    the cell's PID 1 and reports its pid (as seen by the host agent) with a descriptor of
+    the cell's upper layer (what `cell_snapshot` freezes; the cell's tmpfs lives in the
+    cell's mount namespace only). It holds `alive` open until the cell is gone (EOF there
+    tells the host agent so). `inherited`: the zygote's bookkeeping of the other live
+    cells, forgotten at once (not the cell's)."""
     inherited.clear()
     keep_only_fds([sock_fd, report, alive])
     join_cgroups(conf["cgroups"])
     unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
     make_private()
     root = build_root(conf)
+    upper = os.open(conf["stage"] + "/upper", os.O_RDONLY | os.O_DIRECTORY)
     pid = os.fork()
     if pid:
-        watch_cell(pid, sock_fd, report, conf["lifetime"])
+        watch_cell(pid, sock_fd, report, conf["lifetime"], upper)
+    os.close(upper)  # outside the cell's root: never held by a process of the cell
     os.close(alive)
     cell_init(conf, sock_fd, report, root)
 
 
-def watch_cell(init, sock_fd, report, lifetime):
+def watch_cell(init, sock_fd, report, lifetime, upper):
     """The zygote's child stays as the cell init's parent: SIGTERM (from the zygote, or
     when the zygote dies) or the cell's lifetime (an alarm of the watcher: outside the
     cell's PID namespace, so nothing in the cell can see, trace or cancel it) kills the
     init, which takes the cell down; then it exits. Only a parent can kill by pid
-    without racing pid reuse."""
-    os.write(report, ("pid %d\n" % init).encode())
+    without racing pid reuse. It reports the init's pid with the `upper` descriptor."""
+    line = ("pid %d\n" % init).encode()
+    report_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, report)
+    try:
+        report_sock.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [upper]))])
+    finally:
+        report_sock.detach()
+    os.close(upper)
     os.close(report)
     os.close(sock_fd)
 
@@ -659,6 +673,8 @@ def zygote_main(sock):
                 if problem:
                     raise CellsUnsupported(problem)
                 reply, out_fds = _open_cell(req, fd, cgroups, cells)
+            elif req["op"] in ("freeze", "drop"):
+                reply, out_fds = _layer_job(req, fd)
             else:
                 reply = _close_cell(req["handle"], cells)
         except Exception as exc:
@@ -685,12 +701,16 @@ def _open_cell(req, fd, cgroups, cells):
     down in parallel; the zygote only forks and signals). `req` holds the cell's limits
     only (ZYGOTE_KEYS); the cell is named by the zygote's own serial."""
     conf = {k: req["conf"][k] for k in ZYGOTE_KEYS}
+    conf["lower"] = [str(d) for d in req["conf"].get("lower") or []]
+    for d in conf["lower"]:
+        if os.path.dirname(d) != LAYERS or not os.path.basename(d).isalnum():
+            raise CellSetupError("not a layer directory: %r" % d)
     _serial[0] += 1
     cell = _serial[0]
     conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
     conf["stage"] = "%s/%d" % (STAGE, cell)
     os.makedirs(conf["stage"], exist_ok=True)
-    r, w = os.pipe()
+    r, w = (s.detach() for s in socket.socketpair())  # a socket: the watcher passes the upper layer's fd on it
     alive_r, alive_w = os.pipe()
     try:
         pid = os.fork()
@@ -717,26 +737,49 @@ def _open_cell(req, fd, cgroups, cells):
     return {"watcher": pid, "handle": cell}, [r, alive_r]
 
 
-def read_report(fd, timeout):
-    """The cell's setup report: its init's pid once every step succeeded (CellSetupError otherwise)."""
-    out = b""
+def read_until_eof(fd, timeout, what):
+    """Everything written on `fd` (a socket; closed here) until EOF, and the descriptors
+    passed with it: (lines, [fd, ...]). CellSetupError after `timeout` seconds."""
+    out, fds = b"", array.array("i")
     end = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fd)
     try:
         while True:
             left = end - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise CellSetupError("the cell was not ready within %.0fs" % timeout)
-            piece = os.read(fd, 4096)
+                raise CellSetupError("%s was not ready within %.0fs" % (what, timeout))
+            piece, anc, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(4 * fds.itemsize))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
             if not piece:
                 break
             out += piece
+    except BaseException:
+        for x in fds:
+            os.close(x)
+        raise
     finally:
-        os.close(fd)
-    lines = out.decode("utf-8", "replace").splitlines()
+        sock.close()
+    return out.decode("utf-8", "replace").splitlines(), list(fds)
+
+
+def report_error(lines):
+    """The error a child reported ("error <Type>: <message>"), or None."""
     errors = [x[6:] for x in lines if x.startswith("error ")]
-    if errors or "ok" not in lines:
-        raise CellSetupError(errors[0].split(": ", 1)[-1] if errors else "the cell did not start (%r)" % out[-300:])
-    return next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None)
+    return errors[0].split(": ", 1)[-1] if errors else None
+
+
+def read_report(fd, timeout):
+    """The cell's setup report: (its init's pid, a descriptor of its upper layer) once every
+    step succeeded (CellSetupError otherwise)."""
+    lines, fds = read_until_eof(fd, timeout, "the cell")
+    error = report_error(lines)
+    if error or "ok" not in lines or len(fds) != 1:
+        for x in fds:
+            os.close(x)
+        raise CellSetupError(error or "the cell did not start (%r)" % lines[-3:])
+    return next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None), fds[0]
 
 
 def _kill_wait(watcher):
@@ -769,6 +812,212 @@ def _free(cell, paths):
         os.rmdir("%s/%d" % (STAGE, int(cell)))
     except OSError:
         pass
+
+
+# ------------------------------------------------------------------ layers (snapshots of cells)
+LAYER_XATTRS = ("trusted.overlay.opaque", "trusted.overlay.redirect")
+"""The overlay's own marks a frozen directory keeps (opaque, renamed); with whiteouts (0/0
+character devices, copied as such) a layer stacked as a lowerdir means what the cell's
+upper layer meant over the image."""
+MAX_DEPTH = 400  # directory levels a frozen layer may hold (the copy recurses)
+MAX_CHAIN = 32  # layers a cell may stack (a fork of a fork of ...)
+LAYER_JOB_SECONDS = 600  # a freeze or drop still running after this is killed
+
+
+class LayerTooLarge(Exception):
+    kind = "too_large"
+
+
+def _xattrs(fd, is_dir):
+    """The extended attributes a frozen copy keeps: user.* and, on a directory, LAYER_XATTRS."""
+    try:
+        names = os.listxattr(fd)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if name.startswith("user.") or (is_dir and name in LAYER_XATTRS):
+            try:
+                out.append((name, os.getxattr(fd, name)))
+            except OSError:
+                pass
+    return out
+
+
+def _copy_data(src, dst, size, budget):
+    """Copy a file's data, holes kept where the filesystem reports them (SEEK_DATA; gVisor's
+    tmpfs does not, and charges a hole as data: all of it is copied); bytes copied."""
+    os.ftruncate(dst, size)
+    done, pos = 0, 0
+    while pos < size:
+        try:
+            start = os.lseek(src, pos, os.SEEK_DATA)
+            stop = min(size, os.lseek(src, start, os.SEEK_HOLE))
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # only a hole after pos
+            start, stop = pos, size
+        if done + stop - start > budget:
+            raise LayerTooLarge("the cell's files exceed its disk limit (%d bytes)" % budget)
+        os.lseek(dst, start, os.SEEK_SET)
+        while start < stop:
+            n = os.sendfile(dst, src, start, stop - start)
+            if n == 0:
+                return done  # the file shrank while it was read
+            start += n
+            done += n
+        pos = stop
+    return done
+
+
+def _freeze_dir(dfd, here, seen, left, depth):
+    """Copy the entries of the directory open at `dfd` into `here` (made by the caller);
+    bytes of data copied. Each entry is looked at without following a link and opened
+    relative to `dfd` with O_NOFOLLOW, its kind checked on what was opened."""
+    if depth > MAX_DEPTH:
+        raise LayerTooLarge("the cell's files are nested more than %d directories deep" % MAX_DEPTH)
+    used = 0
+    with os.scandir(dfd) as it:
+        entries = list(it)
+    for entry in entries:
+        name, dst = entry.name, os.path.join(here, entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while it was read
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+            except OSError:
+                continue  # replaced by something else while it was read
+            try:
+                st = os.fstat(sub)
+                os.mkdir(dst, 0o700)
+                for key, value in _xattrs(sub, True):
+                    os.setxattr(dst, key, value)
+                used += _freeze_dir(sub, dst, seen, left - used, depth + 1)
+            finally:
+                os.close(sub)
+            os.chown(dst, st.st_uid, st.st_gid)
+            os.chmod(dst, stat.S_IMODE(mode))
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        elif stat.S_ISREG(mode):
+            try:
+                src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(src)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if st.st_nlink > 1 and key in seen:  # a hard link stays one (never copied twice)
+                    os.link(seen[key], dst)
+                    continue
+                out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                try:
+                    used += _copy_data(src, out, st.st_size, left - used)
+                    for k, value in _xattrs(src, False):
+                        os.setxattr(out, k, value)
+                    os.fchown(out, st.st_uid, st.st_gid)
+                    os.fchmod(out, stat.S_IMODE(st.st_mode))
+                    os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+                finally:
+                    os.close(out)
+                if st.st_nlink > 1:
+                    seen[key] = dst
+            finally:
+                os.close(src)
+        elif stat.S_ISLNK(mode):
+            try:
+                target = os.readlink(name, dir_fd=dfd)
+            except OSError:
+                continue
+            os.symlink(target, dst)
+            os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+        elif stat.S_ISCHR(mode) and st.st_rdev == 0:  # a whiteout: the file is deleted in this layer
+            os.mknod(dst, stat.S_IFCHR, 0)
+        elif stat.S_ISFIFO(mode):
+            os.mkfifo(dst, 0o600)
+            os.chown(dst, st.st_uid, st.st_gid)
+            os.chmod(dst, stat.S_IMODE(mode))
+        # sockets, and device nodes (which nothing in a cell can make), are not carried
+    return used
+
+
+def freeze(upper, dest, budget):
+    """Copy a cell's upper layer (the directory open at `upper`: the cell's writes, its
+    whiteouts and opaque directories) into the new directory `dest`, never changed again:
+    bytes of data copied. The tree is the cell's and may change while it is read: no link
+    is followed, hard links stay links, holes stay holes (where the filesystem says where
+    they are), and more than `budget` bytes of data (the cell's disk limit) fail the copy."""
+    os.mkdir(dest, 0o755)
+    return _freeze_dir(upper, dest, {}, budget, 0)
+
+
+def drop_tree(path):
+    """Remove a layer directory (the host's own copy: no link in it is followed)."""
+    def empty(dfd):
+        with os.scandir(dfd) as it:
+            entries = list(it)
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+                try:
+                    empty(sub)
+                finally:
+                    os.close(sub)
+                os.rmdir(entry.name, dir_fd=dfd)
+            else:
+                os.unlink(entry.name, dir_fd=dfd)
+
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    try:
+        empty(top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
+
+
+def _layer_job(req, fd):
+    """Fork a child of the zygote (single-threaded, holding no request body, outside every
+    cell, in the namespace where the layers tmpfs is mounted) to freeze a cell's upper layer
+    (`fd`) into `req["dest"]` or drop a layer directory, so the copy costs the host agent no
+    CPU; returns its report socket: "ok <bytes>" or "error <Type>: <message>" at its end."""
+    dest = req["dest"]
+    if os.path.dirname(dest) != LAYERS or not os.path.basename(dest).isalnum():
+        raise CellSetupError("not a layer directory: %r" % dest)
+    r, w = (x.detach() for x in socket.socketpair())
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            keep_only_fds([w] + ([fd] if fd is not None else []))
+            signal.alarm(LAYER_JOB_SECONDS)
+            if req["op"] == "freeze":
+                try:
+                    done = freeze(fd, dest, int(req["budget"]))
+                except BaseException:
+                    drop_tree(dest)
+                    raise
+            else:
+                drop_tree(dest)
+                done = 0
+            os.write(w, ("ok %d\n" % done).encode())
+        except BaseException as exc:
+            try:
+                os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(0)
+    os.close(w)
+    return {"pid": pid}, [r]
 
 
 # ------------------------------------------------------------------ host agent side
@@ -807,6 +1056,9 @@ class Cell(object):
         self.max_line = LINE_MIN
         self.pending = {}  # request id -> chunk bytes sent and not yet acknowledged
         self.lock = threading.Lock()
+        self.upper = None  # a descriptor of the cell's upper layer (what cell_snapshot freezes)
+        self.layer = None  # the Layer the cell stacks over the image (its hold on it), or None
+        self.disk = 0  # the cell's disk limit: the most a freeze of its upper layer copies
 
     def expect(self, req):
         """Account a message the host forwards to the cell (before it is sent)."""
@@ -898,6 +1150,7 @@ def end_cell(cell):
     try:
         close_in_zygote(cell.cid)
         cell.wait_gone()
+        release_cell(cell)
     except Exception as exc:
         log("cells: ending cell %s: %r" % (cell.cid, exc))
     finally:
@@ -1036,9 +1289,13 @@ def close_in_zygote(cid):
 
 
 def op_cell_open(req, ctx):
+    """Open cell `cell_id` of `conf`; with `layer` (a layer this host froze, named by its id),
+    the cell's root stacks that layer's chain over the image."""
     cid = int(req["cell_id"])
     conf = req["conf"]
     limits = {k: conf.get(k) for k in ZYGOTE_KEYS}
+    layer = hold_layer(req["layer"]) if req.get("layer") is not None else None
+    limits["lower"] = list(layer.chain) if layer is not None else []  # the host's own dirs, never the request's
     own = (json.dumps({k: conf.get(k) for k in OWN_KEYS}, separators=(",", ":")) + "\n").encode()
     ours, theirs = socket.socketpair()
     timeout = float(req.get("hello_timeout") or 30)
@@ -1046,22 +1303,25 @@ def op_cell_open(req, ctx):
         reply, (report, alive) = zygote_call({"op": "open", "conf": limits}, theirs.fileno())
     except Exception:
         ours.close()
+        release_layer(layer)
         raise
     finally:
         theirs.close()
     with _cells_lock:
         _handles[cid] = reply["handle"]
     cell = Cell(cid, ours, alive)
+    cell.layer, cell.disk = layer, int(limits["disk_bytes"])
     try:
         # the cell's own configuration, secrets included, on its own channel only
         ours.settimeout(timeout)
         ours.sendall(own)
         ours.settimeout(None)
-        init = read_report(report, timeout)
+        init, cell.upper = read_report(report, timeout)
     except Exception:
         ours.close()
         close_in_zygote(cid)
         cell.wait_gone()
+        release_cell(cell)
         raise
     # a cell whose agent stops reading holds the host's forwarding for at most this long
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT, 0))
@@ -1070,6 +1330,7 @@ def op_cell_open(req, ctx):
         ours.close()
         close_in_zygote(cid)
         cell.wait_gone()
+        release_cell(cell)
         raise CellSetupError("the cell's agent did not start")
     with _cells_lock:
         _cells[cid] = cell
@@ -1086,11 +1347,138 @@ def op_cell_close(req, ctx):
     reply = close_in_zygote(cid)
     if cell is not None:
         cell.wait_gone()
+        release_cell(cell)
         try:
             cell.sock.shutdown(socket.SHUT_RDWR)  # the pump sees EOF, forgets the cell, closes its socket
         except OSError:
             pass
     return reply
+
+
+class Layer(object):
+    """A frozen cell layer as the host agent keeps it: its directory (named by the host, never
+    by a request), the chain of layer directories it stacks over the image (oldest first, its
+    own last) and how many hold it: its snapshot (until dropped), the cells stacking it, the
+    layers frozen over it. Nobody holding it, its directory is removed."""
+
+    def __init__(self, lid, parent):
+        self.id = lid
+        self.dir = LAYERS + "/" + lid
+        self.parent = parent
+        self.chain = (parent.chain if parent is not None else []) + [self.dir]
+        self.holders = 1  # the snapshot's own hold (op_cell_layer_drop releases it)
+        self.dropped = False
+
+
+_layers = {}  # layer id -> Layer (under _cells_lock)
+_layers_ready = []  # [True] once the layers tmpfs is mounted (cells_main)
+
+
+def hold_layer(lid):
+    """A hold on the layer a request names: a live layer this host froze, by its id (a name,
+    never a path); AgentUsageError for anything else."""
+    with _cells_lock:
+        layer = _layers.get(lid) if isinstance(lid, str) else None
+        if layer is None or layer.dropped:
+            raise AgentUsageError("no layer %r in this cell host (none was frozen by that name, or it was "
+                                  "deleted)" % (lid,))
+        layer.holders += 1
+        return layer
+
+
+def release_layer(layer):
+    """Drop one hold on `layer` (None: nothing); a layer nobody holds any more is removed,
+    and its hold on the layer under it dropped in turn."""
+    while layer is not None:
+        with _cells_lock:
+            layer.holders -= 1
+            if layer.holders > 0:
+                return
+            _layers.pop(layer.id, None)
+        try:
+            layer_job({"op": "drop", "dest": layer.dir})
+        except Exception as exc:
+            log("cells: removing layer %s: %r" % (layer.id, exc))
+        layer = layer.parent
+
+
+def release_cell(cell):
+    """What a gone cell held in the host: its upper layer's descriptor, its hold on a layer."""
+    with _cells_lock:
+        upper, cell.upper = cell.upper, None
+        layer, cell.layer = cell.layer, None
+    if upper is not None:
+        os.close(upper)
+    release_layer(layer)
+
+
+def layer_job(req, fd=None):
+    """Run a freeze or a drop in a child of the zygote and wait for its end: bytes copied."""
+    _, (report,) = zygote_call(req, fd)
+    lines, fds = read_until_eof(report, LAYER_JOB_SECONDS + 10, "the layer " + req["op"])
+    for x in fds:
+        os.close(x)
+    errors = [x[6:] for x in lines if x.startswith("error ")]
+    if errors:
+        kind, _, message = errors[0].partition(": ")
+        raise (AgentTooLarge if kind == "LayerTooLarge" else CellSetupError)(message)
+    done = [x for x in lines if x.startswith("ok ")]
+    if not done:
+        raise CellSetupError("the layer %s ended without a report" % req["op"])
+    return int(done[0].split()[1])
+
+
+def op_cell_snapshot(req, ctx):
+    """Freeze cell `cell_id`'s upper layer (its writes, whiteouts, opaque directories) into a
+    new layer of this host, a copy made now: what the cell writes afterwards is not in it.
+    The cell is the one the client names (never a cell's own say); the new layer stacks over
+    the layers the cell stacks. {"layer": id, "bytes": data copied, "depth": layers stacked}."""
+    if not _layers_ready:
+        raise CellsUnsupported("this cell host has no layers tmpfs (see its log): cells cannot be snapshotted")
+    cid = int(req["cell_id"])
+    with _cells_lock:
+        cell = _cells.get(cid)
+        if cell is None or cell.upper is None:
+            raise AgentUsageError("cell %s is not open in this host" % cid)
+        parent = cell.layer
+        if parent is not None and len(parent.chain) >= MAX_CHAIN:
+            raise AgentUsageError("cell %s already stacks %d layers (a fork of a fork ...): at most %d"
+                                  % (cid, len(parent.chain), MAX_CHAIN))
+        upper = os.dup(cell.upper)
+        if parent is not None:
+            parent.holders += 1  # the new layer's hold on the one under it
+        layer = Layer(os.urandom(8).hex(), parent)
+    try:
+        done = layer_job({"op": "freeze", "dest": layer.dir, "budget": cell.disk}, upper)
+    except BaseException:
+        release_layer(parent)
+        raise
+    finally:
+        os.close(upper)
+    with _cells_lock:
+        _layers[layer.id] = layer
+    return {"layer": layer.id, "bytes": done, "depth": len(layer.chain)}
+
+
+def op_cell_layer_drop(req, ctx):
+    """Delete a layer (idempotent): no cell opens on it again; its directory is removed once
+    no cell stacks it and no layer was frozen over it. {"dropped": bool, "freed": bool}."""
+    lid = req.get("layer")
+    with _cells_lock:
+        layer = _layers.get(lid) if isinstance(lid, str) else None
+        if layer is None or layer.dropped:
+            return {"dropped": False, "freed": layer is None}
+        layer.dropped = True
+    release_layer(layer)
+    with _cells_lock:
+        return {"dropped": True, "freed": _layers.get(lid) is not layer}
+
+
+def op_cell_layers(req, ctx):
+    """The live layers of this host: {"layers": {id: {"holders": n, "dropped": bool, "depth": n}}}."""
+    with _cells_lock:
+        return {"layers": {k: {"holders": v.holders, "dropped": v.dropped, "depth": len(v.chain)}
+                           for k, v in _layers.items()}}
 
 
 def forward_to_cell(req):
@@ -1119,6 +1507,12 @@ def cells_main():
     """Start the zygote while still single-threaded, then serve as the host agent."""
     global forward_cell
     not_dumpable()  # before the fork: the zygote and every watcher inherit it
+    try:  # before the fork: the zygote's mount namespace (and every cell's) has this tmpfs too
+        os.makedirs(LAYERS, exist_ok=True)
+        mount("tmpfs", LAYERS, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700")
+        _layers_ready.append(True)
+    except OSError as exc:
+        log("cells: no tmpfs for frozen layers (%s): cells cannot be snapshotted" % exc)
     # the zygote is forked before main() reads any request: its memory never holds one
     parent, child = socket.socketpair()
     pid = os.fork()
@@ -1134,6 +1528,9 @@ def cells_main():
     _zygote.update(sock=parent, lock=threading.Lock(), pid=pid)
     OPS["cell_open"] = op_cell_open
     OPS["cell_close"] = op_cell_close
+    OPS["cell_snapshot"] = op_cell_snapshot
+    OPS["cell_layer_drop"] = op_cell_layer_drop
+    OPS["cell_layers"] = op_cell_layers
     forward_cell = forward_to_cell
     HELLO["hardening"] = HARDENING
     main()
