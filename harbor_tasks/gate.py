@@ -1,0 +1,227 @@
+"""`HarborGateEnv`: the oracle gate for Harbor tasks, as `SWEDebugEnv` is for SWE rows.
+One rollout = one task, no model. Two fresh sandboxes of the task's image, run at once:
+
+    untouched   the tests only                       (must NOT pass: no vacuous pass)
+    oracle      solution/solve.sh, then the tests    (must pass)
+
+each with the task's timeouts, users and network policy (`harbor_tasks.phases`,
+`harbor_tasks.sandbox`). "Pass" is Harbor's reward `reward` >= 1 read from
+/logs/verifier/reward.json or reward.txt exactly as Harbor's verifier reads them.
+
+The verdict is in the row's `info["verdict"]` with the keys vf-swe-debug's view,
+the JUnit report, the run registry and the dashboard read (`instance_id`, `valid`,
+`reason`, `detail`, `timings`, `stdout_tail`, `stderr_tail`) plus the rewards of
+both runs (`reward_before`, `reward_after`, `rewards_*`, `error_*`). Reasons:
+
+    pass            valid
+    vacuous         the tests pass on the untouched task
+    oracle_failed   the tests do not pass after the oracle (reward below 1)
+    no_reward       after the oracle, no reward file, an empty or unparsable one
+    timeout         solve.sh past [agent].timeout_sec, or test.sh past [verifier].timeout_sec
+    unsupported     the task asks for what this stack / backend cannot honour
+                    (allowlist network, a user switch the sandbox cannot make, steps, ...)
+    setup_failed    the image does not build, or the sandbox cannot start
+    sandbox_error   infrastructure (retried on fresh sandboxes; then left for --resume)
+
+A task directory that cannot be read (task.toml Harbor would refuse, no
+instruction.md or tests/test.sh) is an `input_errors` entry of the run, as a
+malformed SWE row is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Literal
+
+from envs.decorators import teardown
+from envs.environment import Environment
+from envs.rubrics.rubric import Rubric
+from envs.types import RolloutInput, SamplingArgs, State
+from sandboxes import Sandbox, SandboxSpec, UsageError, UserSwitchUnsupported, find_infra_error
+from sandboxes.rollouts import RolloutSandboxes
+
+from .phases import PhaseResult, VerifierOutcome, run_oracle, run_verifier
+from .sandbox import build_image, sandbox_spec
+from .task import HarborTask, TaskUnsupported
+
+VERDICT = "verdict"
+GateStep = Literal["oracle", "none"]
+
+
+def verdict_of(state: State) -> dict[str, Any]:
+    return (state.get("info") or {}).get(VERDICT) or {}
+
+
+class GateRubric(Rubric):
+    """Reward 1 for a valid task."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+
+        def valid(state: State) -> float:
+            return 1.0 if verdict_of(state).get("valid") else 0.0
+
+        self.add_reward_func(valid, weight=1.0)
+
+
+def judge(after: VerifierOutcome, oracle: PhaseResult | None, before: VerifierOutcome | None) -> tuple[bool, str, str]:
+    """(valid, reason, detail) from the runs' outcomes (module docstring)."""
+    if after.error == "verifier_timeout":
+        return False, "timeout", after.detail
+    if after.error is not None:
+        return False, "no_reward", after.detail
+    if oracle is not None and oracle.timed_out:
+        return False, "timeout", f"solution/solve.sh did not finish within the agent timeout_sec ({oracle.timeout_s:g}s)"
+    if not after.passed:
+        what = "after the oracle" if oracle is not None else "on the untouched task"
+        return False, "oracle_failed", f"the tests do not pass {what}: rewards {after.rewards}"
+    if before is not None and before.passed:
+        return False, "vacuous", f"the tests already pass on the untouched task: rewards {before.rewards}"
+    return True, "pass", ""
+
+
+class HarborGateEnv(Environment):
+    """No-model gate over Harbor tasks (module docstring)."""
+
+    requires_model = False
+
+    def __init__(self, tasks: list[HarborTask], *, debug_step: GateStep = "oracle", input_errors: list[dict[str, Any]] | None = None,
+                 rollout_isolation: str | None = None, isolation: str | None = None, output_tail_chars: int = 2000,
+                 backend: Any = None, backend_options: dict[str, Any] | None = None, **kwargs: Any):
+        if debug_step not in ("oracle", "none"):
+            raise UsageError(f"Harbor tasks have the debug steps 'oracle' (solve.sh, the default) and 'none' "
+                             f"(the tests only); not {debug_step!r}")
+        self.tasks = {t.name: t for t in tasks}
+        self.debug_step = debug_step
+        self.input_errors = list(input_errors or [])
+        self.rollout_isolation = rollout_isolation
+        self.isolation_name = isolation
+        self.output_tail_chars = output_tail_chars
+        self.sandboxes = RolloutSandboxes(SandboxSpec(name="harbor-gate"), pool_size=0)
+        self._images: dict[str, asyncio.Task[Any]] = {}
+        dataset = [{"prompt": [{"role": "user", "content": t.instruction}], "answer": "", "task": "harbor-gate",
+                    "info": {"instance_id": t.name, "repo": "harbor", "task_path": str(t.path)}} for t in tasks]
+        super().__init__(dataset=dataset, rubric=GateRubric(), **kwargs)
+        self.set_backend(backend, backend_options)
+
+    def set_backend(self, name: Any, options: dict[str, Any] | None = None) -> None:
+        self.sandboxes.set_backend(name, options)
+        super().set_backend(name, options)
+
+    def set_isolation(self, isolation: str) -> None:
+        super().set_isolation(isolation)
+        self.isolation_name = isolation
+
+    def isolation_in_use(self) -> str | None:
+        return self.isolation_name or "runc"
+
+    # ------------------------------------------------------------------ the rollout
+    async def rollout(self, input: RolloutInput, client: Any, model: str,
+                      sampling_args: SamplingArgs | None = None) -> State:
+        state = await self.init_state(input, client, model, sampling_args)
+        timing = state["timing"]
+        timing.generation.start = timing.setup.start = timing.setup.end = time.time()
+        info = dict(state.get("info") or {})
+        state["info"] = info
+        t0 = time.perf_counter()
+        name = info.get("instance_id")
+        try:
+            if name not in self.tasks:
+                raise UsageError(f"task {name!r} is not in this run's tasks")
+            verdict = await self.verify(self.tasks[name])
+        except Exception as exc:  # InfraError: the runner retries the rollout; else a bug of ours
+            state["error"] = exc
+            infra = find_infra_error(exc)
+            detail = str(infra) if infra else f"internal error: {type(exc).__name__}: {exc}"
+            verdict = {"instance_id": name, "valid": False, "reason": "sandbox_error", "detail": detail[:2000],
+                       "timings": {"total_s": round(time.perf_counter() - t0, 4)}}
+        info[VERDICT] = verdict
+        for k, v in (verdict.get("timings") or {}).items():
+            self.record_metric(state, k, v)
+        state["completion"] = []
+        state["is_completed"] = True
+        state["stop_condition"] = "verdict"
+        timing.generation.end = time.time()
+        await self.cleanup(state)
+        return state
+
+    async def verify(self, task: HarborTask) -> dict[str, Any]:
+        """The verdict on one task. Raises InfraError (sandbox trouble) only."""
+        t0 = time.perf_counter()
+        n = self.output_tail_chars
+        out: dict[str, Any] = {"instance_id": task.name, "task_path": str(task.path), "step": self.debug_step,
+                               "valid": False, "timings": {}}
+
+        def done(reason: str, detail: str) -> dict[str, Any]:
+            out.update(reason=reason, detail=detail[:4000])
+            out["timings"]["total_s"] = round(time.perf_counter() - t0, 4)
+            return out
+
+        why = task.unsupported()
+        if why:
+            return done("unsupported", why)
+        backend = self.sandboxes.backend
+        backend_name = getattr(backend, "name", type(backend).__name__)
+        try:
+            spec = sandbox_spec(task, "pending", backend_name, rollout_isolation=self.rollout_isolation,
+                                isolation=self.isolation_name)
+        except TaskUnsupported as exc:
+            return done("unsupported", str(exc))
+        except ValueError as exc:  # a ${VAR} the host does not set, a bad limit
+            return done("setup_failed", f"sandbox: {exc}")
+        t_img = time.perf_counter()
+        try:
+            image = await build_image(task, backend)
+        except UsageError as exc:
+            out["timings"]["image_s"] = round(time.perf_counter() - t_img, 4)
+            return done("setup_failed", f"image: {exc}")
+        out["timings"]["image_s"] = round(time.perf_counter() - t_img, 4)
+        out["image"] = image.name
+        spec = spec.model_copy(update={"image": image.name})
+        try:
+            if self.debug_step == "oracle":
+                (before, _), (after, oracle) = await asyncio.gather(self._run(task, spec, oracle=False),
+                                                                    self._run(task, spec, oracle=True))
+            else:
+                before, oracle = None, None
+                after, _ = await self._run(task, spec, oracle=False)
+        except UserSwitchUnsupported as exc:
+            return done("unsupported", f"task {task.name}: agent user {task.config.agent.user!r}, verifier user "
+                                       f"{task.config.verifier.user!r}: {exc}")
+        except (TaskUnsupported, FileNotFoundError) as exc:
+            return done("unsupported" if isinstance(exc, TaskUnsupported) else "setup_failed", str(exc))
+        except UsageError as exc:  # the sandbox cannot be made for this task (unknown user, bad image)
+            return done("setup_failed", f"sandbox: {type(exc).__name__}: {exc}")
+        valid, reason, detail = judge(after, oracle, before)
+        out["valid"] = valid
+        out["reward_after"], out["rewards_after"], out["error_after"] = after.reward, after.rewards, after.error
+        out["test_exit_code"] = after.run.exit_code
+        out["timings"]["tests_s"] = after.run.seconds
+        out["stdout_tail"] = after.run.log_tail[-n:] if n > 0 else ""
+        if before is not None:
+            out["reward_before"], out["rewards_before"], out["error_before"] = before.reward, before.rewards, before.error
+            out["timings"]["before_s"] = before.run.seconds
+        if oracle is not None:
+            out["oracle_exit_code"], out["oracle_timed_out"] = oracle.exit_code, oracle.timed_out
+            out["timings"]["oracle_s"] = oracle.seconds
+            out["stderr_tail"] = oracle.log_tail[-n:] if n > 0 else ""
+        return done(reason, detail)
+
+    async def _run(self, task: HarborTask, spec: SandboxSpec, *, oracle: bool) -> tuple[VerifierOutcome, PhaseResult | None]:
+        """One fresh sandbox: (the oracle, then) the tests; the sandbox is deleted after."""
+        sb: Sandbox = await self.sandboxes.acquire(spec)
+        try:
+            phase = await run_oracle(sb, task) if oracle else None
+            return await run_verifier(sb, task), phase
+        finally:
+            await asyncio.shield(self.sandboxes.release(sb))
+
+    def build_metadata(self, outputs: list[Any], **fields: Any) -> dict[str, Any]:
+        meta = super().build_metadata(outputs, **fields)
+        meta["input_errors"] = self.input_errors
+        return meta
+
+    @teardown
+    async def close_backend(self) -> None:
+        await self.sandboxes.close()
