@@ -22,6 +22,16 @@ channel closed: the container was killed) is forgotten at once: no cell is
 opened in it again, its open cells are dropped from the listing, and the next
 cell comes from a new host. A host whose client went away (even SIGKILLed)
 ends itself: the backend runs its agent so that the container ends with it.
+
+Snapshots of cells (kind "layer", issue 28): `CellSandbox.snapshot()` has the host
+agent freeze the cell's writable layer into a read-only layer of the host (one copy,
+no image build); `CellHosts.create_from_snapshot` opens a cell of the same host that
+stacks it over the image (O(1) per fork: an overlay mount); `CellSandbox.fork(n)`
+does both, the n cells opened concurrently. A fork carries the filesystem and the
+snapshot's spec (environment, workdir, user, limits), never processes; forks and the
+source never see each other's later writes. A layer lives in its host: it is gone
+with the host (at the latest when the host's admission window ends and its last cell
+is closed), and `delete_snapshot` frees it once no cell stacks it any more.
 """
 
 from __future__ import annotations
@@ -34,9 +44,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .agent.client import AgentConnection, AgentSandbox
-from .errors import AgentError, ConfigError, InfraError, SandboxNotRunning
-from .labels import lifecycle_labels
+from .errors import (AgentError, ConfigError, ImageNotFound, InfraError, SandboxCreateError, SandboxNotRunning,
+                     SnapshotUnsupported)
+from .interface import Sandbox, create_from_snapshot_many
+from .labels import SNAPSHOT_ID, lifecycle_labels, snapshot_labels
 from .results import SandboxInfo
+from .snapshots import Snapshot
 from .spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -120,6 +133,42 @@ class CellSandbox(AgentSandbox):
 
     async def gone(self) -> bool:
         return self._conn.dead is not None or await self.host.sandbox.gone()
+
+    async def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """Freeze this cell's filesystem (its writable layer, over the layers it stacks) into a
+        read-only layer of its host: a "layer" snapshot, forks of which are cells of the same
+        host (`CellHosts.create_from_snapshot`). One copy of what the cell wrote, made now: the
+        cell keeps running and its later writes are not in it. It lives at most as long as the
+        host (`keep` cannot make it outlive the host). TransferTooLarge past the cell's disk
+        limit; SandboxNotRunning when the cell is gone."""
+        if self._conn.dead is not None:
+            raise self._conn.dead
+        reply = await self.host.sandbox._call({"op": "cell_snapshot", "cell_id": self.cell_id},
+                                              timeout=SNAPSHOT_TIMEOUT)
+        layer = str(reply["layer"])
+        snap = Snapshot(id=layer, backend=self.backend_name, kind="layer", source_id=self.id, image=None,
+                        spec=self.spec, created_at=time.time(), keep=keep,
+                        labels=snapshot_labels(self.spec, snapshot_id=layer, source_id=self.id, kind="layer",
+                                               keep=keep))
+        self.host.snapshots[layer] = snap
+        return snap
+
+    async def fork(self, n: int) -> list[Sandbox]:
+        """`n` cells of this cell's host, each stacking a snapshot of this cell taken now:
+        `Sandbox.fork` without the backend in between (the snapshot and the n cells are
+        requests to the host this cell lives in); all of them or none."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"fork(n) needs an integer n >= 1, got {n!r}")
+        if self.host.owner is None:
+            return await super().fork(n)
+        snap = await self.snapshot()
+        try:
+            forks = await create_from_snapshot_many(self.host.owner, snap, n)
+        finally:
+            await asyncio.shield(self.host.owner.delete_snapshot(snap.id))
+        for fork in forks:
+            fork.snapshot_backend = self.snapshot_backend
+        return forks
 
     async def _destroy(self) -> None:
         await self.host.close_cell(self.cell_id)
@@ -209,6 +258,7 @@ class CellHost:
         self.admit_until = admit_until  # time.monotonic() after which no cell is opened here
         self.open = 0
         self._ids = itertools.count(1)
+        self.snapshots: dict[str, Snapshot] = {}  # layers frozen here and not deleted (by snapshot id)
 
     @property
     def usable(self) -> bool:
@@ -218,13 +268,17 @@ class CellHost:
     def admits(self) -> bool:
         return self.open < self.capacity and self.usable
 
-    async def open_cell(self, spec: SandboxSpec, hello_timeout: float = 30.0) -> CellSandbox:
+    async def open_cell(self, spec: SandboxSpec, hello_timeout: float = 30.0, layer: str | None = None) -> CellSandbox:
+        """A new cell of `spec`; with `layer` (a snapshot of this host), its root stacks that layer."""
         n = next(self._ids)
         self.open += 1  # before the first await: capacity checks see it at once
         name = f"{spec.name}-c{n}"
+        req: dict[str, Any] = {"op": "cell_open", "cell_id": n, "conf": cell_conf(spec, name),
+                               "hello_timeout": hello_timeout}
+        if layer is not None:
+            req["layer"] = layer
         try:
-            reply = await self.sandbox._call({"op": "cell_open", "cell_id": n, "conf": cell_conf(spec, name),
-                                              "hello_timeout": hello_timeout}, timeout=hello_timeout + 30)
+            reply = await self.sandbox._call(req, timeout=hello_timeout + 30)
         except BaseException:
             self.open -= 1
             raise
@@ -247,6 +301,9 @@ class CellHost:
             self.open -= 1
             if conn is not None:
                 await conn.close()
+
+
+SNAPSHOT_TIMEOUT = 660.0  # a freeze copies at most the cell's disk limit (the host kills it after 600 s)
 
 
 RUNC_CELLS_PER_HOST = 64
@@ -316,7 +373,64 @@ class CellHosts:
         hosts = self._hosts.get(key, [])
         if host in hosts:
             hosts.remove(host)
+        host.snapshots.clear()  # its layers end with it
         self._spawn(host.sandbox.delete())
+
+    # ------------------------------------------------------------ snapshots ("layer")
+    def _snapshot_host(self, snapshot_id: str) -> CellHost | None:
+        return next((h for hs in self._hosts.values() for h in hs if snapshot_id in h.snapshots), None)
+
+    async def create_from_snapshot(self, snapshot: Snapshot) -> CellSandbox:
+        """A new cell of `snapshot` (a "layer" snapshot of a cell of these hosts): a cell of
+        the source's host, created with `snapshot.spec`, whose root stacks the frozen layer
+        over the image. ImageNotFound when the snapshot was deleted or its host is gone or
+        no longer admits cells (its admission window ended: take a new snapshot);
+        SandboxCreateError when the host is full (its cells_per_host are open)."""
+        if snapshot.kind != "layer":
+            raise SnapshotUnsupported(f"cells are created from 'layer' snapshots, not {snapshot.kind!r} ones")
+        self._forget_dead()
+        host = self._snapshot_host(snapshot.id)
+        if host is None:
+            raise ImageNotFound(f"snapshot {snapshot.id} is gone (deleted, or its cell host ended)")
+        if not host.usable:
+            raise ImageNotFound(f"snapshot {snapshot.id}: its cell host {host.sandbox.name} no longer admits cells "
+                                "(its admission window ended); take a new snapshot")
+        if not host.admits:
+            raise SandboxCreateError(f"snapshot {snapshot.id}: its cell host {host.sandbox.name} is full "
+                                     f"({host.capacity} cells open); forks are cells of the source's host")
+        spec = snapshot.spec.model_copy(update={"rollout_isolation": "namespace"})
+        try:
+            cell = await host.open_cell(spec, layer=snapshot.id)
+        except AgentError:
+            if host.sandbox.connection.dead is not None:
+                self._forget(self.key(spec), host)
+            raise
+        except ConfigError as exc:  # the host no longer has the layer (deleted meanwhile)
+            raise ImageNotFound(f"snapshot {snapshot.id}: {exc}") from exc
+        cell.labels[SNAPSHOT_ID] = snapshot.id
+        self.stats["cells"] += 1
+        self._cells[cell.id] = cell
+        return cell
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a layer snapshot of these hosts (idempotent): no cell is made of it again,
+        and its host frees the layer once no cell stacks it. False for an id not known here."""
+        host = self._snapshot_host(snapshot_id)
+        if host is None:
+            return False
+        host.snapshots.pop(snapshot_id, None)
+        if host.sandbox.connection.dead is None:
+            try:
+                await host.sandbox._call({"op": "cell_layer_drop", "layer": snapshot_id}, timeout=SNAPSHOT_TIMEOUT)
+            except InfraError as exc:  # the host is gone: so is the layer
+                log.debug("deleting snapshot %s: %s", snapshot_id, exc)
+        return True
+
+    def list_snapshots(self, labels: dict[str, str] | None = None) -> list[Snapshot]:
+        """The layer snapshots of live hosts carrying all `labels`."""
+        self._forget_dead()
+        return [snap for hs in self._hosts.values() for h in hs for snap in h.snapshots.values()
+                if all(snap.labels.get(k) == v for k, v in (labels or {}).items())]
 
     def _forget_dead(self) -> None:
         """Forget every host whose agent's channel closed (the container was killed or
