@@ -43,6 +43,25 @@ class Step(str, Enum):
     gold_patch = "gold_patch"
     command = "command"
     script = "script"
+    oracle = "oracle"  # Harbor tasks (`harbor:<dir>`): solution/solve.sh, then the tests
+
+
+HARBOR_ENV_ID = "harbor-tasks"  # `harbor:<dir>` datasets: Harbor task directories (harbor_tasks.gate)
+
+
+def _is_harbor(dataset: str) -> bool:
+    from harbor_tasks import PREFIX
+
+    return dataset.startswith(PREFIX)
+
+
+def _harbor_env_args(a: dict[str, Any]) -> dict[str, Any]:
+    """The `harbor-tasks` gate's arguments: the step (gold_patch means the oracle) and the
+    options that apply to it; the SWE-only flags do not."""
+    step = "oracle" if a["debug_step"] in (Step.gold_patch, Step.oracle) else a["debug_step"].value
+    out = {"dataset": a["dataset"], "task_names": _split_ids(a["instance_ids"]) or None, "debug_step": step,
+           "output_tail_chars": a["output_tail_chars"], "rollout_isolation": a.get("rollout_isolation")}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _split_ids(values: list[str] | None) -> list[str]:
@@ -54,7 +73,7 @@ def _split_ids(values: list[str] | None) -> list[str]:
 
 @app.command(cls=OptionalResumeCommand)
 def run(
-    dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name.")],
+    dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name; `harbor:DIR` for Harbor task directories (docs/harbor-tasks.md).")],
     split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
     dataset_format: Annotated[Optional[str], typer.Option("--dataset-format", help="Published shape of the rows: swe-bench, swe-bench-v5, swe-gym, swe-smith, r2e-gym, swe-rebench or native (default: recognised per row by its columns; see swe_debug/README.md).")] = None,
     instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", "-i", help="Only these ids (repeat or comma-separate).")] = None,
@@ -141,7 +160,10 @@ def eval_config(a: dict[str, Any]):
         # hosted: sandboxes are what vf-swe-debug is for, so their permission is implied
         "hosted": a.get("hosted") or None, "address": a.get("address"), "allow_sandbox_access": a.get("hosted") or None,
     }
-    (cfg,) = configs_from_cli([ENV_ID], cli)
+    if _is_harbor(a["dataset"]):
+        cli["env_args"] = _harbor_env_args(a)
+        cli["name"] = a["name"] or run_name(a["dataset"], cli["env_args"]["debug_step"])
+    (cfg,) = configs_from_cli([HARBOR_ENV_ID if _is_harbor(a["dataset"]) else ENV_ID], cli)
     return cfg
 
 
@@ -156,6 +178,8 @@ def _main(**a: Any) -> int:
 
     from .env import load_environment
 
+    if _is_harbor(a["dataset"]):
+        from harbor_tasks import load_environment
     console = Console(stderr=True)
     try:
         cfg = eval_config(a)
