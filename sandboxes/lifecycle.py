@@ -6,6 +6,10 @@ died (SIGKILL) or whose lifetime expired, and for those the backend itself lost
 Backends call `track(id, remove)` when a sandbox exists and `untrack(id)`
 once it is deleted; `remove` is a synchronous, idempotent, best-effort
 callable (it runs from a signal handler or `atexit`, with no event loop).
+Two more kinds of entries: "pending" (a creation the engine may still be
+completing: its remover waits a moment for it) and "snapshot" (a snapshot of
+this run: removed after every sandbox, since sandboxes may be made of it).
+`live()` lists sandboxes only; `live_snapshots()` the snapshots.
 
 Nothing is installed behind the caller's back: a program opts in with
 
@@ -27,12 +31,16 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
-from .interface import SupportsOrphanReap
-from .labels import MANAGED, expired, owner_alive
+from .interface import SupportsOrphanReap, SupportsSnapshots
+from .labels import MANAGED, SNAPSHOT_KEEP, expired, owner_alive
 from .results import SandboxInfo
 
 log = logging.getLogger(__name__)
+
+
+TrackedKind = Literal["sandbox", "pending", "snapshot"]
 
 
 @dataclass
@@ -41,36 +49,61 @@ class _Tracked:
     remove: Callable[[], None]
     backend: str = ""
     since: float = field(default_factory=time.time)
+    kind: TrackedKind = "sandbox"
 
 
 _live: dict[str, _Tracked] = {}
 _lock = threading.RLock()  # re-entrant: the signal handler may interrupt track() on the main thread
 
 
-def track(sandbox_id: str, remove: Callable[[], None], *, backend: str = "") -> None:
-    """Record a live sandbox of this process with a sync, idempotent remover."""
+def track(sandbox_id: str, remove: Callable[[], None], *, backend: str = "", kind: TrackedKind = "sandbox") -> None:
+    """Record a live sandbox (or a pending creation, a snapshot: `kind`) of this process
+    with a sync, idempotent remover. Snapshot ids are kept apart from sandbox ids."""
     with _lock:
-        _live[sandbox_id] = _Tracked(sandbox_id, remove, backend)
+        _live[_key(sandbox_id, kind)] = _Tracked(sandbox_id, remove, backend, kind=kind)
 
 
-def untrack(sandbox_id: str) -> None:
+def untrack(sandbox_id: str, kind: TrackedKind = "sandbox") -> None:
     with _lock:
-        _live.pop(sandbox_id, None)
+        _live.pop(_key(sandbox_id, kind), None)
+
+
+def _key(ident: str, kind: TrackedKind) -> str:
+    return ident if kind == "sandbox" else f"{kind}:{ident}"
 
 
 def live() -> list[str]:
     """Ids of this process's sandboxes not deleted yet."""
     with _lock:
-        return list(_live)
+        return [e.id for e in _live.values() if e.kind == "sandbox"]
+
+
+def live_snapshots() -> list[str]:
+    """Ids of this process's snapshots not deleted yet (kept ones are not tracked)."""
+    with _lock:
+        return [e.id for e in _live.values() if e.kind == "snapshot"]
 
 
 def cleanup_all(timeout: float = 30.0) -> int:
-    """Remove every tracked sandbox now (in parallel, synchronously); returns how many."""
+    """Remove every tracked sandbox now (in parallel, synchronously), then every tracked
+    snapshot (sandboxes may run of them); returns how many entries were removed."""
     with _lock:
         entries = list(_live.values())
         _live.clear()
     if not entries:
         return 0
+    deadline = time.monotonic() + timeout
+    first = [e for e in entries if e.kind != "snapshot"]
+    then = [e for e in entries if e.kind == "snapshot"]
+    if first:
+        _remove_all(first, deadline)
+    if then:
+        _remove_all(then, max(deadline, time.monotonic() + 10.0))
+    return len(entries)
+
+
+def _remove_all(entries: list[_Tracked], deadline: float) -> None:
+    """Run the removers of `entries` in parallel until done or `deadline` (monotonic)."""
 
     def _remove(entry: _Tracked) -> None:
         try:
@@ -84,14 +117,12 @@ def cleanup_all(timeout: float = 30.0) -> int:
     except RuntimeError:  # from atexit: executors refuse work once threading has shut down; one by one
         for entry in entries:
             _remove(entry)
-        return len(entries)
+        return
     futures += [pool.submit(_remove, e) for e in entries[1:]]
-    deadline = time.monotonic() + timeout
     for fut in futures:
         with contextlib.suppress(Exception):
             fut.result(timeout=max(0.0, deadline - time.monotonic()))
     pool.shutdown(wait=False)
-    return len(entries)
 
 
 class CleanupHandlers:
@@ -169,10 +200,19 @@ def reap_due(info: SandboxInfo, now: float, max_age_seconds: float | None = None
             or (max_age_seconds is not None and info.created_at is not None and now - info.created_at > max_age_seconds))
 
 
+def snapshot_reapable(labels: dict[str, str]) -> str | None:
+    """Why a snapshot with these labels should be reaped ("owner-dead") or None: ours,
+    not kept, and its owner process is dead. Snapshots have no deadline of their own."""
+    if labels.get(MANAGED) != "true" or labels.get(SNAPSHOT_KEEP) == "true":
+        return None
+    return None if owner_alive(labels) else "owner-dead"
+
+
 async def delete_run_sandboxes(backend: str | None, options: dict | None, run_id: str,
                                only: Callable[[SandboxInfo], bool] | None = None) -> int:
     """Delete the sandboxes of run `run_id` (its run-id label) on the backend named
-    `backend` (made with `options`, closed after); `only` filters them. Returns how many."""
+    `backend` (made with `options`, closed after); `only` filters them. Returns how many.
+    Without `only`, the run's snapshots go too (kept ones stay)."""
     from .labels import RUN_ID
     from .registry import get_backend
 
@@ -182,6 +222,11 @@ async def delete_run_sandboxes(backend: str | None, options: dict | None, run_id
         ids = [i.id for i in infos if only is None or only(i)]
         if ids:
             await be.delete_many(ids=ids)
+        if only is None and isinstance(be, SupportsSnapshots):
+            snaps = await be.list_snapshots({MANAGED: "true", RUN_ID: run_id})
+            for snap in snaps:
+                if not snap.keep:
+                    await be.delete_snapshot(snap)
         return len(ids)
     finally:
         await be.close()
@@ -189,7 +234,8 @@ async def delete_run_sandboxes(backend: str | None, options: dict | None, run_id
 
 async def reap(backend=None, *, dry_run: bool = False, include_expired: bool = True) -> list[tuple[SandboxInfo, str]]:
     """Remove managed sandboxes whose owner process is dead or that expired, and those
-    the backend lost ("engine-lost", backends with `reap_orphans`).
+    the backend lost ("engine-lost", backends with `reap_orphans`), then the snapshots
+    (not kept) whose owner process is dead ("owner-dead", status "snapshot").
     Returns (sandbox, reason) for each one removed (or that would be, with dry_run)."""
     from .registry import get_backend
 
@@ -204,10 +250,24 @@ async def reap(backend=None, *, dry_run: bool = False, include_expired: bool = T
         if isinstance(be, SupportsOrphanReap):
             lost = await be.reap_orphans(dry_run=dry_run)
             doomed += [(SandboxInfo(id=i, name="", backend=be.name, status="lost"), "engine-lost") for i in lost]
+        if isinstance(be, SupportsSnapshots):
+            for snap in await be.list_snapshots({MANAGED: "true"}):
+                why = snapshot_reapable(snap.labels)
+                if why is None:
+                    continue
+                if not dry_run:
+                    await be.delete_snapshot(snap)
+                doomed.append((snapshot_info(snap), why))
         return doomed
     finally:
         if own:
             await be.close()
+
+
+def snapshot_info(snap) -> SandboxInfo:
+    """A snapshot shown in a sandbox listing (status "snapshot", name: what it was taken from)."""
+    return SandboxInfo(id=snap.id, name=f"snapshot of {snap.source_id[:12]}", backend=snap.backend,
+                       status="snapshot", image=snap.image or "", labels=snap.labels, created_at=snap.created_at)
 
 
 def reap_sync(backend: str | None = None, *, quiet: bool = True, **kw) -> list[tuple[SandboxInfo, str]]:

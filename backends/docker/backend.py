@@ -29,6 +29,11 @@ containers (`sandboxes.cells`): a host is an ordinary container of the image
 whose agent (alone, as root) holds the capabilities that build a cell's
 namespaces, overlay and cgroup (CELL_HOST_CAPS; seccomp and no-new-privileges
 stay on) and drops all of them in the cell before anything runs there.
+
+Snapshots (`SupportsSnapshots`): a container's snapshot is its filesystem committed
+to a local image (snapshots.py), forks are containers of it; a cell's snapshot is
+its writable layer frozen in its cell host (`CellHosts.create_from_snapshot`).
+Every handle this backend returns has `snapshot_backend` set to it (`Sandbox.fork`).
 """
 
 from __future__ import annotations
@@ -36,11 +41,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import http.client
+import inspect
 import json
 import logging
 import re
-import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -62,18 +66,22 @@ from sandboxes.errors import (
     ImageNotFound,
     SandboxCreateError,
     SandboxNotRunning,
+    SnapshotUnsupported,
 )
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RecipeStatus, RegistryAuth
-from sandboxes.labels import EXPIRES_AT, MANAGED, lifecycle_labels
+from sandboxes.interface import Sandbox
+from sandboxes.labels import EXPIRES_AT, MANAGED, PREFIX, lifecycle_labels
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent, retry_op
+from sandboxes.snapshots import Snapshot
 from sandboxes.spec import SandboxSpec
 
 from .build import EngineImages
 from .channel import DockerExecChannel
-from .engine import DEFAULT_URL, resolve_url  # noqa: F401  (re-exported)
+from .engine import DEFAULT_URL, _sync_conn, resolve_url  # noqa: F401  (re-exported)
 from . import orphans
 from .network import check_network_mode, ensure_egress_network
+from .snapshots import DockerSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -94,25 +102,6 @@ def _key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
-def _sync_conn(url: str, timeout: float) -> http.client.HTTPConnection:
-    if url.startswith("unix://"):
-        return _UnixHTTPConnection(url[len("unix://"):], timeout)
-    hostport = re.sub(r"^(tcp|http)://", "", url).rstrip("/")
-    return http.client.HTTPConnection(hostport, timeout=timeout)
-
-
 def ping_sync(url: str | None = None, timeout: float = 5.0) -> str | None:
     """None when the daemon at `url` answers /_ping, else why not (blocking; for tests and CLIs)."""
     url = resolve_url(url)
@@ -128,14 +117,56 @@ def ping_sync(url: str | None = None, timeout: float = 5.0) -> str | None:
         conn.close()
 
 
-def remove_container_sync(url: str, container_id: str, timeout: float = 15.0) -> None:
-    """Force-remove a container with one blocking HTTP call (signal handlers, atexit)."""
+def remove_container_sync(url: str, container_id: str, timeout: float = 15.0) -> int:
+    """Force-remove a container with one blocking HTTP call (signal handlers, atexit); the
+    engine's status (204 removed, 404 no such container)."""
     conn = _sync_conn(url, timeout)
     try:
         conn.request("DELETE", f"/containers/{container_id}?force=1&v=1")
-        conn.getresponse().read()
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
     finally:
         conn.close()
+
+
+PENDING_WAIT = 8.0
+"""Seconds a signal's cleanup waits for a container whose creation the engine may still be
+completing (the request was sent, its answer not read: the process dies right after)."""
+
+
+def remove_pending_sync(url: str, name: str, wait: float = PENDING_WAIT) -> None:
+    """Remove container `name` whose creation is in flight (blocking; signal handlers):
+    force-remove it by name, retrying while the engine does not know it yet."""
+    deadline = time.monotonic() + wait
+    while remove_container_sync(url, name) == 404 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def spec_of_container(inspect: dict[str, Any], gvisor_runtime: str) -> SandboxSpec:
+    """The spec a running container of ours was made with, as far as the engine tells
+    (`get` of a sandbox another process made): image, workdir, user, limits, network,
+    isolation, user labels, start command, lifetime (environment: the image's and the
+    container's mixed, so it is left out; a snapshot's commit carries it anyway)."""
+    config, host = inspect.get("Config") or {}, inspect.get("HostConfig") or {}
+    spec: dict[str, Any] = {"image": config.get("Image") or "", "workdir": config.get("WorkingDir") or "/",
+                            "user": config.get("User") or None,
+                            "isolation": "gvisor" if host.get("Runtime") == gvisor_runtime else "runc",
+                            "network": (host.get("NetworkMode") or "none") != "none",
+                            "labels": {k: v for k, v in (config.get("Labels") or {}).items()
+                                       if not k.startswith(PREFIX + ".")}}
+    if host.get("Memory"):
+        spec["memory_gb"] = host["Memory"] / 1024**3
+    if host.get("NanoCpus"):
+        spec["cpu_cores"] = host["NanoCpus"] / 1e9
+    if host.get("PidsLimit"):
+        spec["pids_limit"] = host["PidsLimit"]
+    cmd = config.get("Cmd") or []
+    if len(cmd) == 7 and cmd[:3] == ["timeout", "-s", "KILL"] and cmd[4:6] == ["/bin/sh", "-c"]:
+        spec["start_command"] = cmd[6]
+        with contextlib.suppress(ValueError):
+            spec["timeout_minutes"] = int(cmd[3].rstrip("s")) / 60
+    return SandboxSpec(**spec)
 
 
 class DockerSandbox(AgentSandbox):
@@ -146,7 +177,14 @@ class DockerSandbox(AgentSandbox):
     def __init__(self, connection: AgentConnection, *, backend: "DockerBackend", **kw: Any):
         super().__init__(connection, backend_name="docker", **kw)
         self._backend = backend
+        self.snapshot_backend = backend
         self._created_at = time.time()  # bounds the engine-event query of died_of_oom
+
+    async def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """The container's filesystem committed to an image (see backends/docker/snapshots.py)."""
+        if self._deleted:
+            raise SandboxNotRunning(f"sandbox {self.name} was deleted")
+        return await self._backend._snapshots.take(self, keep=keep)
 
     async def _destroy(self) -> None:
         await self._backend.delete(self.id)
@@ -257,6 +295,7 @@ class DockerBackend:
         self._no_agent: set[str] = set()  # images without a usable python3
         self._engine_images = EngineImages(self.url)
         self.cells = CellHosts(self._create_cell_host, cells_per_host=cells_per_host)
+        self._snapshots = DockerSnapshots(self)
         self._deadlines: dict[str, asyncio.TimerHandle] = {}  # container id -> its deletion at the deadline
 
     # ---------------------------------------------------------- plumbing
@@ -310,8 +349,12 @@ class DockerBackend:
             await docker._query_json("version")
 
     async def close(self) -> None:
+        """Release connections and remove this backend's snapshots (not kept, not in use);
+        sandboxes stay."""
         with contextlib.suppress(Exception):
             await self.cells.close()
+        with contextlib.suppress(Exception):
+            await self._snapshots.close()
         for handle in self._deadlines.values():  # the reaper is the backstop for what is left
             handle.cancel()
         self._deadlines.clear()
@@ -480,8 +523,51 @@ class DockerBackend:
 
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> AgentSandbox:
         if spec.rollout_isolation == "namespace":
-            return await self.cells.create(spec)
+            cell = await self.cells.create(spec)
+            cell.snapshot_backend = self
+            return cell
         return await self._create(spec, idempotency_key)
+
+    # ---------------------------------------------------------- snapshots (SupportsSnapshots)
+    async def create_from_snapshot(self, snapshot: Snapshot) -> Sandbox:
+        """A sandbox of `snapshot`: a container of its image ("image"), or a cell stacking
+        its layer ("layer", made by the cell hosts). A snapshot only a registry has (pushed,
+        then removed here) is pulled first (anonymously: call `pull_image` with credentials
+        for a private registry)."""
+        if snapshot.kind == "layer":
+            create = getattr(self.cells, "create_from_snapshot", None)
+            if create is None:
+                raise SnapshotUnsupported("the docker backend cannot create cells from layer snapshots yet")
+            sandbox = await create(snapshot)
+            sandbox.snapshot_backend = self
+            return sandbox
+        return await self._snapshots.create_from(snapshot)
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Remove a snapshot now, or (an image under containers made of it here) when the last
+        of them is deleted; idempotent. The registry copy of a pushed one stays."""
+        kind = snapshot.kind if isinstance(snapshot, Snapshot) else None
+        cells_delete = getattr(self.cells, "delete_snapshot", None)
+        if kind != "image" and cells_delete is not None:
+            if await cells_delete(snapshot.id if isinstance(snapshot, Snapshot) else snapshot):
+                return  # a layer of this process's cell hosts
+        if kind != "layer":
+            await self._snapshots.release(snapshot)
+
+    async def list_snapshots(self, labels: dict[str, str] | None = None) -> list[Snapshot]:
+        """Snapshot images of vf-sandbox on this engine (any process's) and this process's
+        cell-layer snapshots, carrying all `labels`."""
+        out = await self._snapshots.list(labels)
+        cells_list = getattr(self.cells, "list_snapshots", None)
+        if cells_list is not None:
+            listed = cells_list(labels)
+            out += await listed if inspect.isawaitable(listed) else listed
+        return out
+
+    async def push_snapshot(self, snapshot: Snapshot, target: str, auth: RegistryAuth | None = None) -> Snapshot:
+        """Push an image snapshot as `target`; the returned snapshot's `image` is `target`
+        (SnapshotUnsupported for a cell's layer)."""
+        return await self._snapshots.push(snapshot, target, auth)
 
     async def cells_available(self, spec: SandboxSpec) -> bool:
         """`SupportsCells`: whether `spec` can be cells here (`rollout_isolation="auto"`).
@@ -556,11 +642,14 @@ class DockerBackend:
         if storage:
             config["HostConfig"]["StorageOpt"] = storage
         started = False
+        # a signal while the engine creates it: the cleanup waits for the container and removes it
+        lifecycle.track(name, partial(remove_pending_sync, self.url, name), backend=self.name, kind="pending")
         try:
             async with self._api("create container"):
                 container = await self._shielded_create(docker, config, name)
             cid = container.id
         except aiodocker.DockerError as exc:
+            lifecycle.untrack(name, "pending")
             if exc.status == 404:
                 self._images.pop(spec.image, None)
                 raise ImageNotFound(f"image {image} vanished: {exc.message}") from exc
@@ -582,7 +671,11 @@ class DockerBackend:
                 started = True
             elif state.get("Status") != "created":
                 raise SandboxCreateError(f"container {name} from an earlier attempt is {state.get('Status')}") from exc
+        except BaseException:
+            lifecycle.untrack(name, "pending")
+            raise
         lifecycle.track(cid, partial(remove_container_sync, self.url, cid), backend=self.name)
+        lifecycle.untrack(name, "pending")
         adopted = ((getattr(container, "_container", None) or {}).get("Config") or {}).get("Labels")
         self._schedule_deadline(cid, adopted or config["Labels"])  # an adopted container: its own deadline
         try:
@@ -709,9 +802,7 @@ class DockerBackend:
         labels = container["Config"].get("Labels") or {}
         if labels.get(MANAGED) != "true":
             raise SandboxNotRunning(f"container {sandbox_id} is not a vf-sandbox sandbox")
-        gvisor = (container["HostConfig"] or {}).get("Runtime") == self.gvisor_runtime
-        spec = SandboxSpec(image=container["Config"]["Image"], workdir=container["Config"].get("WorkingDir") or "/",
-                           user=container["Config"].get("User") or None, isolation="gvisor" if gvisor else "runc")
+        spec = spec_of_container(container._container, self.gvisor_runtime)
         return await self._attach(container, spec, container["Name"].lstrip("/"))
 
     async def _running(self, sandbox_id: str) -> bool:
@@ -759,11 +850,14 @@ class DockerBackend:
         handle = self._deadlines.pop(sandbox_id, None)
         if handle is not None:
             handle.cancel()
+        await self._snapshots.sandbox_deleted(sandbox_id)
 
     async def delete_many(self, labels: dict[str, str] | None = None, ids: Sequence[str] | None = None) -> int:
         """By label (every vf-sandbox container when both are None), or by ids
         (optionally also filtered by labels): only live sandboxes of ours, unknown or
-        already deleted ids are skipped (ids may be full or short container ids)."""
+        already deleted ids are skipped (ids may be full or short container ids).
+        By label, the snapshots (not kept) carrying `labels` go too, after the
+        containers (they are not counted)."""
         if ids is not None and not ids:
             return 0
         cells = 0
@@ -781,6 +875,8 @@ class DockerBackend:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
+        if ids is None:
+            await self._snapshots.remove_labelled(labels)
         return len(targets) + cells
 
     async def reap_orphans(self, *, dry_run: bool = False) -> list[str]:

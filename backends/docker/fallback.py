@@ -90,8 +90,15 @@ class ExecSandbox(Sandbox):
     def __init__(self, container, *, backend, id: str, name: str, spec: SandboxSpec):
         self._container = container
         self._backend = backend
+        self.snapshot_backend = backend
         self.id, self.name, self.spec = id, name, spec
         self._deleted = False
+
+    async def snapshot(self, *, keep: bool = False):
+        """The container's filesystem committed to an image (backends/docker/snapshots.py)."""
+        if self._deleted:
+            raise SandboxNotRunning(f"sandbox {self.name} was deleted")
+        return await self._backend._snapshots.take(self, keep=keep)
 
     def _argv(self, cmd: Command, timeout: float) -> list[str]:
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
