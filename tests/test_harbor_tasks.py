@@ -1,0 +1,365 @@
+"""Harbor tasks in our stack (harbor_tasks/): the oracle gate (`vf-swe-debug harbor:DIR`)
+and the agent eval (`vf-sandbox eval harbor-tasks`) on the real Docker engine, plus the
+parity of task.toml and reward parsing with Harbor's own code (.venv-harbor, made by
+scripts/setup.sh).
+
+- every example task (examples/harbor_tasks) is valid under the gate; JUnit written;
+- every fixture of tests/data/harbor_tasks_invalid is reported with its reason;
+- an eval with the scripted model: reward 1 when it runs the fix, 0 when it does not;
+- --resume after a SIGKILL continues the same run without running a task twice;
+- nothing is left behind (containers by run id; the task images at module end).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, require_docker
+
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("harbor_tasks")]
+
+EXAMPLES = ROOT / "examples" / "harbor_tasks"
+INVALID = ROOT / "tests" / "data" / "harbor_tasks_invalid"
+VF_SWE_DEBUG = [sys.executable, "-m", "swe_debug.cli"]
+HARBOR_PY = ROOT / ".venv-harbor" / "bin" / "python"
+EXPECTED_INVALID = {
+    "vacuous-pass": "vacuous",
+    "oracle-does-not-fix": "oracle_failed",
+    "no-reward-file": "no_reward",
+    "oracle-timeout": "timeout",
+    "needs-allowlist": "unsupported",
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_task_images():
+    """The gate builds one image per task (content-addressed: cached between tests of this
+    module); they go when the module is done."""
+    yield
+    ids = subprocess.run(["docker", "images", "-q", "--filter", "label=vf-harbor-task"], capture_output=True,
+                         text=True).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rmi", "-f", *sorted(set(ids))], capture_output=True)
+
+
+def _env(tmp_path: Path, run_id: str) -> dict[str, str]:
+    env = {**os.environ, "VF_SANDBOX_RUN_ID": run_id, "VF_RUNS_DB": str(tmp_path / "runs.db"), "COLUMNS": "200"}
+    env.pop("VF_RUN_ID", None)
+    return env
+
+
+def _containers(run_id: str) -> list[str]:
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=vf-sandbox.run-id={run_id}"],
+                          capture_output=True, text=True).stdout.split()
+
+
+def _gate(tmp_path: Path, tasks: Path, *extra: str, run_id: str | None = None,
+          timeout: float = 300) -> tuple[subprocess.CompletedProcess, Path, str]:
+    require_docker()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    out = tmp_path / "out"
+    res = subprocess.run([*VF_SWE_DEBUG, f"harbor:{tasks}", "-o", str(out), "-q", *extra], cwd=ROOT,
+                         env=_env(tmp_path, run_id), capture_output=True, text=True, timeout=timeout)
+    return res, out, run_id
+
+
+def _rows(out: Path) -> list[dict]:
+    (results,) = out.glob("evals/harbor-tasks--none/*/results.jsonl")
+    return [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+
+
+def _verdicts(out: Path) -> dict[str, dict]:
+    return {r["info"]["verdict"]["instance_id"]: r["info"]["verdict"] for r in _rows(out)}
+
+
+def _can_switch_users() -> bool:
+    """Whether a Docker sandbox running as a non-root user may run a command as root (the
+    needs-user-switch fixture is valid where it can, refused where it cannot)."""
+    import asyncio
+
+    from sandboxes import SandboxSpec, UserSwitchUnsupported, get_backend
+
+    async def probe() -> bool:
+        be = get_backend("docker")
+        sb = await be.create(SandboxSpec(image="vf-sandbox/base:bookworm", user="nobody", name="hbt-user-probe",
+                                         labels={"vf-sandbox.test": "1"}))
+        try:
+            await sb.exec(["true"], user="0", timeout=30)
+            return True
+        except UserSwitchUnsupported:
+            return False
+        finally:
+            await sb.delete()
+            await be.close()
+
+    return asyncio.run(probe())
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def test_example_tasks_are_valid_under_the_gate(tmp_path):
+    junit = tmp_path / "junit.xml"
+    res, out, run_id = _gate(tmp_path, EXAMPLES, "--junit-xml", str(junit), "--debug-step", "oracle")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    verdicts = _verdicts(out)
+    names = sorted(p.name for p in EXAMPLES.iterdir() if (p / "task.toml").exists())
+    assert sorted(verdicts) == names and len(names) == 4
+    for name, v in verdicts.items():
+        assert v["valid"] and v["reason"] == "pass", (name, v)
+        assert v["reward_after"] == 1.0 and v["reward_before"] in (0.0, None), (name, v)  # failed untouched
+        assert v["oracle_exit_code"] == 0 and not v["oracle_timed_out"]
+    assert verdicts["word-counts"]["rewards_after"] == {"reward": 1.0, "words_right": 1.0}  # reward.json, both keys
+    assert verdicts["word-counts"]["rewards_before"] == {"reward": 0.0, "words_right": 0.0}
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert sorted(cases) == names
+    assert not [c for c in cases.values() if c.find("failure") is not None or c.find("error") is not None]
+    assert _containers(run_id) == []
+
+    # the verdicts as the JSON compared with Harbor's own run
+    (run_dir,) = out.glob("evals/harbor-tasks--none/*")
+    doc = json.loads(subprocess.run([sys.executable, "-m", "harbor_tasks.verdicts", str(run_dir)], cwd=ROOT,
+                                    capture_output=True, text=True, check=True).stdout)
+    assert doc["schema"] == "vf-harbor-verdicts/1" and sorted(doc["tasks"]) == names
+    assert all(t["valid"] and t["reward_after"] == 1.0 for t in doc["tasks"].values()) and doc["input_errors"] == []
+
+    # the run is in the registry as a swe-debug run, resumable by the same command
+    from runs.registry import list_runs
+
+    (rec,) = list_runs(path=tmp_path / "runs.db")
+    assert rec.kind == "swe-debug" and rec.env_id == "harbor-tasks" and rec.status == "completed"
+
+
+def test_invalid_tasks_are_reported_with_their_reason(tmp_path):
+    junit = tmp_path / "junit.xml"
+    res, out, run_id = _gate(tmp_path, INVALID, "--junit-xml", str(junit), "-c", "4")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # usable as a CI gate
+    verdicts = _verdicts(out)
+    got = {name: v["reason"] for name, v in verdicts.items()}
+    switch = _can_switch_users()
+    expected = {**EXPECTED_INVALID, "needs-user-switch": "pass" if switch else "unsupported"}
+    assert got == expected, got
+    assert verdicts["vacuous-pass"]["reward_before"] == 1.0 and verdicts["vacuous-pass"]["reward_after"] == 1.0
+    assert verdicts["oracle-does-not-fix"]["reward_after"] == 0.0
+    assert "No reward file found" in verdicts["no-reward-file"]["detail"]
+    assert verdicts["oracle-timeout"]["oracle_timed_out"] and "3s" in verdicts["oracle-timeout"]["detail"]
+    assert verdicts["oracle-timeout"]["timings"]["oracle_s"] < 30  # cut at [agent].timeout_sec, not slept out
+    assert "allowlist" in verdicts["needs-allowlist"]["detail"] and "docker" in verdicts["needs-allowlist"]["detail"]
+    if not switch:
+        assert "cannot switch users" in verdicts["needs-user-switch"]["detail"]
+    # the task.toml Harbor refuses is a malformed input of the run, and fails the JUnit report too
+    (run_dir,) = out.glob("evals/harbor-tasks--none/*")
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert [e["name"] for e in meta["input_errors"]] == ["bad-config"]
+    assert "allowed_hosts is only valid when network_mode='allowlist'" in meta["input_errors"][0]["message"]
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    failing = {n for n, c in cases.items() if c.find("failure") is not None}
+    assert failing == {*EXPECTED_INVALID, "bad-config", *([] if switch else ["needs-user-switch"])}
+    assert cases["vacuous-pass"].find("failure").get("type") == "vacuous"
+    assert _containers(run_id) == []
+
+
+def test_debug_step_none_runs_the_tests_only(tmp_path):
+    res, out, _ = _gate(tmp_path, EXAMPLES, "--debug-step", "none", "-i", "fix-mean-bug")
+    assert res.returncode == 1, res.stderr[-3000:]  # the untouched task fails its tests: not valid
+    (v,) = _verdicts(out).values()
+    assert v["reason"] == "oracle_failed" and v["reward_after"] == 0.0 and "untouched" in v["detail"]
+    bad = subprocess.run([*VF_SWE_DEBUG, f"harbor:{EXAMPLES}", "--debug-step", "command", "--debug-command", "true",
+                          "-o", str(tmp_path / "o2"), "-q"], cwd=ROOT, env=_env(tmp_path, "x"), capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "oracle" in bad.stderr  # a step the Harbor gate does not have: usage error
+
+
+def test_resume_after_sigkill(tmp_path):
+    require_docker()
+    run_id = uuid.uuid4().hex[:12]
+    out = tmp_path / "out"
+    env = _env(tmp_path, run_id)
+    cmd = [*VF_SWE_DEBUG, f"harbor:{EXAMPLES}", "-c", "1", "-o", str(out), "-q"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            found = list(out.glob("evals/*/*/results.jsonl"))
+            if found and found[0].read_text().count("\n") >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the gate wrote no two rows in 240 s")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        leftover = _containers(run_id)  # the killed run's sandboxes (the reaper would get them too)
+        if leftover:
+            subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True)
+    (results,) = out.glob("evals/*/*/results.jsonl")
+    text = results.read_text()
+    before = text[: text.rfind("\n") + 1].splitlines()
+    assert 2 <= len(before) < 4
+    res = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert list(out.glob("evals/*/*/results.jsonl")) == [results]  # the same run, continued
+    after = results.read_text().splitlines()
+    assert after[: len(before)] == before  # finished rows kept as they were
+    names = [json.loads(x)["info"]["verdict"]["instance_id"] for x in after]
+    assert sorted(names) == sorted(p.name for p in EXAMPLES.iterdir() if (p / "task.toml").exists())
+    assert _containers(run_id) == []
+
+
+# --------------------------------------------------------------------------- the agent eval
+
+
+FIX = (EXAMPLES / "fix-mean-bug" / "solution" / "solve.sh").read_text()
+
+def _eval(tmp_path: Path, command: str, run_id: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`vf-sandbox eval harbor-tasks` on fix-mean-bug with a scripted model that runs `command`."""
+    from testmodel.model_server import ModelServer, tool_script
+
+    require_docker()
+    out = tmp_path / f"out-{run_id}"
+    args = json.dumps({"dataset": str(EXAMPLES), "task_names": ["fix-mean-bug"]})
+    with ModelServer(tool_script([("bash", {"command": command})], answer="done")).run_in_thread() as srv:
+        res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", "harbor-tasks", "-a", args, "-n", "1", "-r", "1",
+                              "-s", "-d", "-o", str(out), "-e", str(tmp_path / "no-endpoints.toml"), "-k", "VF_E2E_KEY",
+                              "-m", "test-model", "-b", srv.base_url, "--junit-xml", str(out / "junit.xml")],
+                             cwd=tmp_path, env={**_env(tmp_path, run_id), "VF_E2E_KEY": "k"}, capture_output=True,
+                             text=True, timeout=300)
+    results = list(out.glob("evals/harbor-tasks--test-model/*/results.jsonl"))
+    rows = [json.loads(x) for x in results[0].read_text().splitlines() if x.strip()] if results else []
+    return res, rows
+
+
+def test_eval_reward_is_the_tasks_tests(tmp_path):
+    run_id = uuid.uuid4().hex[:12]
+    res, rows = _eval(tmp_path, FIX, run_id)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (row,) = rows
+    assert row["reward"] == 1.0 and not row.get("error"), row
+    assert row["info"]["harbor"]["rewards"] == {"reward": 1.0} and "4 passed" in row["info"]["harbor"]["stdout_tail"]
+    assert _containers(run_id) == []
+
+    run_id = uuid.uuid4().hex[:12]
+    res, rows = _eval(tmp_path, "cat /app/stats.py", run_id)  # looks, fixes nothing
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (row,) = rows
+    assert row["reward"] == 0.0 and not row.get("error"), row
+    assert row["info"]["harbor"]["rewards"] == {"reward": 0.0} and "4 failed" in row["info"]["harbor"]["stdout_tail"]
+    assert _containers(run_id) == []
+
+
+def test_eval_refuses_an_allowlist_task_loudly(tmp_path):
+    run_id = uuid.uuid4().hex[:12]
+    out = tmp_path / "out"
+    args = json.dumps({"dataset": str(INVALID / "needs-allowlist")})
+    from testmodel.model_server import ModelServer, fixed
+
+    require_docker()
+    with ModelServer(fixed("done")).run_in_thread() as srv:
+        res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", "harbor-tasks", "-a", args, "-n", "1", "-r", "1",
+                              "-s", "-d", "-o", str(out), "-e", str(tmp_path / "none.toml"), "-k", "VF_E2E_KEY",
+                              "-m", "test-model", "-b", srv.base_url, "--max-retries", "0"],
+                             cwd=tmp_path, env={**_env(tmp_path, run_id), "VF_E2E_KEY": "k"}, capture_output=True,
+                             text=True, timeout=300)
+        assert list(srv.requests) == []  # refused before the model was called
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]  # not scored: refused
+    assert "allowlist" in res.stderr
+    (results,) = out.glob("evals/*/*/results.jsonl")
+    (row,) = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    assert row["error"] and "TaskUnsupported" in json.dumps(row["error"])
+    assert _containers(run_id) == []
+
+
+# --------------------------------------------------------------------------- parity with Harbor's code
+
+
+HARBOR_SCRIPT = textwrap.dedent('''
+    import json, sys, tempfile, types
+    from pathlib import Path
+    from harbor.models.task.config import TaskConfig
+    from harbor.verifier.verifier import Verifier
+    out = {"configs": {}, "txt": [], "json": []}
+    for p in sys.argv[1:]:
+        try:
+            c = TaskConfig.model_validate_toml(Path(p).read_text())
+            out["configs"][p] = {"agent_user": c.agent.user, "verifier_user": c.verifier.user,
+                                 "agent_timeout": c.agent.timeout_sec, "verifier_timeout": c.verifier.timeout_sec,
+                                 "network": c.environment.network_mode.value,
+                                 "hosts": c.environment.allowed_hosts, "verifier_env": c.verifier.env}
+        except Exception as e:
+            out["configs"][p] = {"error": type(e).__name__}
+    d = Path(tempfile.mkdtemp())
+    paths = types.SimpleNamespace(reward_text_path=d / "reward.txt", reward_json_path=d / "reward.json")
+    fake = types.SimpleNamespace(trial_paths=paths)
+    for kind, texts in (("txt", json.loads(sys.stdin.readline())), ("json", json.loads(sys.stdin.readline()))):
+        for t in texts:
+            path = paths.reward_text_path if kind == "txt" else paths.reward_json_path
+            path.write_text(t)
+            try:
+                r = (Verifier._parse_reward_text if kind == "txt" else Verifier._parse_reward_json)(fake)
+                out[kind].append({"ok": {k: float(v) for k, v in r.items()} if isinstance(r, dict) else r})
+            except Exception as e:
+                out[kind].append({"error": type(e).__name__})
+    print(json.dumps(out))
+''')
+REWARD_TEXTS = ["1", "0\n", " 0.5 ", "", "nan", "inf", "yes", "1e309", "-2", "1\n2"]
+REWARD_JSONS = ['{"reward": 1}', '{"reward": 0.0, "x": 2}', "", "{", '{"reward": "1"}', '{"reward": NaN}',
+                '{"reward": 1e309}', '{"reward": true}', "[1]", "1", '{"a": null}']
+
+
+def test_task_config_and_reward_parsing_match_harbors():
+    """Harbor's own TaskConfig and Verifier parsers (harbor in .venv-harbor) and ours agree on every
+    fixture task.toml and on a set of tricky reward files."""
+    from harbor_tasks.config import TaskConfig
+    from harbor_tasks.phases import RewardError, parse_reward_json, parse_reward_text
+
+    if not HARBOR_PY.exists():
+        pytest.fail(f"{HARBOR_PY} missing: scripts/setup.sh installs Harbor there (needs Python >= 3.12)")
+    tomls = sorted(str(p) for p in [*EXAMPLES.glob("*/task.toml"), *INVALID.glob("*/task.toml")])
+    res = subprocess.run([str(HARBOR_PY), "-c", HARBOR_SCRIPT, *tomls], input=json.dumps(REWARD_TEXTS) + "\n"
+                         + json.dumps(REWARD_JSONS) + "\n", capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = json.loads(res.stdout)
+    for p in tomls:
+        try:
+            c = TaskConfig.from_toml(Path(p).read_text())
+            ours = {"agent_user": c.agent.user, "verifier_user": c.verifier.user, "agent_timeout": c.agent.timeout_sec,
+                    "verifier_timeout": c.verifier.timeout_sec, "network": c.environment.network_mode.value,
+                    "hosts": c.environment.allowed_hosts, "verifier_env": c.verifier.env}
+        except ValueError:
+            ours = {"error": "ValidationError"}
+        assert ours == theirs["configs"][p], p
+
+    def mine(fn, text):
+        try:
+            return {"ok": fn(text)}
+        except RewardError:
+            return {"error": True}
+
+    for text, t in zip(REWARD_TEXTS, theirs["txt"]):
+        m = mine(parse_reward_text, text)
+        assert ("ok" in m) == ("ok" in t) and m.get("ok") == t.get("ok"), (text, m, t)
+    for text, t in zip(REWARD_JSONS, theirs["json"]):
+        m = mine(parse_reward_json, text)
+        if "ok" in t and not isinstance(t["ok"], dict):  # Harbor returns a bare number, its VerifierResult refuses it
+            assert "error" in m, text
+            continue
+        assert ("ok" in m) == ("ok" in t) and m.get("ok") == t.get("ok"), (text, m, t)
