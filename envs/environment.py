@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import contextvars
 import logging
 import random
@@ -865,19 +866,29 @@ class Environment(ABC):
         """Run a group of rollouts (one example) concurrently, then score it
         (unless `score=False`: the caller scores later with `_finish_states`)."""
         _GROUP_STARTED.set([False])  # this task's context: its rollouts' tasks share the flag
-        if independent_scoring:
+        async with self.group_setup(group_inputs, client, model, sampling_args, sem):
+            if independent_scoring:
 
-            async def one(inp: RolloutInput) -> State:
-                st = await self.run_rollout(sem, inp, client, model, sampling_args, max_retries)
-                if score:
-                    await self._finish_states([st], scoring_sem)
-                return st
+                async def one(inp: RolloutInput) -> State:
+                    st = await self.run_rollout(sem, inp, client, model, sampling_args, max_retries)
+                    if score:
+                        await self._finish_states([st], scoring_sem)
+                    return st
 
-            return await gather_or_cancel(one(i) for i in group_inputs)
-        states = await gather_or_cancel(self.run_rollout(sem, i, client, model, sampling_args, max_retries) for i in group_inputs)
-        if score:
-            await self._finish_states(states, scoring_sem)
-        return states
+                return await gather_or_cancel(one(i) for i in group_inputs)
+            states = await gather_or_cancel(self.run_rollout(sem, i, client, model, sampling_args, max_retries)
+                                            for i in group_inputs)
+            if score:
+                await self._finish_states(states, scoring_sem)
+            return states
+
+    def group_setup(self, group_inputs: list[RolloutInput], client: Client, model: str,
+                    sampling_args: SamplingArgs | None, sem: asyncio.Semaphore | None) -> Any:
+        """Hook: an async context manager around one group's rollouts (entered in the group's
+        task before they start, left after they end; its context variables reach them), for
+        what the group shares: SandboxEnv's `setup_scope="group"` prepares one sandbox
+        there (under one `sem` slot) and gives each rollout a fork. Default: nothing."""
+        return contextlib.nullcontext()
 
     async def generate(
         self,
