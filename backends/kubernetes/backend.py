@@ -40,7 +40,7 @@ from sandboxes import lifecycle
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import bootstrap_argv
 from sandboxes.ratelimit import RateLimiter
-from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError
+from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError, SnapshotUnsupported
 from sandboxes.results import SandboxInfo
 from sandboxes.spec import SandboxSpec, refuse_namespace
 
@@ -89,6 +89,14 @@ class KubeSandbox(RemoteAgentSandbox):
         super().__init__(*args, backend=backend, **kwargs)
         self._reconnects = 0
         self._reconnect_lock = asyncio.Lock()
+
+    async def snapshot(self, *, keep: bool = False):
+        """Refused: the Kubernetes API cannot freeze a pod's filesystem (no commit of a
+        container in the pod or exec API; the fake speaks the same API)."""
+        raise SnapshotUnsupported(
+            "the kubernetes backend cannot snapshot or fork a sandbox: the Kubernetes API has no way to commit a "
+            "pod's filesystem. Snapshot a docker sandbox, push_snapshot it to a registry, and run pods of that image "
+            "(SandboxSpec(image=<the pushed reference>))")
 
     async def _ensure(self) -> None:
         """Reconnect the agent once after a dropped stream, if the pod still runs."""

@@ -39,7 +39,7 @@ from sandboxes import labels as lc
 from sandboxes import lifecycle
 from sandboxes.agent import AgentSandbox, agent_argv
 from sandboxes.agent.channels import ProcessChannel
-from sandboxes.errors import SandboxCreateError, SandboxNotRunning
+from sandboxes.errors import SandboxCreateError, SandboxNotRunning, SnapshotUnsupported
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent
 from sandboxes.settings import ProcessSettings
@@ -77,6 +77,13 @@ class LocalSandbox(AgentSandbox):
         super().__init__(*args, **kwargs)
         self._backend = backend
         self._channel = agent_channel
+
+    async def snapshot(self, *, keep: bool = False):
+        """Refused: a local sandbox is host processes over a host directory (bubblewrap's
+        bind mounts at most), with no copy-on-write layer to freeze."""
+        raise SnapshotUnsupported(
+            "the local backend cannot snapshot or fork a sandbox: its sandboxes are host processes over a host "
+            "directory, with no copy-on-write filesystem layer to freeze; use the docker backend")
 
     async def alive(self) -> bool:
         if not (self._backend._dir(self.id) / "meta.json").exists():

@@ -42,7 +42,7 @@ from sandboxes import prime_credentials
 from sandboxes import lifecycle
 from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import bootstrap_argv
-from sandboxes.errors import AgentError, ConfigError, Error, SandboxNotRunning
+from sandboxes.errors import AgentError, ConfigError, Error, SandboxNotRunning, SnapshotUnsupported
 from sandboxes.ratelimit import RateLimiter
 from sandboxes.retry import RetryPolicy, retry_op
 from sandboxes.results import SandboxInfo
@@ -130,6 +130,13 @@ class PrimeAgentChannel(AgentChannel):
 class PrimeSandbox(RemoteAgentSandbox):
     backend_name = "prime"
     _backend: "PrimeBackend"
+
+    async def snapshot(self, *, keep: bool = False):
+        """Refused: the Prime sandbox API (and its SDK, which the fake serves) has no
+        snapshot, checkpoint or image-from-sandbox endpoint."""
+        raise SnapshotUnsupported(
+            "the prime backend cannot snapshot or fork a sandbox: the Prime sandbox API has no snapshot endpoint. "
+            "Create each sandbox and run its setup, or push a docker snapshot and use it as the image")
 
     async def _classified(self, exc: AgentError) -> BaseException:
         """A broken agent stream on a sandbox that died becomes Prime's typed error."""
