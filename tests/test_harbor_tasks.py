@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, require_docker
+from conftest import ROOT, require_docker, require_gvisor
 
 pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("harbor_tasks")]
 
@@ -144,6 +144,20 @@ def test_example_tasks_are_valid_under_the_gate(tmp_path):
 
     (rec,) = list_runs(path=tmp_path / "runs.db")
     assert rec.kind == "swe-debug" and rec.env_id == "harbor-tasks" and rec.status == "completed"
+
+
+@pytest.mark.parametrize("how", ["cells", "gvisor"])
+def test_example_tasks_are_valid_in_cells_and_under_gvisor(tmp_path, how):
+    """The same verdicts with a cell per sandbox and under gVisor (the user switch, workdir
+    and runtime directories hold there too)."""
+    if how == "gvisor":
+        require_gvisor()
+    flags = ["--rollout-isolation", "namespace"] if how == "cells" else ["--isolation", "gvisor"]
+    res, out, run_id = _gate(tmp_path, EXAMPLES, *flags, "-c", "2")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    verdicts = _verdicts(out)
+    assert len(verdicts) == 4 and all(v["reason"] == "pass" and v["reward_after"] == 1.0 for v in verdicts.values())
+    assert _containers(run_id) == []
 
 
 def test_invalid_tasks_are_reported_with_their_reason(tmp_path):
