@@ -5,7 +5,8 @@ environment/Dockerfile through the backend's image-build capability
 is a cache hit).
 
 The image gets one layer on top of the task's: /logs/agent, /logs/verifier,
-/logs/artifacts, /tests and /solution made and opened to every user (Harbor
+/logs/artifacts (mode 1777: anyone writes, only an owner removes) under a /logs
+nobody but root may rename in, and /tests and /solution (0777) made (Harbor
 bind-mounts /logs and copies /tests as root; a non-root task user must still
 reach them), the Dockerfile's last USER restored after it.
 
@@ -40,8 +41,9 @@ def logs_layer(dockerfile: str) -> str:
     """The Dockerfile with the /logs, /tests, /solution layer appended (module docstring)."""
     users = re.findall(r"(?im)^\s*USER\s+(\S+)\s*$", dockerfile)
     dirs = f"{AGENT_LOGS} {VERIFIER_LOGS} {LOGS}/artifacts {TESTS} {SOLUTION}"
+    logs = f"{AGENT_LOGS} {VERIFIER_LOGS} {LOGS}/artifacts"
     lines = [dockerfile.rstrip("\n"), "", "# vf-sandbox: Harbor's runtime directories",
-             "USER root", f"RUN mkdir -p {dirs} && chmod 0777 {LOGS} {dirs}"]
+             "USER root", f"RUN mkdir -p {dirs} && chmod 0755 {LOGS} && chmod 1777 {logs} && chmod 0777 {TESTS} {SOLUTION}"]
     if users:
         lines.append(f"USER {users[-1]}")
     return "\n".join(lines) + "\n"
