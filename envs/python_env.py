@@ -12,7 +12,8 @@ request and response carries an id, so a timeout never desynchronises them.
 offers the `SupportsDerivedImages` capability (docker: cached by content,
 wheels downloaded on the host); on other backends they are pip-installed at
 boot, as the reference does. `python` replaces `bash` as the model's tool
-unless `expose_bash=True`.
+unless `expose_bash=True`. With `setup_scope="group"` the boot-time install runs once
+per group and each rollout's fork carries it; the REPL starts in every rollout.
 
 Metric added: `python_ready_wait_time`.
 """
@@ -94,12 +95,17 @@ class PythonEnv(SandboxEnv):
         return spec.model_copy(update={"image": image})
 
     # ------------------------------------------------------------------ lifecycle
+    async def prepare_sandbox(self, state: State) -> None:
+        """The sandbox setup (once per group with `setup_scope="group"`): the boot-time pip
+        install where the backend cannot bake a derived image, then `post_sandbox_setup`."""
+        if self.pip_install_packages and self._derive_image() is None:
+            await self._pip_install_at_boot(self._live(state["sandbox_id"]))
+        await super().prepare_sandbox(state)
+
     async def setup_state(self, state: State) -> State:
         state = await super().setup_state(state)
         live = self._live(state["sandbox_id"])
         sandbox = live.sandbox
-        if self.pip_install_packages and self._derive_image() is None:
-            await self._pip_install_at_boot(live)
         repl = ReplSession(
             lambda argv, env: sandbox.start_process(list(argv), env=env),
             python=self.python_executable,

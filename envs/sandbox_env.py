@@ -47,6 +47,23 @@ operations (create with an idempotency key, delete, list) of a backend the
 env creates by name: `max_retries` extra tries after the first, as
 everywhere in vf-sandbox. Rollout retries are `set_max_retries`.
 
+Setup once per group: `setup_scope="group"` (`-x setup_scope=group`; default "rollout")
+runs the sandbox setup (`post_sandbox_setup`, PythonEnv's boot-time pip install) once per
+example in one sandbox, freezes that sandbox's filesystem and gives every rollout of the
+example's group (`rollouts_per_example` of them) its own fork of it (`sandboxes.
+group_setup`; a cell per fork under "auto" where cells are available, else a container).
+The group's preparation holds one concurrency slot before its rollouts start, in the
+group's own task: the same in-process, under `-w N` and in hosted runs (a group never
+spans processes). What a fork carries: files, environment, working directory, limits;
+not processes (the shell, a PythonEnv REPL, a server the setup started: started per
+rollout; a `cd` in the setup shell is not kept). `post_sandbox_setup` then sees a state
+of the group's first example (`state["sandbox_id"]`: the prepared sandbox); what it
+writes to that state is copied into each rollout's state. A retried rollout gets a new
+fork. A group of one rollout, or one whose preparation failed (logged), sets up per
+rollout. Where the backend has no snapshots (Kubernetes, Prime, local) the run falls
+back to a setup per rollout, warned once (an optimisation never fails a run); each row
+says what happened with the `sandbox_forked` metric (1: a fork of the group's setup).
+
 Per-rollout metrics: `sandbox_ready_wait_time`, `sandbox_command_count`,
 `sandbox_command_execution_time` (seconds, total), `sandbox_oom`,
 `sandbox_timeout`, `sandbox_pids_limit`.
@@ -69,8 +86,11 @@ sandbox and is refused with a different backend after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, create_model
@@ -85,6 +105,7 @@ from sandboxes import (
     SandboxSpec,
     is_infra_error,
 )
+from sandboxes.group_setup import PreparedGroup
 from sandboxes.rollouts import ROLLOUT_ISOLATION_CHOICES, RolloutSandboxes, check_rollout_isolation
 
 from .decorators import cleanup, stop, teardown
@@ -93,7 +114,7 @@ from .sandbox_tools.common import DEFAULT_OUTPUT_LIMIT, render_exec
 from .sandbox_tools.shell_session import ShellSession
 from .tool_env import StatefulToolEnv
 from .multi_turn import MultiTurnSettings
-from .types import Messages, State
+from .types import Messages, RolloutInput, SamplingArgs, State
 
 log = logging.getLogger("envs.sandbox")
 
@@ -129,12 +150,40 @@ SandboxEnvSettings = create_model(
             "as SandboxSpec), the rollout isolation and the warm pool size, beside every env's.",
     rollout_isolation=(Literal["auto", "container", "namespace"], Field("auto", description="What one rollout's sandbox is.")),
     pool_size=(int | None, Field(None, ge=0, description="Warm pool size (None: from the concurrency; 0: none).")),
+    setup_scope=(Literal["rollout", "group"], Field("rollout", description=(
+        "Where the sandbox setup runs: per rollout, or once per example's group, each rollout then "
+        "getting a fork of the prepared sandbox (falls back to per rollout without snapshots)."))),
     labels=(list[str] | dict[str, str], Field(default_factory=dict, description="User labels (a list: name=true).")),
     **{name: _spec_field(field) for name, field in SPEC_SETTINGS.items() if name not in ("isolation", "labels")},
 )
 
 
 _check_rollout_isolation = check_rollout_isolation
+
+SETUP_SCOPES = ("rollout", "group")
+
+
+def check_setup_scope(scope: str) -> str:
+    if scope not in SETUP_SCOPES:
+        raise ConfigError(f"setup_scope must be one of {', '.join(SETUP_SCOPES)}, got {scope!r}")
+    return scope
+
+
+class GroupShare:
+    """One group's prepared sandbox (`PreparedGroup`, None when the preparation failed)
+    and what the setup wrote to its state (copied into each rollout's)."""
+
+    def __init__(self) -> None:
+        self.group: PreparedGroup | None = None
+        self.spec: SandboxSpec | None = None
+        self.updates: dict[str, Any] = {}
+
+
+_GROUP_SHARE: contextvars.ContextVar[GroupShare | None] = contextvars.ContextVar("vf_sandbox_group", default=None)
+# state keys that are the prepared sandbox's own, never copied to the rollouts of its group
+_OWN_KEYS = frozenset({"sandbox_id", "sandbox_ready_wait_time", "sandbox_command_count",
+                       "sandbox_command_execution_time", "sandbox_oom", "sandbox_timeout", "sandbox_pids_limit",
+                       "metrics", "timing", "trajectory", "trajectory_id", "error"})
 
 
 # knobs of the reference's HTTP sandbox client; accepted for compatibility, unused here
@@ -168,6 +217,9 @@ _SPEC = SandboxSpec()
 names: `docker_image` = `image`, ...); the env's own differ only in `sandbox_name`
 ("sandbox-env", also the default label) and `rollout_isolation` ("auto": a cell per
 rollout where the backend offers cells)."""
+
+
+_MISSING = object()
 
 
 class SandboxRollout:
@@ -213,6 +265,7 @@ class SandboxEnv(StatefulToolEnv):
         network: bool = _SPEC.network,
         isolation: str = _SPEC.isolation,
         rollout_isolation: str = "auto",
+        setup_scope: str = "rollout",
         keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
@@ -221,6 +274,7 @@ class SandboxEnv(StatefulToolEnv):
             kwargs.pop(name, None)
         operation_retry = _operation_retry(kwargs)
         _check_rollout_isolation(rollout_isolation)
+        self.setup_scope = check_setup_scope(setup_scope)
         super().__init__(tools=[], stop_errors=stop_errors, **kwargs)
         spec_fields: dict[str, Any] = dict(
             name=sandbox_name,
@@ -383,9 +437,23 @@ class SandboxEnv(StatefulToolEnv):
             self.set_sandbox_settings(**sandbox)
         if "pool_size" in values:
             self.set_pool_size(values.pop("pool_size"))
+        if "setup_scope" in values:
+            self.set_setup_scope(values.pop("setup_scope"))
         if "timeout_per_command_seconds" in values:
             self.set_timeout_per_command_seconds(values.pop("timeout_per_command_seconds"))
         super().apply_settings(values)
+
+    def set_setup_scope(self, setup_scope: str) -> None:
+        """"rollout" (setup in every rollout's sandbox) or "group" (once per example, forks)."""
+        self.setup_scope = check_setup_scope(setup_scope)
+
+    def setup_scope_in_use(self) -> str:
+        """What the group setup did: "rollout", "group" (forks), or "rollout (...)" when
+        "group" fell back for want of snapshots (in this process)."""
+        note = self.sandboxes.group_setup_note
+        if self.setup_scope == "group" and note is not None:
+            return f"rollout (setup_scope=group fell back: {note})"
+        return self.setup_scope
 
     def set_pool_size(self, pool_size: int | None) -> None:
         """Ready sandboxes kept (None: sized from the concurrency; 0: none), before the pool starts."""
@@ -567,10 +635,28 @@ class SandboxEnv(StatefulToolEnv):
     async def setup_state(self, state: State) -> State:
         state = await super().setup_state(state) or state
         spec = self.get_sandbox_spec(state)
-        pooled = self.sandboxes.pooled(spec)
+        share = _GROUP_SHARE.get() if self.setup_scope == "group" else None
+        group = share.group if share is not None and share.spec == spec else None
+        pooled = group is None and self.sandboxes.pooled(spec)
         t0 = time.monotonic()
-        sandbox = await self.sandboxes.acquire(spec, key=f"{state.get('trajectory_id', '')}")
+        if group is not None:
+            sandbox, prepared = await group.acquire(key=f"{state.get('trajectory_id', '')}")
+        else:
+            sandbox, prepared = await self.sandboxes.acquire(spec, key=f"{state.get('trajectory_id', '')}"), False
         state["sandbox_ready_wait_time"] = time.monotonic() - t0
+        await self._open_sandbox(sandbox, state, spec, pooled)
+        if self.setup_scope == "group":
+            self.record_metric(state, "sandbox_forked", float(prepared and group is not None and group.mode == "fork"))
+        if prepared:
+            assert share is not None
+            state.update(share.updates)
+        else:
+            await self.prepare_sandbox(state)
+        return state
+
+    async def _open_sandbox(self, sandbox: Sandbox, state: State, spec: SandboxSpec, pooled: bool) -> SandboxRollout:
+        """Make `sandbox` the state's: registered here, its persistent shell started, the OOM
+        counter's baseline read."""
         state["sandbox_id"] = sandbox.id
         live = SandboxRollout(sandbox, pooled)
         live.extra["state"] = state
@@ -596,8 +682,61 @@ class SandboxEnv(StatefulToolEnv):
             except ConfigError as exc:  # no bash in the image: one exec per command
                 log.warning("persistent shell unavailable (%s); running one exec per command", exc)
         live.oom_baseline = await self._oom_count(sandbox)
+        return live
+
+    async def prepare_sandbox(self, state: State) -> None:
+        """The sandbox setup that a group setup runs once (`setup_scope="group"`) and
+        forks carry: `post_sandbox_setup` here (PythonEnv adds its boot-time pip install).
+        Processes it starts are not carried by forks."""
         await self.post_sandbox_setup(state)
-        return state
+
+    # ------------------------------------------------------------------ group setup
+    @contextlib.asynccontextmanager
+    async def group_setup(self, group_inputs: list[RolloutInput], client: Any, model: str,
+                          sampling_args: SamplingArgs | None, sem: asyncio.Semaphore | None) -> AsyncIterator[None]:
+        """With `setup_scope="group"` and more than one rollout: one sandbox of the group's
+        example prepared (`prepare_sandbox`) under one concurrency slot, then each rollout
+        of the group gets a fork of it (`setup_state`); the snapshot is released after."""
+        if self.setup_scope != "group" or len(group_inputs) < 2:
+            yield
+            return
+        share = GroupShare()
+        async with (sem if sem is not None else contextlib.nullcontext()):
+            self._admit()  # the run's start gate: a refused group is not prepared (RolloutNotStarted)
+            state = await self.init_state(group_inputs[0], client, model, sampling_args)
+            share.spec = self.get_sandbox_spec(state)
+            try:
+                async with asyncio.timeout(float(self.rollout_timeout) if self.rollout_timeout else None):
+                    share.group = await self.sandboxes.prepare_group(
+                        lambda sb: self._prepare_source(sb, state, share), share.spec)
+            except Exception as exc:  # each rollout sets up its own sandbox (and records its own error)
+                log.warning("group setup of example %s failed (%s: %s); its rollouts set up their own sandboxes",
+                            group_inputs[0].get("example_id"), type(exc).__name__, exc)
+        token = _GROUP_SHARE.set(share)
+        try:
+            yield
+        finally:
+            _GROUP_SHARE.reset(token)
+            if share.group is not None:
+                await asyncio.shield(share.group.close())
+
+    async def _prepare_source(self, sandbox: Sandbox, state: State, share: GroupShare) -> None:
+        """The group's setup in its one sandbox: `prepare_sandbox` with the first example's
+        state; what it wrote to that state is kept for the rollouts. Its processes (the
+        shell) are stopped before the snapshot."""
+        assert share.spec is not None
+        before = dict(state)
+        live = await self._open_sandbox(sandbox, state, share.spec, pooled=False)
+        try:
+            await self.prepare_sandbox(state)
+        finally:
+            self._rollouts.pop(sandbox.id, None)
+            self.active_sandboxes.discard(sandbox.id)
+            live.extra.clear()
+            if live.shell is not None:
+                with contextlib.suppress(Exception):
+                    await live.shell.close()
+        share.updates = {k: v for k, v in state.items() if k not in _OWN_KEYS and before.get(k, _MISSING) is not v}
 
     async def post_sandbox_setup(self, state: State) -> None:
         """Hook run once the sandbox is ready (upload files, start services...)."""

@@ -11,7 +11,9 @@ framework owns its sandboxes and its tasks never do).
     sb = await sandboxes.acquire()             # the run's spec: from the pool when warm
     sb2 = await sandboxes.acquire(other_spec)  # another spec: created for this rollout
     await sandboxes.release(sb)                # deleted (never reused); the pool refills
-    await sandboxes.close()                    # whatever is still held, the pool, the backend
+    group = await sandboxes.prepare_group(setup)  # a rollout group's sandboxes: setup once, then forks
+    sb3, prepared = await group.acquire()      # a fork of the prepared sandbox (sandboxes.group_setup)
+    await sandboxes.close()                    # whatever is still held, the pool, snapshots, the backend
 
 What it decides, once, in one place:
 
@@ -29,9 +31,17 @@ What it decides, once, in one place:
   `max_default_pool_size`), three per running rollout for cells (they are cheap).
   The spec cannot change once the pool started (its sandboxes have the old one).
 
+* group setup (`prepare_group`, `sandboxes.group_setup.PreparedGroup`): one sandbox of
+  the run's spec (pool / cell as above), a setup run in it once, its filesystem frozen
+  (`Sandbox.snapshot()`) and the sandbox deleted; each rollout of the group then gets a
+  fork (`acquire_fork`), tracked like any acquired sandbox. Where the backend has no
+  snapshots (`SnapshotUnsupported`) the run falls back to a setup per rollout: logged
+  once (a warning), the reason kept in `group_setup_note`, never an error.
+
 Cleanup: sandboxes are tracked by their backend in `sandboxes.lifecycle` (removed on
 SIGINT / SIGTERM / exit where a program opted in, reaped when the owner died);
-`close()` deletes what is still held here, drains the pool and closes a backend it made.
+`close()` deletes what is still held here, the snapshots made here, drains the pool and
+closes a backend it made.
 """
 
 from __future__ import annotations
@@ -42,10 +52,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
-from .errors import ConfigError
-from .interface import Sandbox, SandboxBackend, SupportsCells
+from .errors import ConfigError, SnapshotUnsupported
+from .group_setup import PreparedGroup
+from .interface import Sandbox, SandboxBackend, SupportsCells, SupportsSnapshots, create_from_snapshot_many
 from .pool import SandboxPool
 from .registry import get_backend
+from .snapshots import Snapshot
 from .spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -55,6 +67,7 @@ ROLLOUT_ISOLATION_CHOICES: tuple[str, ...] = ("auto", "container", "namespace")
 
 SpecHook = Callable[[SandboxSpec], Awaitable[SandboxSpec]]
 OptionsHook = Callable[[str | None, dict[str, Any]], dict[str, Any]]
+PrepareHook = Callable[[Sandbox], Awaitable[None]]
 
 
 async def _same(spec: SandboxSpec) -> SandboxSpec:
@@ -91,6 +104,9 @@ class RolloutSandboxes:
         self._pool: SandboxPool | None = None
         self._lock: asyncio.Lock | None = None
         self._held: dict[str, tuple[Sandbox, bool]] = {}  # id -> (sandbox, from the pool)
+        self._snapshots: dict[str, tuple[Snapshot, SupportsSnapshots]] = {}  # made here, not released yet
+        self.group_setup_note: str | None = None
+        """Set when a group setup fell back to a setup per rollout: why (no snapshots here)."""
 
     # ---------------------------------------------------------------- configuration
     @property
@@ -272,6 +288,100 @@ class RolloutSandboxes:
         finally:
             await asyncio.shield(self.release(sb))
 
+    # ---------------------------------------------------------------- group setup (forks)
+    async def prepare_group(self, prepare: PrepareHook, spec: SandboxSpec | None = None) -> PreparedGroup:
+        """A rollout group's sandboxes from one prepared sandbox: acquire one of `spec` (the
+        run's by default: pool / cell as `acquire`), run `prepare(sandbox)` in it once,
+        snapshot it and delete it; `group.acquire()` then gives each rollout a fork.
+        Where the backend has no snapshots the group is in "rollout" mode (the prepared
+        sandbox goes to its first rollout, the others get fresh ones and set up
+        themselves): warned once per lifecycle, `group_setup_note` says why; once seen,
+        later groups skip the preparation. Raises what `prepare` or the creation raised
+        (the sandbox made is deleted first)."""
+        if self.group_setup_note is not None:
+            return PreparedGroup(self, spec, "rollout", reason=self.group_setup_note)
+        source = await self.acquire(spec)
+        try:
+            await prepare(source)
+            snap = await source.snapshot()
+        except SnapshotUnsupported as exc:
+            self._note_no_snapshots(str(exc))
+            return PreparedGroup(self, spec, "rollout", source=source, reason=str(exc))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.release(source))
+            raise
+        backend = source.snapshot_backend
+        if backend is None:  # a snapshot with nobody to create from: the contract says this cannot be
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.release(source))
+            raise SnapshotUnsupported(f"the {source.backend_name} sandbox made a snapshot but has no backend to "
+                                      "create forks from (snapshot_backend is None)")
+        self._snapshots[snap.id] = (snap, backend)
+        try:
+            await asyncio.shield(self.release(source))  # the forks need only the snapshot
+        except Exception as exc:
+            log.warning("deleting the group's prepared sandbox %s failed (close retries): %s", source.id, exc)
+        return PreparedGroup(self, spec, "fork", snapshot=snap)
+
+    def _note_no_snapshots(self, reason: str) -> None:
+        if self.group_setup_note is None:
+            log.warning("setup per group asked for, but %s: every rollout sets up its own sandbox instead "
+                        "(the run goes on; rows have sandbox_forked = 0)", reason)
+        self.group_setup_note = reason
+
+    async def acquire_fork(self, snapshot: Snapshot) -> Sandbox:
+        """A new sandbox of a snapshot made by `prepare_group` (held: `release` deletes it)."""
+        made = self._snapshots.get(snapshot.id)
+        if made is None:
+            raise ConfigError(f"snapshot {snapshot.id} was not made by this run's lifecycle (or was released)")
+        sandbox = await made[1].create_from_snapshot(snapshot)
+        self._held[sandbox.id] = (sandbox, False)
+        return sandbox
+
+    async def acquire_group(self, n: int, prepare: PrepareHook, spec: SandboxSpec | None = None) -> list[Sandbox]:
+        """`n` sandboxes at once, each holding the state `prepare` left in one sandbox
+        (`prepare_group`, then `n` forks made concurrently, all or none); without
+        snapshots, the prepared sandbox and `n - 1` fresh ones each prepared here.
+        Each is held (`release` deletes it). The snapshot is released before returning."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"acquire_group(n) needs an integer n >= 1, got {n!r}")
+        group = await self.prepare_group(prepare, spec)
+        try:
+            if group.mode == "fork":
+                assert group.snapshot is not None
+                forks = await create_from_snapshot_many(self._snapshots[group.snapshot.id][1], group.snapshot, n)
+                for sb in forks:
+                    self._held[sb.id] = (sb, False)
+                return forks
+            made: list[Sandbox] = []
+            try:
+                for _ in range(n):
+                    sb, prepared = await group.acquire()
+                    made.append(sb)
+                    if not prepared:
+                        await prepare(sb)
+            except BaseException:
+                await asyncio.shield(asyncio.gather(*(self.release(sb) for sb in made), return_exceptions=True))
+                raise
+            return made
+        finally:
+            await asyncio.shield(group.close())
+
+    async def release_snapshot(self, snapshot: Snapshot) -> None:
+        """Release a snapshot made here (its forks keep running; see `delete_snapshot`)."""
+        made = self._snapshots.pop(snapshot.id, None)
+        if made is not None:
+            try:
+                await made[1].delete_snapshot(snapshot)
+            except Exception as exc:
+                log.warning("releasing snapshot %s failed (the run's end removes it): %s", snapshot.id, exc)
+
+    @property
+    def snapshots(self) -> list[str]:
+        """Ids of snapshots made here and not released yet."""
+        return list(self._snapshots)
+
     @property
     def held(self) -> list[str]:
         """Ids of sandboxes handed out and not released yet."""
@@ -304,6 +414,13 @@ class RolloutSandboxes:
                     finally:
                         with contextlib.suppress(Exception):
                             await fresh.close()
+        snapshots = list(self._snapshots.values())
+        self._snapshots.clear()
+        for snap, backend in snapshots:  # after their forks: a Docker image goes once unused
+            try:
+                await backend.delete_snapshot(snap)
+            except Exception as exc:
+                log.warning("snapshot %s may be left behind (the reaper removes it): %s", snap.id, exc)
         if self._pool is not None:
             pool, self._pool = self._pool, None
             with contextlib.suppress(Exception):
