@@ -1,0 +1,219 @@
+"""Harbor on vf-sandbox (integrations/harbor_env.py): Harbor's real CLI (`harbor run`, from
+.venv-harbor: Harbor needs Python >= 3.12, scripts/setup.sh makes it) runs its oracle agent
+on Harbor-format tasks through `VfHarborEnvironment`, loaded by import path, and the
+assertions read Harbor's own verdict files (each trial's result.json and
+verifier/reward.*, the job's result.json).
+
+* examples/harbor_tasks (the valid ones) and tests/data/harbor_provider_task pass with the
+  oracle on Docker containers, cells and gVisor; the sandbox got the task's workdir,
+  memory limit and no network; no sandbox is left.
+* A wrong oracle gets reward 0 (a run whose verdict can fail).
+* What the provider cannot give is refused loudly, never run weaker: a task whose agent
+  and verifier run as another user than the image's (our sandboxes cannot switch users),
+  a public network without `--ek network=true`, an allowlist (Harbor refuses it from our
+  capabilities).
+
+Without .venv-harbor the tests are skipped, and FAIL under VF_REQUIRE_DOCKER=1 (CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TEST_LABELS, docker_required, require_gvisor
+
+pytestmark = pytest.mark.docker
+
+HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
+EXAMPLES = ROOT / "examples" / "harbor_tasks"
+OWN_TASK = ROOT / "tests" / "data" / "harbor_provider_task"
+PROVIDER = "integrations.harbor_env:VfHarborEnvironment"
+RUN_LABEL = "vf-harbor-test"
+# the examples the oracle passes through our provider; user-owned-notes runs its agent and
+# verifier as another user than the image's: refused (test_other_user_is_refused)
+PASSING_EXAMPLES = ["fix-mean-bug", "primes-with-timeout", "word-counts"]
+MODES = {
+    "container": ["rollout_isolation=container"],
+    "cell": ["rollout_isolation=cell"],
+    "gvisor": ["isolation=gvisor"],
+}
+
+
+@pytest.fixture(autouse=True)
+def _harbor_venv() -> None:
+    if not HARBOR.is_file():
+        reason = f"Harbor is not installed at {HARBOR} (scripts/setup.sh makes .venv-harbor)"
+        if docker_required():
+            pytest.fail(f"Harbor is required (VF_REQUIRE_DOCKER=1) but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+def _leftovers(label: dict[str, str], wait: float = 20.0) -> list[str]:
+    """Containers with `label` still there after up to `wait` seconds."""
+    (key, value), = label.items()
+    deadline = time.monotonic() + wait
+    while True:
+        out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={key}={value}"], capture_output=True,
+                             text=True, timeout=60).stdout.split()
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def harbor_cli(tasks: Path, jobs: Path, *ek: str, label: dict[str, str],
+               timeout: float = 420) -> subprocess.CompletedProcess:
+    """`harbor run` of the oracle on every task under `tasks` through our provider."""
+    labels = json.dumps({**TEST_LABELS, **label})
+    cmd = [str(HARBOR), "run", "-p", str(tasks), "-a", "oracle", "--env", PROVIDER, "-o", str(jobs),
+           "--job-name", "job", "-y", "-n", "2", "--ek", f"labels={labels}", "--ek", "timeout_minutes=15"]
+    for kwarg in ek:
+        cmd += ["--ek", kwarg]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "COLUMNS": "400"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def harbor_run(tasks: Path, jobs: Path, *ek: str, label: dict[str, str]) -> Path:
+    """`harbor run` that must finish (exit 0, the job's result.json written); the job dir."""
+    proc = harbor_cli(tasks, jobs, *ek, label=label)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (jobs / "job" / "result.json").is_file(), proc.stdout[-3000:]
+    return jobs / "job"
+
+
+def trials(job: Path) -> dict[str, dict]:
+    """Task directory name -> Harbor's result.json of its trial."""
+    out = {}
+    for path in job.glob("*/result.json"):
+        result = json.loads(path.read_text())
+        out[path.parent.name.split("__")[0]] = result | {"_dir": path.parent}
+    return out
+
+
+def reward(trial: dict) -> float:
+    """The reward Harbor's verifier wrote (reward.txt or reward.json), read from the file itself."""
+    verifier = trial["_dir"] / "verifier"
+    if (verifier / "reward.txt").is_file():
+        return float((verifier / "reward.txt").read_text().strip())
+    return float(json.loads((verifier / "reward.json").read_text())["reward"])
+
+
+def _tasks_dir(tmp_path: Path, names: list[str], own: bool = True) -> Path:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in names:
+        shutil.copytree(EXAMPLES / name, tasks / name)
+    if own:
+        shutil.copytree(OWN_TASK, tasks / "answer")
+    return tasks
+
+
+def _variant(tmp_path: Path, name: str, *, toml: str | None = None, solve: str | None = None) -> Path:
+    """A copy of our own task under `name`, its task.toml's [environment] network lines or its
+    oracle replaced."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir(exist_ok=True)
+    task = tasks / name
+    shutil.copytree(OWN_TASK, task)
+    if toml is not None:
+        text = (task / "task.toml").read_text().replace('network_mode = "no-network"\n', toml)
+        (task / "task.toml").write_text(text)
+    if solve is not None:
+        (task / "solution" / "solve.sh").write_text(solve)
+    return tasks
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_oracle_passes(tmp_path, python_image, mode):
+    """The oracle passes every task (reward 1, no exception) in this mode; the sandbox got the
+    task's workdir and memory limit and no network; no sandbox is left."""
+    if mode == "gvisor":
+        require_gvisor()
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    job = harbor_run(_tasks_dir(tmp_path, PASSING_EXAMPLES), tmp_path / "jobs", *MODES[mode], label=label)
+    results = trials(job)
+    assert sorted(results) == sorted([*PASSING_EXAMPLES, "answer"])
+    for name, trial in results.items():
+        assert trial["exception_info"] is None, (name, trial["exception_info"])
+        assert reward(trial) == 1.0, (name, (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()[-2000:])
+        assert trial["verifier_result"]["rewards"]["reward"] == 1.0
+    seen = dict(line.split("=", 1) for line in
+                (results["answer"]["_dir"] / "verifier" / "sandbox.txt").read_text().splitlines())
+    assert seen["pwd"] == "/app"  # the Dockerfile's WORKDIR
+    assert seen["user"] == "root"
+    assert seen["interfaces"].split() in ([], ["lo"])  # no network
+    if mode != "gvisor":  # gVisor shows no cgroup limit inside the sandbox
+        assert int(seen["memory_max"]) == 512 * 1024**2  # memory_mb = 512
+    stats = json.loads((job / "result.json").read_text())["stats"]
+    assert stats["n_errored_trials"] == 0 and stats["n_completed_trials"] == len(results)
+    log = "".join(p.read_text() for p in job.glob("*/trial.log"))
+    kind = {"container": "container, runc", "cell": "cell, runc", "gvisor": "container, gvisor"}[mode]
+    assert f"({'docker'}, {kind})" in log, log[-2000:]
+    assert _leftovers(label) == []
+
+
+def test_wrong_oracle_fails(tmp_path, python_image):
+    """A task whose oracle writes the wrong answer: the trial runs cleanly and Harbor's verdict
+    is reward 0."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    wrong = "#!/bin/bash\necho 41 > /app/answer.txt\n"
+    job = harbor_run(_variant(tmp_path, "wrong-oracle", solve=wrong), tmp_path / "jobs", "rollout_isolation=cell",
+                     label=label)
+    trial = trials(job)["wrong-oracle"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    assert reward(trial) == 0.0
+    assert "answer: 41" in (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    assert _leftovers(label) == []
+
+
+def test_other_user_is_refused(tmp_path, python_image):
+    """user-owned-notes runs its agent and verifier as `worker`, the image as root (Harbor's
+    own bookkeeping runs as root): our sandboxes cannot switch users (capabilities dropped),
+    so the trial fails with UserSwitchUnsupported instead of running as the wrong user."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    job = harbor_run(_tasks_dir(tmp_path, ["user-owned-notes"], own=False), tmp_path / "jobs", label=label)
+    trial = trials(job)["user-owned-notes"]
+    assert trial["exception_info"]["exception_type"] == "UserSwitchUnsupported", trial["exception_info"]
+    assert "cannot switch users" in trial["exception_info"]["exception_message"]
+    assert _leftovers(label) == []
+
+
+@pytest.mark.parametrize("policy, needle", [
+    ("", "pass --ek network=true"),  # no network_mode: Harbor's default, public
+    ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "network_mode='allowlist' is not supported by "
+     "vf-sandbox environment"),
+])
+def test_network_the_sandbox_cannot_give_is_refused(tmp_path, python_image, policy, needle):
+    """A public network without the operator's consent, or an allowlist (no backend here filters
+    egress by host): Harbor's run stops before any sandbox starts (it builds the environment up
+    front), naming the reason; no verdict is written."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    proc = harbor_cli(_variant(tmp_path, "net", toml=policy), tmp_path / "jobs", label=label)
+    output = " ".join((proc.stdout + proc.stderr).replace("\u2502", " ").split())
+    assert proc.returncode != 0, output[-3000:]
+    assert needle in output, output[-3000:]
+    assert list((tmp_path / "jobs").glob("*/*/verifier/reward.*")) == []
+    assert _leftovers(label, wait=0) == []
+
+
+def test_public_network_with_consent(tmp_path, python_image):
+    """A public-network task with `--ek network=true`: a container gets a network interface;
+    a cell cannot have one, and the backend refuses it (ConfigError), never runs it offline."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    tasks = _variant(tmp_path, "net", toml="")
+    trial = trials(harbor_run(tasks, tmp_path / "jobs", "network=true", label=label))["net"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    seen = (trial["_dir"] / "verifier" / "sandbox.txt").read_text()
+    assert [i for i in seen.split("interfaces=")[1].split() if i != "lo"], seen
+    trial = trials(harbor_run(tasks, tmp_path / "jobs-cell", "network=true", "rollout_isolation=cell",
+                              label=label))["net"]
+    assert trial["exception_info"]["exception_type"] == "ConfigError", trial["exception_info"]
+    assert "a cell has only loopback" in trial["exception_info"]["exception_message"]
+    assert _leftovers(label) == []
