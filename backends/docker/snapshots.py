@@ -22,7 +22,11 @@ When it goes:
 
 Processes, memory and open files are not part of an image: a fork starts with its
 start command only. Under gVisor the commit is the same (runsc writes the container's
-files through to the engine's layer).
+files through to the engine's layer), except for /tmp: gVisor mounts its own tmpfs
+there, inside the sandbox, which no commit sees. So under gVisor /tmp is carried by
+hand: tarred into the container's layer (GVISOR_TMP_TAR) for the commit (then
+removed from the source) and unpacked in each fork before it is handed out. /dev/shm
+(a tmpfs under runc and gVisor alike) is never carried.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import aiodocker
 
 from sandboxes import lifecycle
-from sandboxes.errors import ImageNotFound, SandboxNotRunning, SnapshotUnsupported
+from sandboxes.errors import ImageNotFound, SandboxCreateError, SandboxNotRunning, SnapshotUnsupported
 from sandboxes.images import RegistryAuth
 from sandboxes.labels import CREATED_AT, MANAGED, SNAPSHOT_ID, SNAPSHOT_KEEP, SNAPSHOT_OF, SNAPSHOT_SPEC, snapshot_labels
 from sandboxes.snapshots import Snapshot, new_snapshot_id
@@ -55,12 +59,20 @@ log = logging.getLogger(__name__)
 
 REPOSITORY = "vf-sandbox/snapshot"
 PUSHED_DIGEST = "vf-sandbox.snapshot-digest"
-REMOVE_WAIT = 20.0  # seconds the sync remover waits for a commit in flight / containers going away
+GVISOR_TMP_TAR = "/var/tmp/.vf-snapshot-tmp.tar"  # /tmp of a gVisor source, inside the committed layer
+CARRIES_TMP = "vf-sandbox.snapshot-tmp"  # label: the image holds GVISOR_TMP_TAR, forks unpack it
+REMOVE_WAIT = 10.0  # seconds the sync remover waits for a commit in flight / containers going away
 
 
 def local_image(snapshot_id: str) -> str:
     """The local image name of snapshot `snapshot_id`."""
     return f"{REPOSITORY}:{snapshot_id}"
+
+
+def registry_host(reference: str) -> str:
+    """The registry part of an image reference ("" for Docker Hub's short names)."""
+    first, _, rest = reference.partition("/")
+    return first if rest and ("." in first or ":" in first or first == "localhost") else ""
 
 
 def snapshot_of_image(backend: str, image: dict[str, Any]) -> Snapshot | None:
@@ -117,6 +129,13 @@ def remove_snapshot_sync(url: str, snapshot_id: str, settled: threading.Event | 
         time.sleep(0.2)
 
 
+async def _quiet_exec(sandbox: "Sandbox", argv: list[str]) -> None:
+    try:
+        await sandbox.exec(argv, timeout=60)
+    except Exception as exc:  # noqa: BLE001 - the source's own clean-up: never fails the snapshot
+        log.debug("%s in %s: %s", argv, sandbox.id[:12], exc)
+
+
 class DockerSnapshots:
     """The snapshots of one DockerBackend: commit, create from, release, list, push."""
 
@@ -125,6 +144,7 @@ class DockerSnapshots:
         self._made: dict[str, Snapshot] = {}  # made by this backend, not released yet
         self._users: dict[str, set[str]] = {}  # snapshot id -> containers made of it by this backend
         self._released: dict[str, Snapshot] = {}  # released while containers of it exist
+        self._auth: dict[str, RegistryAuth] = {}  # registry host -> the credentials a push there used
 
     # ------------------------------------------------------------ take
     async def take(self, sandbox: "Sandbox", *, keep: bool = False) -> Snapshot:
@@ -133,6 +153,9 @@ class DockerSnapshots:
         sid = new_snapshot_id()
         spec = sandbox.spec
         labels = snapshot_labels(spec, snapshot_id=sid, source_id=sandbox.id, kind="image", keep=keep)
+        if spec.isolation == "gvisor":
+            await self._save_tmp(sandbox)
+            labels[CARRIES_TMP] = "1"
         body = {"Labels": {**labels, SNAPSHOT_SPEC: spec.model_dump_json()}}
         settled = threading.Event()
         if not keep:  # tracked before the commit starts: a signal mid-commit still removes it
@@ -158,6 +181,9 @@ class DockerSnapshots:
         except BaseException:
             settled.set()
             raise
+        finally:
+            if CARRIES_TMP in labels:
+                await _quiet_exec(sandbox, ["rm", "-f", GVISOR_TMP_TAR])
         settled.set()
         snap = Snapshot(id=sid, backend=backend.name, kind="image", source_id=sandbox.id, image=local_image(sid),
                         spec=spec, labels=labels, created_at=float(labels[CREATED_AT]), keep=keep)
@@ -174,11 +200,35 @@ class DockerSnapshots:
         if await self.backend.image_id(image) is None:
             if image == local_image(snap.id):
                 raise ImageNotFound(f"snapshot {snap.id} is gone (no image {image}): it was deleted, or its run ended")
-            await self.backend.pull_image(image)  # a pushed snapshot; ImageNotFound when it cannot be pulled
+            # a pushed snapshot: pulled with the credentials this backend pushed it with, else
+            # $VF_REGISTRY_USERNAME / _PASSWORD, else anonymously; ImageNotFound when it cannot be
+            auth = self._auth.get(registry_host(image)) or RegistryAuth.from_env()
+            await self.backend.pull_image(image, auth)
         spec = snap.spec.model_copy(update={"image": image, "rollout_isolation": "container"})
         sandbox = await self.backend._create(spec, None)
         self._users.setdefault(snap.id, set()).add(sandbox.id)
+        if snap.labels.get(CARRIES_TMP) == "1":
+            try:
+                await self._restore_tmp(sandbox)
+            except BaseException:
+                await asyncio.shield(sandbox.delete())
+                raise
         return sandbox
+
+    @staticmethod
+    async def _save_tmp(sandbox: "Sandbox") -> None:
+        """gVisor: /tmp (the sandbox kernel's own tmpfs) into the container's layer, for the commit."""
+        r = await sandbox.exec(["tar", "-C", "/tmp", "-cf", GVISOR_TMP_TAR, "."], timeout=300)
+        if not r.ok:
+            raise SandboxNotRunning(f"cannot snapshot {sandbox.id[:12]}: saving /tmp (gVisor keeps it outside the "
+                                    f"container's layer) failed: {r.stderr.strip()[-500:]}")
+
+    @staticmethod
+    async def _restore_tmp(sandbox: "Sandbox") -> None:
+        r = await sandbox.exec(["/bin/sh", "-c", f'tar -C /tmp -xf {GVISOR_TMP_TAR} && rm -f {GVISOR_TMP_TAR}'],
+                               timeout=300)
+        if not r.ok:
+            raise SandboxCreateError(f"fork {sandbox.id[:12]}: restoring /tmp failed: {r.stderr.strip()[-500:]}")
 
     async def sandbox_deleted(self, container_id: str) -> None:
         """A container of ours is gone: remove the released snapshot it was the last user of."""
@@ -209,7 +259,7 @@ class DockerSnapshots:
         released: the reaper or a later release removes it)."""
         docker = await self.backend._client()
         async with self.backend._api("list images"):
-            images = await docker.images.list(filters=json.dumps({"label": [f"{SNAPSHOT_ID}={sid}"]}))
+            images = await docker.images.list(filters={"label": [f"{SNAPSHOT_ID}={sid}"]})
         in_use = False
         for image in images:
             for tag in image.get("RepoTags") or [image["Id"]]:
@@ -237,7 +287,7 @@ class DockerSnapshots:
         wanted = {MANAGED: "true", **(labels or {})}
         flt = {"label": [SNAPSHOT_ID] + [f"{k}={v}" for k, v in wanted.items()]}
         async with self.backend._api("list images"):
-            images = await docker.images.list(filters=json.dumps(flt))
+            images = await docker.images.list(filters=flt)
         out: dict[str, Snapshot] = {}
         for image in images:
             snap = snapshot_of_image(self.backend.name, image)
@@ -252,6 +302,8 @@ class DockerSnapshots:
                 f"a {snap.kind!r} snapshot lives inside its cell host and cannot be pushed to a registry; snapshot a "
                 "container (rollout_isolation='container') to push")
         digest = await self.backend.push_image(snap.image or local_image(snap.id), target, auth)
+        if auth is not None:
+            self._auth[registry_host(target)] = auth
         labels = {**snap.labels, PUSHED_DIGEST: digest} if digest else dict(snap.labels)
         return snap.model_copy(update={"image": target, "labels": labels})
 
