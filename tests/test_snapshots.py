@@ -38,7 +38,10 @@ MODES = [
     pytest.param(("gvisor", "namespace"), id="cell-gvisor"),
 ]
 LS = "python3 -c 'import os, sys; print(*sorted(os.listdir(sys.argv[1])))'"  # gVisor's `ls` fails (statx)
-CASE = "vf-snapshot-case"  # a label unique to each test: what it made, and nothing else, is counted
+CASE = "vf-snapshot-case"
+THREADS = ("python3 -c \"import threading, time\nn = 0\ntry:\n    while n < 1000:\n"
+           "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1\n"
+           "except RuntimeError:\n    pass\nprint(n)\"")  # threads this process can start  # a label unique to each test: what it made, and nothing else, is counted
 
 
 def docker_ids(kind: str, label: str) -> list[str]:
@@ -139,11 +142,13 @@ async def test_forks_carry_environment_workdir_limits_and_isolation(env):
             assert src[key] == frk[key] == want, (key, src[key], frk[key])
         assert frk.get("Runtime") == ("runsc" if spec.isolation == "gvisor" else "runc") == src.get("Runtime")
         assert frk["NetworkMode"] == "none" and frk["CapDrop"] == ["ALL"]
-    else:  # a cell's limits are its cgroup's, read inside the cell
-        probe = "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max /sys/fs/cgroup/cpu.max 2>&1"
-        limits = [(await sb.exec(probe)).stdout for sb in (source, fork)]
-        assert limits[0] == limits[1], limits
-        assert str(int(0.75 * 1024**3)) in limits[1] and "300" in limits[1], limits
+    else:  # a cell's limits are its cgroup's, which a cell cannot read: what they let a cell do
+        counts = [int((await sb.exec(THREADS, timeout=120)).stdout.strip()) for sb in (source, fork)]
+        # pids_limit=300 counts threads (gVisor's count lags a little: a few past 300 are seen); no limit: 1000
+        assert all(200 < c < 350 for c in counts), counts
+        if spec.isolation == "runc":  # gVisor accounts a cell's memory but does not enforce it (docs/snapshots.md)
+            hog = await fork.exec("python3 -c 'x = bytearray(1024**3); print(len(x))'", timeout=120)
+            assert not hog.ok and "1073741824" not in hog.stdout, hog
     # and the fork's lifecycle labels are its own (this process, a deadline from its own creation)
     infos = {i.id: i for i in await backend.list({CASE: spec.labels[CASE]})}
     assert infos[fork.id].labels[L.OWNER_PID] == str(os.getpid())
@@ -206,7 +211,9 @@ async def test_fork_is_all_or_none(env, case, monkeypatch):
     fork's snapshot is gone."""
     backend, spec = env
     source = await backend.create(spec)
-    real = type(backend).create_from_snapshot
+    # what fork creates through: the backend, or (a cell's fork) its cell hosts
+    maker = backend.cells if spec.rollout_isolation == "namespace" else backend
+    real = type(maker).create_from_snapshot
     calls = 0
 
     async def third_fails(self, snapshot):
@@ -217,7 +224,7 @@ async def test_fork_is_all_or_none(env, case, monkeypatch):
             raise ConfigError("creation 3 refused")
         return await real(self, snapshot)
 
-    monkeypatch.setattr(type(backend), "create_from_snapshot", third_fails)
+    monkeypatch.setattr(type(maker), "create_from_snapshot", third_fails)
     with pytest.raises(ConfigError, match="creation 3 refused"):
         await source.fork(4)
     assert calls == 4
