@@ -108,6 +108,23 @@ PY
   fi
 fi
 
+# 2c. `docker compose` v2 for Harbor's own Docker environment (benchmarks/bench_harbor.py
+# compares our provider with it): bookworm packages only compose v1 (1.29.2), whose CLI
+# Harbor does not call; Debian trixie's docker-compose 2.x is a static Go binary (a CLI
+# plugin, depends on libc6 >= 2.34 only), fetched with apt from a private list of trixie,
+# the system's sources untouched.
+if ! docker compose version >/dev/null 2>&1; then
+  TRIXIE=/var/cache/vf-apt-trixie
+  APT_TRIXIE=(-o Dir::Etc::sourcelist=$TRIXIE/sources.list -o Dir::Etc::sourceparts=- -o Dir::State::Lists=$TRIXIE/lists)
+  log "installing docker compose v2 (Debian trixie's docker-compose)"
+  $SUDO mkdir -p $TRIXIE/lists/partial
+  echo "deb http://deb.debian.org/debian trixie main" | $SUDO tee $TRIXIE/sources.list >/dev/null
+  $SUDO apt-get update -qq "${APT_TRIXIE[@]}"
+  (cd $TRIXIE && $SUDO apt-get download -qq "${APT_TRIXIE[@]}" docker-compose 2>/dev/null)
+  $SUDO dpkg -i $TRIXIE/docker-compose_*.deb >/dev/null
+  docker compose version >/dev/null 2>&1 || echo "warning: docker compose v2 did not install (Harbor's docker environment cannot run)" >&2
+fi
+
 # 3. Tools the backends and tests use ------------------------------------------
 apt_install debootstrap bubblewrap patch git docker-registry apache2-utils  # registry: the real registry:2 server of the registry tests
 if [ "${VF_SETUP_SKIP_BROWSER:-0}" != 1 ] && [ -x scripts/install-browser.sh ]; then
