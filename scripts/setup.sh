@@ -117,12 +117,13 @@ if ! docker compose version >/dev/null 2>&1; then
   TRIXIE=/var/cache/vf-apt-trixie
   APT_TRIXIE=(-o Dir::Etc::sourcelist=$TRIXIE/sources.list -o Dir::Etc::sourceparts=- -o Dir::State::Lists=$TRIXIE/lists)
   log "installing docker compose v2 (Debian trixie's docker-compose)"
-  $SUDO mkdir -p $TRIXIE/lists/partial
-  echo "deb http://deb.debian.org/debian trixie main" | $SUDO tee $TRIXIE/sources.list >/dev/null
-  $SUDO apt-get update -qq "${APT_TRIXIE[@]}"
-  (cd $TRIXIE && $SUDO apt-get download -qq "${APT_TRIXIE[@]}" docker-compose 2>/dev/null)
-  $SUDO dpkg -i $TRIXIE/docker-compose_*.deb >/dev/null
-  docker compose version >/dev/null 2>&1 || echo "warning: docker compose v2 did not install (Harbor's docker environment cannot run)" >&2
+  if ! { $SUDO mkdir -p $TRIXIE/lists/partial &&
+         echo "deb http://deb.debian.org/debian trixie main" | $SUDO tee $TRIXIE/sources.list >/dev/null &&
+         $SUDO apt-get update -qq "${APT_TRIXIE[@]}" &&
+         (cd $TRIXIE && $SUDO apt-get download -qq "${APT_TRIXIE[@]}" docker-compose 2>/dev/null) &&
+         $SUDO dpkg -i $TRIXIE/docker-compose_*.deb >/dev/null && docker compose version >/dev/null 2>&1; }; then
+    echo "warning: docker compose v2 did not install (Harbor's own docker environment cannot run)" >&2
+  fi
 fi
 
 # 3. Tools the backends and tests use ------------------------------------------
