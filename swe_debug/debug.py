@@ -21,8 +21,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
+from sandboxes.group_setup import PreparedGroup
 from sandboxes.rollouts import RolloutSandboxes
-from sandboxes.spec import Isolation, RolloutIsolation
+from sandboxes.spec import Isolation, RolloutIsolation, SandboxSpec
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
@@ -57,6 +58,9 @@ class DebugOptions(BaseModel):
     output_tail_chars: int = 2000
     setup_timeout: float = 600
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+    setup_scope: Literal["rollout", "group"] = "rollout"
+    """"group": an instance's setup (and install) runs once per group of rollouts (`-r k`
+    pass@k runs) in one sandbox; each attempt gets a fork of it (`sandboxes.group_setup`)."""
 
     def script_text(self) -> str | None:
         if self.debug_script is not None:
@@ -115,11 +119,12 @@ class DebugOutcome(BaseModel):
     stderr_tail: str = ""
     grade: Grade | None = None
     parsed: dict[str, str] = Field(default_factory=dict, description="Parsed test statuses (id → status).")
+    forked: bool = Field(False, description="The sandbox was a fork of the instance's group setup (setup skipped).")
 
     def summary(self) -> dict[str, Any]:
         """The compact, JSON-able verdict kept in a results row (passing test ids are
         counted, not listed; the parsed statuses are left out)."""
-        out: dict[str, Any] = self.model_dump(exclude={"grade", "parsed"})
+        out: dict[str, Any] = self.model_dump(exclude={"grade", "parsed"} | (set() if self.forked else {"forked"}))
         if self.grade is not None:
             out["counts"] = self.grade.counts
             out["fail_to_pass"] = _list_summary(self.grade.fail_to_pass)
@@ -138,6 +143,30 @@ def with_fails_before(out: DebugOutcome, before: DebugOutcome, fail_to_pass: lis
     if not fb.ok and out.valid:
         out = out.model_copy(update={"valid": False, "reason": "test_failed", "detail": fb.detail})
     return out, fb
+
+
+def debug_spec(taskset: SandboxTaskSet, inst: Any, prepared: Any, opts: DebugOptions) -> SandboxSpec:
+    """The sandbox of one rollout of `inst`: the taskset's, with the run's overrides."""
+    spec = taskset.sandbox_spec(inst, prepared, timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores,
+                                memory_gb=opts.memory_gb, disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
+    if opts.isolation is not None and opts.isolation != spec.isolation:
+        spec = spec.model_copy(update={"isolation": opts.isolation})
+    if opts.rollout_isolation is not None and opts.rollout_isolation != spec.rollout_isolation:
+        spec = spec.model_copy(update={"rollout_isolation": opts.rollout_isolation})
+    return spec
+
+
+class SetupFailed(Exception):
+    """An instance's setup did not succeed in a group's prepared sandbox (the rollouts then
+    run their own setup, and each reports it)."""
+
+
+async def group_setup(taskset: SandboxTaskSet, inst: Any, sandbox: Sandbox, opts: DebugOptions) -> None:
+    """The setup a group's forks carry (`PreparedGroup`'s prepare): SetupFailed when it fails."""
+    r = await taskset.setup(sandbox, inst, opts.setup_timeout)
+    log.info("%s: group setup %s", taskset.instance_id(inst), "ok" if r.ok else f"failed, exit {r.exit_code}")
+    if not r.ok:
+        raise SetupFailed(f"setup {'timed out' if r.timed_out else f'exited {r.exit_code}'}{_last_line(r.stderr)}")
 
 
 def _last_line(s: str) -> str:
@@ -168,6 +197,7 @@ async def run_debug(
     step: DebugStep | None = None,
     prepared: Any = None,
     live: dict[str, Sandbox] | None = None,
+    group: PreparedGroup | None = None,
 ) -> DebugOutcome:
     """Run one rollout of `inst` with `opts` (or `step` overriding opts.debug_step).
 
@@ -177,6 +207,8 @@ async def run_debug(
     until released and deletes what is left when closed) or a bare backend (the
     CLI's). `live`, when given, holds the sandbox from its creation until its delete
     has finished, so that an owner cancelled meanwhile (Ctrl-C) can delete what is left.
+    `group`: the instance's group setup (`setup_scope="group"`): the rollout's sandbox is a
+    fork of the sandbox its setup ran in (`forked` in the outcome), so setup is skipped.
     """
     lifecycle = backend if isinstance(backend, RolloutSandboxes) else None
     step = step or opts.debug_step
@@ -198,17 +230,17 @@ async def run_debug(
         out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
     log.info("%s: image %s ready%s", iid, getattr(prepared, "tag", "?"),
              f" (built {', '.join(out.images_built)})" if out.images_built else "")
-    spec = taskset.sandbox_spec(inst, prepared, timeout_seconds=opts.timeout_seconds, cpu_cores=opts.cpu_cores,
-                                memory_gb=opts.memory_gb, disk_size_gb=opts.disk_size_gb, labels=opts.label_dict())
-    if opts.isolation is not None and opts.isolation != spec.isolation:
-        spec = spec.model_copy(update={"isolation": opts.isolation})
-    if opts.rollout_isolation is not None and opts.rollout_isolation != spec.rollout_isolation:
-        spec = spec.model_copy(update={"rollout_isolation": opts.rollout_isolation})
+    spec = debug_spec(taskset, inst, prepared, opts)
     clock.lap()
     sandbox: Sandbox | None = None
+    forked = False
     try:
         try:
-            sandbox = await (lifecycle.acquire(spec) if lifecycle is not None else backend.create(spec))
+            if group is not None and lifecycle is not None:
+                sandbox, forked = await group.acquire()
+                out.forked = forked
+            else:
+                sandbox = await (lifecycle.acquire(spec) if lifecycle is not None else backend.create(spec))
         except UsageError as exc:  # ImageNotFound / ConfigError: the instance cannot run here
             out.reason, out.detail = "setup_failed", f"sandbox: {type(exc).__name__}: {exc}"[:4000]
             return out
@@ -218,7 +250,7 @@ async def run_debug(
         log.info("%s: sandbox %s created (%.2fs); step %s", iid, sandbox.id, out.timings.create_s, step)
         try:
             async with asyncio.timeout(opts.timeout_seconds):
-                await _body(taskset, inst, sandbox, opts, step, out, clock)
+                await _body(taskset, inst, sandbox, opts, step, out, clock, skip_setup=forked)
         except asyncio.TimeoutError:
             out.valid, out.reason = False, "timeout"
             out.detail = f"rollout exceeded timeout_seconds={opts.timeout_seconds:g}"
@@ -239,10 +271,10 @@ async def run_debug(
 
 
 async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOptions, step: DebugStep,
-                out: DebugOutcome, clock: _Clock) -> None:
+                out: DebugOutcome, clock: _Clock, skip_setup: bool = False) -> None:
     n = opts.output_tail_chars
     workdir = taskset.workdir(inst)
-    if opts.run_setup:
+    if opts.run_setup and not skip_setup:
         r = await taskset.setup(sb, inst, opts.setup_timeout)
         out.timings.setup_s = clock.lap()
         log.info("%s: setup %s (%.2fs)", out.instance_id, "ok" if r.ok else f"failed, exit {r.exit_code}",

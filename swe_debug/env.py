@@ -13,6 +13,14 @@ rollout retry re-runs the whole rollout on a fresh sandbox; when the retries
 are spent the row carries that infra error (and the verdict reason
 `sandbox_error`), and an eval `--resume` runs it again.
 
+pass@k runs (`-r k`: k attempts per instance) can pay an instance's setup (and
+install) once: `setup_scope="group"` (`-x setup_scope=group`) runs it in one sandbox
+of the instance before its attempts start, and each attempt (each `repeat`, the
+`check_fails_before` run) gets a fork of that sandbox (`sandboxes.group_setup`), its
+verdict saying `forked: true`. A setup that fails there is run again by each attempt
+(so each verdict says why); where the backend has no snapshots every attempt sets up
+its own sandbox (warned once).
+
 `vf-swe-debug` is an eval of this environment (`swe_debug.cli`); so is
 `vf-sandbox eval swe-debug -a '{"dataset": ...}'`.
 """
@@ -20,7 +28,11 @@ are spent the row carries that infra error (and the verdict reason
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from pydantic import Field
@@ -33,10 +45,15 @@ from sandboxes import UsageError, find_infra_error
 from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.spec import RolloutIsolation, SandboxSpec
 
-from .debug import DebugOptions, DebugOutcome, run_debug, with_fails_before
+from sandboxes.group_setup import PreparedGroup
+
+from .debug import DebugOptions, DebugOutcome, debug_spec, group_setup, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
 
 VERDICT = "verdict"  # the key of a row's `info` holding the verdict
+log = logging.getLogger("swe_debug.env")
+
+_GROUP: contextvars.ContextVar[tuple[str, PreparedGroup] | None] = contextvars.ContextVar("vf_swe_group", default=None)
 
 
 def verdict_of(state: State) -> dict[str, Any]:
@@ -64,6 +81,8 @@ class SWEDebugSettings(EnvSettings):
     disk_size_gb: float | None = Field(None, gt=0)
     rollout_isolation: RolloutIsolation | None = None
     timeout_seconds: float = Field(1800.0, gt=0)
+    setup_scope: Literal["rollout", "group"] = Field(
+        "rollout", description="An instance's setup per attempt, or once per group of attempts (-r k) with a fork each.")
 
 
 class SWEDebugEnv(Environment):
@@ -96,6 +115,7 @@ class SWEDebugEnv(Environment):
         output_tail_chars: int = 2000,
         check_fails_before: bool = False,
         repeat: int = 1,
+        setup_scope: Literal["rollout", "group"] = "rollout",
         backend: Any = None,
         backend_options: dict[str, Any] | None = None,
         input_errors: list[dict[str, Any]] | None = None,
@@ -107,6 +127,7 @@ class SWEDebugEnv(Environment):
             debug_script=debug_script, debug_script_path=debug_script_path, debug_timeout=debug_timeout,
             test_timeout=test_timeout, cpu_cores=cpu_cores, memory_gb=memory_gb, disk_size_gb=disk_size_gb, isolation=isolation,
             rollout_isolation=rollout_isolation, labels=labels, timeout_seconds=timeout_seconds, output_tail_chars=output_tail_chars,
+            setup_scope=setup_scope,
         )
         self.options.check()
         if repeat < 1:
@@ -182,6 +203,46 @@ class SWEDebugEnv(Environment):
     def set_timeout_seconds(self, timeout_seconds: float) -> None:
         self._set_option(timeout_seconds=timeout_seconds)
 
+    def set_setup_scope(self, setup_scope: str) -> None:
+        """-x setup_scope=group: an instance's setup once per group of attempts, a fork each."""
+        self._set_option(setup_scope=setup_scope)
+
+    # ------------------------------------------------------------------ group setup (pass@k)
+    @contextlib.asynccontextmanager
+    async def group_setup(self, group_inputs: list[RolloutInput], client: Any, model: str,
+                          sampling_args: SamplingArgs | None, sem: asyncio.Semaphore | None) -> AsyncIterator[None]:
+        """With `setup_scope="group"`, setup on and more than one attempt: the instance's
+        image and setup once (under one concurrency slot), each attempt a fork of it."""
+        opts = self.options
+        iid = (group_inputs[0].get("info") or {}).get("instance_id") if group_inputs else None
+        if opts.setup_scope != "group" or not opts.run_setup or len(group_inputs) < 2 or iid not in self._by_id:
+            yield
+            return
+        inst = self._by_id[iid]
+        group: PreparedGroup | None = None
+        prepared: Any = None
+        try:
+            async with (sem if sem is not None else contextlib.nullcontext()):
+                self._admit()
+                self.backend  # made first: prepare depends on it (taskset.use_backend)
+                try:
+                    prepared = await self.taskset.prepare(inst)
+                    group = await self.sandboxes.prepare_group(
+                        lambda sb: group_setup(self.taskset, inst, sb, opts), debug_spec(self.taskset, inst, prepared, opts))
+                except Exception as exc:  # each attempt runs (and reports) its own image / setup
+                    log.warning("%s: group setup failed (%s: %s); each attempt sets up its own sandbox",
+                                iid, type(exc).__name__, exc)
+            token = _GROUP.set((iid, group) if group is not None else None)
+            try:
+                yield
+            finally:
+                _GROUP.reset(token)
+        finally:
+            if group is not None:
+                await asyncio.shield(group.close())
+            if prepared is not None:
+                await asyncio.shield(self.taskset.release(inst, prepared))
+
     # ------------------------------------------------------------------ the rollout
     async def rollout(
         self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None = None
@@ -228,10 +289,13 @@ class SWEDebugEnv(Environment):
             return o.summary()
         image_s = round(time.perf_counter() - t_img, 4)
         before: DebugOutcome | None = None
+        share = _GROUP.get()
+        group = share[1] if share is not None and share[0] == self.taskset.instance_id(inst) else None
         try:
             if self.check_fails_before:
-                before = await run_debug(self.taskset, inst, sandboxes, opts, step="none", prepared=prepared)
-            outcomes = [await run_debug(self.taskset, inst, sandboxes, opts, prepared=prepared)
+                before = await run_debug(self.taskset, inst, sandboxes, opts, step="none", prepared=prepared,
+                                         group=group)
+            outcomes = [await run_debug(self.taskset, inst, sandboxes, opts, prepared=prepared, group=group)
                         for _ in range(self.repeat)]
         finally:
             await asyncio.shield(self.taskset.release(inst, prepared))  # the image may go (keep_images)
@@ -283,6 +347,7 @@ def load_environment(
     timeout_seconds: float = 1800.0,
     check_fails_before: bool = False,
     repeat: int = 1,
+    setup_scope: Literal["rollout", "group"] = "rollout",
     run_setup: bool = True,
     run_tests: bool = True,
     output_tail_chars: int = 2000,
@@ -356,7 +421,8 @@ def load_environment(
     return SWEDebugEnv(
         taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
         debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
-        timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, run_setup=run_setup,
+        timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, setup_scope=setup_scope,
+        run_setup=run_setup,
         run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores, memory_gb=memory_gb,
         isolation=isolation, rollout_isolation=rollout_isolation, backend=backend, input_errors=input_errors,
     )
