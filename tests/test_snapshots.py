@@ -258,7 +258,7 @@ SIGTERM_CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("isolation", ["runc", "gvisor"])
-@pytest.mark.parametrize("delay", [0.0, 0.4, 1.2], ids=["at-commit", "early", "late"])
+@pytest.mark.parametrize("delay", [0.0, 0.3, 0.8], ids=["at-commit", "early", "late"])
 def test_sigterm_mid_fork_leaks_nothing(isolation, delay, python_image, tmp_path, case):
     """SIGTERM while the child forks 8 (committing, or creating the forks): it dies of the
     signal and nothing with its owner label remains: no container, no snapshot image."""
