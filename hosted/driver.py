@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ from pydantic import BaseModel
 
 from sandboxes.errors import ConfigError, UsageError
 
-from hosted.jobs import RESULTS_SUBDIR  # under the head node's Ray logs directory; pulled back from there
+from hosted.jobs import RESULTS_SUBDIR, sandbox_label  # RESULTS_SUBDIR: under the head node's Ray logs directory; pulled back from there
 from runner.config import EvalConfig
 from runner.writer import ResultsWriter, env_model_dir
 
@@ -93,7 +92,9 @@ def prepare(spec: HostedJobSpec, results_root: Path) -> EvalConfig:
     cfg = spec.config
     update: dict[str, object] = {"output_dir": str(base), "save_results": True, "junit_xml": None,
                                  "resume": False, "resume_path": None,
-                                 "run_id": spec.run_id}  # the id the submitter recorded: it travels in the definition
+                                 # the ids the submitter recorded travel in the definition; the registry is this job's own
+                                 "run_id": spec.run_id, "sandbox_run_id": cfg.sandbox_run_id or sandbox_label(spec.run_id),
+                                 "runs_db": str(base / "runs.db")}
     shipped = Path(RESUME_DIR)
     if spec.resume and (shipped / "results.jsonl").exists() and (shipped / "metadata.json").exists():
         run_dir = env_model_dir(base, cfg.env_id, cfg.model) / spec.run_id
@@ -121,7 +122,6 @@ def main() -> int:
 
 def _run(spec: HostedJobSpec, logs: Path) -> int:
     cfg = prepare(spec, logs / RESULTS_SUBDIR)
-    os.environ["VF_RUNS_DB"] = str(Path(cfg.output_dir or ".") / "runs.db")  # the cluster side's own record
     log.info("hosted run %s (Ray job %s): %s, model %s, results in %s", spec.run_id, spec.job_id, cfg.env_id,
              cfg.model, cfg.output_dir)
     try:

@@ -58,7 +58,8 @@ def parse_secrets(obj: dict[str, Any]) -> dict[str, str]:
 
 def _copy_env_package(pkg: Path, dest: Path) -> None:
     for item in pkg.iterdir():
-        if item.name in SKIP or item.name.endswith(".egg-info") or item.name == "pyproject.toml":
+        if (item.name in SKIP or item.name.startswith(".venv") or item.name.endswith(".egg-info")  # .venv-*: any venv
+                or item.name == "pyproject.toml"):
             continue
         if item.is_dir():
             shutil.copytree(item, dest / item.name,
@@ -79,7 +80,11 @@ def stage(cfg: EvalConfig, run_id: str, jid: str, resume_dir: Path | None) -> Pa
     pkg = env_package_dir(cfg.env_id, cfg.env_dir_path)
     if pkg is not None and pkg.is_dir() and "site-packages" not in pkg.resolve().parts:
         _copy_env_package(pkg, staging)
-    spec = HostedJobSpec(config=cfg, run_id=run_id, job_id=jid, resume=resume_dir is not None)
+    from hosted.jobs import sandbox_label
+
+    # the run's ids travel in the definition (not in the job's environment); the registry file is the cluster's own
+    job_cfg = cfg.model_copy(update={"run_id": run_id, "sandbox_run_id": sandbox_label(run_id), "runs_db": None})
+    spec = HostedJobSpec(config=job_cfg, run_id=run_id, job_id=jid, resume=resume_dir is not None)
     (staging / SPEC_FILE).write_text(spec.model_dump_json(), encoding="utf-8")
     if resume_dir is not None:
         (staging / RESUME_DIR).mkdir()
@@ -93,17 +98,15 @@ def stage(cfg: EvalConfig, run_id: str, jid: str, resume_dir: Path | None) -> Pa
     return staging
 
 
-def job_env_vars(cfg: EvalConfig, secrets: dict[str, str], run_id: str) -> dict[str, str]:
-    """The job's environment: the secrets, the model key(s) set here, and our run ids."""
-    from hosted.jobs import sandbox_label
-
+def job_env_vars(cfg: EvalConfig, secrets: dict[str, str]) -> dict[str, str]:
+    """The job's environment: the secrets and the model key(s) set here (the run's ids
+    travel in the run definition, `.vf-run.json`)."""
     keys = {}
     for replica in cfg.client_config.replicas():
         var = replica.api_key_var
         if var and var != "EMPTY" and var in os.environ:
             keys[var] = os.environ[var]
-    return {**keys, **secrets, "VF_RUN_ID": run_id, "VF_SANDBOX_RUN_ID": sandbox_label(run_id),
-            "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "PYTHONUNBUFFERED": "1"}
+    return {**keys, **secrets, "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "PYTHONUNBUFFERED": "1"}
 
 
 def submit(cfg: EvalConfig, secrets: dict[str, str]) -> Any:
@@ -119,7 +122,7 @@ def submit(cfg: EvalConfig, secrets: dict[str, str]) -> Any:
     resume_dir: Path | None = None
     if cfg.resume:
         if cfg.resume_path:
-            resume_dir = resolve_ref(cfg.resume_path)[0]
+            resume_dir = resolve_ref(cfg.resume_path, db=cfg.runs_db)[0]
         else:
             prior = find_incomplete(cfg)  # the newest incomplete hosted run of this definition in the registry
             resume_dir = Path(prior.output_dir) if prior is not None else None
@@ -130,19 +133,19 @@ def submit(cfg: EvalConfig, secrets: dict[str, str]) -> Any:
     local_dir.mkdir(parents=True, exist_ok=True)
     rec = registry.RunRecorder.start(kind=cfg.kind, name=cfg.name, env_id=cfg.env_id, model=cfg.model,
                                      args=cfg.public_args(), output_dir=local_dir, run_id=new_id,
-                                     resume=resume_dir is not None, capture_logging=False)
+                                     resume=resume_dir is not None, capture_logging=False, db=cfg.runs_db)
     rec.detach()
-    row = registry.get_run(rec.id)
+    row = registry.get_run(rec.id, cfg.runs_db)
     assert row is not None
     jid = job_id(row)
     staging = stage(cfg, row.id, jid, resume_dir)
     try:
         client.submit_job(entrypoint=ENTRYPOINT, submission_id=jid,
-                          runtime_env={"working_dir": str(staging), "env_vars": job_env_vars(cfg, secrets, row.id)},
+                          runtime_env={"working_dir": str(staging), "env_vars": job_env_vars(cfg, secrets)},
                           metadata={"vf_run_id": row.id, "vf_env_id": cfg.env_id, "vf_name": cfg.name or "",
                                     "vf_kind": cfg.kind})
     except Exception as exc:  # noqa: BLE001 - record why, then report it
-        registry.mark_status(row.id, "failed", f"submission to {cfg.address} failed: {exc}")
+        registry.mark_status(row.id, "failed", path=cfg.runs_db, error=f"submission to {cfg.address} failed: {exc}")
         raise UsageError(f"cannot submit the run to the Ray cluster at {cfg.address}: {exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)

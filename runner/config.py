@@ -291,6 +291,14 @@ class EvalConfig(BaseModel):
     run_id: str | None = Field(None, description="The run's id in the run registry (and its results directory's "
                                "name) when the caller chose it (a hosted job: the id its submitter recorded); None: a "
                                "fresh id when the run starts. Never carried over by --from-run.")
+    sandbox_run_id: str | None = Field(None, description="The label (`vf-sandbox.run-id`) every sandbox of the run "
+                                       "carries, in this process, its -w worker processes and its Ray actors, so "
+                                       "`runs stop` and the reaper find them (a hosted job: `vf-<run id>`); None: "
+                                       "this process's own label (`sandboxes.labels.run_id()`), filled in when the "
+                                       "run starts. Never recorded, never carried over.")
+    runs_db: str | None = Field(None, description="The run registry file this run is recorded in; None: the "
+                                "default registry (`runs.registry.db_path()`). A hosted job: its own file beside "
+                                "its results. Never recorded, never carried over.")
 
     model_config = {"extra": "forbid"}
 
@@ -318,7 +326,7 @@ class EvalConfig(BaseModel):
     def public_args(self) -> dict[str, Any]:
         """The settings as a JSON-able dict for the run registry: API keys appear
         only as variable names and header values are redacted (they may carry tokens)."""
-        data = self.model_dump(mode="json")
+        data = self.model_dump(mode="json", exclude=set(PROCESS_FIELDS))
         cc = data["client_config"]
         cc["extra_headers"] = {k: REDACTED for k in cc.get("extra_headers", {})}
         for ep in cc.get("endpoint_configs", []):
@@ -329,13 +337,16 @@ class EvalConfig(BaseModel):
         return data
 
 
+PROCESS_FIELDS = frozenset({"sandbox_run_id", "runs_db"})
+"""Fields of the run definition that say where this process runs it (its sandboxes' label, its
+registry file): handed down to workers and actors, never recorded (`public_args` leaves them out)."""
 SETTING_MODELS = (EvalConfig, ClientSettings, ConsoleOptions)
 """Where the settings are declared: every flag of `vf-sandbox eval` and every TOML key."""
 BUILTIN_DEFAULTS: dict[str, Any] = _options.defaults(EvalConfig, ClientSettings)
 SETTING_KEYS = _options.toml_keys(*SETTING_MODELS)
 """Keys accepted in a TOML eval config (top level and inside [[eval]] / [[ablation]])."""
 EVAL_KEYS = SETTING_KEYS | {"env_id", "id", "args"}
-NOT_COMPARED = frozenset({"client_config", "custom_secret_names", "run_id"})
+NOT_COMPARED = frozenset({"client_config", "custom_secret_names", "run_id"}) | PROCESS_FIELDS
 """Fields of the run definition that resume's definition diff leaves to `CLIENT_RESULT_FIELDS`
 (the endpoint may move) or that only name secrets; every other field is compared unless its
 `Opt` says `result=False`."""
@@ -976,7 +987,7 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None, flag: 
         logging.getLogger("envs.runner").warning(
             "--from-run: header value(s) %s were not recorded (they may hold secrets); running without them",
             ", ".join(sorted(set(dropped))))
-    for key in ("resume", "resume_path", "extend", "run_id"):  # a rerun is a new run unless asked to resume
+    for key in ("resume", "resume_path", "extend", "run_id", *PROCESS_FIELDS):  # a rerun is a new run unless asked to resume
         data.pop(key, None)
     overrides = dict(overrides or {})
     client_retries = overrides.pop("client_max_retries", None)
@@ -1000,3 +1011,21 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None, flag: 
         return EvalConfig.model_validate(data)
     except ValueError as exc:
         raise ConfigError(f"{flag} {source}: the recorded definition is not valid here: {exc}") from None
+
+
+def with_process_settings(configs: list[EvalConfig], settings: Any) -> list[EvalConfig]:
+    """The definitions as this process runs them: what the process environment said
+    (`sandboxes.settings.ProcessSettings`, read once by the command's entry) goes into
+    the definitions, which carry it down (workers, Ray actors); nothing below reads it
+    again. `$VF_RUN_ID` (the dashboard's chosen id) is the first new run's id."""
+    out, run_id = [], settings.run_id
+    for cfg in configs:
+        update: dict[str, Any] = {}
+        if cfg.runs_db is None and settings.runs_db:
+            update["runs_db"] = settings.runs_db
+        if cfg.sandbox_run_id is None and settings.sandbox_run_id:
+            update["sandbox_run_id"] = settings.sandbox_run_id
+        if run_id and cfg.run_id is None and not cfg.resume:
+            update["run_id"], run_id = run_id, None
+        out.append(cfg.model_copy(update=update) if update else cfg)
+    return out

@@ -31,14 +31,17 @@ class GroupRunner:
         self._tasks: set[asyncio.Future[Any]] = set()
 
     @classmethod
-    def build(cls, cfg: EvalConfig, workers: int, sandbox_run_id: str) -> "GroupRunner":
+    def build(cls, cfg: EvalConfig, workers: int) -> "GroupRunner":
         """A worker's own environment and clients, made from the run definition (its
-        sandboxes carry the run's label `sandbox_run_id`)."""
+        sandboxes carry the run's label, `cfg.sandbox_run_id`: from the definition, never
+        from this process's environment)."""
         from sandboxes import labels
 
         from runner.setup import load_run_env, make_run_clients
 
-        labels.set_run_id(sandbox_run_id)
+        if not cfg.sandbox_run_id:
+            raise ValueError("a worker's run definition names no sandbox label (sandbox_run_id)")
+        labels.set_run_id(cfg.sandbox_run_id)
         share = per_worker_concurrency(cfg, workers)
         env = load_run_env(cfg, concurrency=share if share > 0 else None)
         clients = make_run_clients(cfg, env, check=False)  # the runner checked the endpoints once

@@ -53,12 +53,12 @@ class GroupWorker:
     """One worker of a hosted run (a Ray actor; see `_actor_class`): a `GroupRunner`
     on its node."""
 
-    def __init__(self, cfg_json: str, sandbox_run_id: str, workers: int):
+    def __init__(self, cfg_json: str, workers: int):
         import socket
 
         import ray
 
-        self.runner = GroupRunner.build(EvalConfig.model_validate_json(cfg_json), workers, sandbox_run_id)
+        self.runner = GroupRunner.build(EvalConfig.model_validate_json(cfg_json), workers)
         self.where = f"{socket.gethostname()} (node {ray.get_runtime_context().get_node_id()[:12]})"
 
     def ready(self) -> str:
@@ -86,7 +86,7 @@ def alive_nodes() -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
-def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
+def start_actors(cfg: EvalConfig) -> list[Any]:
     """`max(-w, alive nodes)` worker actors, round-robin over the alive nodes (they load
     the environment in the background; `ready()` answers once they have)."""
     import ray
@@ -101,21 +101,21 @@ def start_actors(cfg: EvalConfig, sandbox_run_id: str) -> list[Any]:
     # hard affinity: Ray 2.60 places soft-affinity 0-CPU actors on any node; an actor whose node is gone
     # before it is placed fails like a dead one (its groups go to the others)
     return [Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=False))
-            .remote(cfg_json, sandbox_run_id, n) for i in range(n)]
+            .remote(cfg_json, n) for i in range(n)]
 
 
 LOCAL = "local"  # the job's own process, standing in for the actors until they are ready
 
 
 async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
-                          sandbox_run_id: str, local: GroupRunner | None = None) -> None:
+                          local: GroupRunner | None = None) -> None:
     """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
     awaiting `on_group(rows)` here for every finished group; `local` (the runner's
     environment) runs groups in this process until every actor is ready."""
     from ray.exceptions import (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
                                 RuntimeEnvSetupError)
 
-    started = start_actors(cfg, sandbox_run_id)  # they start in the background, while `local` runs groups
+    started = start_actors(cfg)  # they start in the background, while `local` runs groups
     n = len(started)
     share = per_worker_concurrency(cfg, n)
     groups = GroupDispatcher(inputs, share)

@@ -73,13 +73,13 @@ def new_run(cfg: EvalConfig) -> tuple[str, Path]:
     return rid, run_dir_for(cfg, rid)
 
 
-def resolve_ref(ref: str, flag: str = "--resume") -> tuple[Path, Any]:
+def resolve_ref(ref: str, flag: str = "--resume", db: str | None = None) -> tuple[Path, Any]:
     """A run id / prefix or a results directory -> (results directory, registry row or None)."""
     from runs.registry import AmbiguousRunId, find_run
 
     p = Path(ref).expanduser()
     try:
-        rec = find_run(ref)
+        rec = find_run(ref, db)
     except AmbiguousRunId as exc:
         raise ConfigError(f"{flag} {ref}: {exc}; give more of the id") from None
     if p.is_dir():
@@ -104,7 +104,7 @@ def find_incomplete(cfg: EvalConfig) -> Any:
     not running, with results on disk; None when there is none."""
     from runs.registry import is_hosted, list_runs
 
-    for rec in list_runs(kind=cfg.kind, env_id=cfg.env_id):
+    for rec in list_runs(kind=cfg.kind, env_id=cfg.env_id, path=cfg.runs_db):
         if rec.env_id != cfg.env_id or rec.model != cfg.model or rec.status in ("completed", "running"):
             continue
         if is_hosted(rec) != bool(cfg.hosted):
@@ -155,7 +155,7 @@ def plan_run(cfg: EvalConfig) -> RunPlan:
     rec = None
     if cfg.resume:
         if cfg.resume_path:
-            run_dir, rec = resolve_ref(cfg.resume_path)
+            run_dir, rec = resolve_ref(cfg.resume_path, db=cfg.runs_db)
         else:
             rec = find_incomplete(cfg)
             if rec is None:

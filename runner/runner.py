@@ -63,6 +63,7 @@ def _recorder(cfg: EvalConfig, run_dir: Path, run_id: str | None = None) -> Any:
         return RunRecorder.start(
             kind=cfg.kind, name=cfg.name, env_id=cfg.env_id, model=cfg.model, args=cfg.public_args(),
             output_dir=str(run_dir), run_id=run_id, resume=None if run_id is None else False,
+            db=cfg.runs_db, sandbox_label=cfg.sandbox_run_id,
         )
     except Exception as exc:  # the registry is best-effort; never block an eval on it
         log.warning("run registry unavailable: %s", exc)
@@ -277,11 +278,24 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     return run.result
 
 
+def with_sandbox_label(cfg: EvalConfig) -> EvalConfig:
+    """The definition with its sandboxes' label filled in (the process's own when it names
+    none), and this process labelling its sandboxes with it: the workers and Ray actors it
+    is handed to label theirs the same (`GroupRunner.build`)."""
+    from sandboxes import labels
+
+    if cfg.sandbox_run_id is None:
+        return cfg.model_copy(update={"sandbox_run_id": labels.run_id()})
+    labels.set_run_id(cfg.sandbox_run_id)
+    return cfg
+
+
 class _EvalRun:
     """One eval while `run_eval` drives it: the state its steps share (plan, load, inputs,
     open, generate, settle, finish)."""
 
     def __init__(self, cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int):
+        cfg = with_sandbox_label(cfg)
         self.cfg, self.display, self.idx = cfg, display, idx
         self.result = EvalResult(config=cfg)
         self.progress = display.evals[idx]
@@ -415,20 +429,15 @@ class _EvalRun:
         or in this process's env."""
         cfg, env, clients, todo, watch = self.cfg, self.env, self.clients, self.todo, self.watch
         if cfg.hosted:  # this process is the Ray job of a hosted run: groups go to actors
-            from sandboxes.labels import run_id as sandbox_run_id
-
             from runner.group_runner import GroupRunner
             from runner.ray_workers import generate_on_ray
 
             # this process runs groups on its own environment until the actors are ready
-            return generate_on_ray(cfg, todo, self.on_group, sandbox_run_id(),
-                                   local=GroupRunner(cfg, env, clients, 1, owned=False))
+            return generate_on_ray(cfg, todo, self.on_group, local=GroupRunner(cfg, env, clients, 1, owned=False))
         if cfg.num_workers > 1:
-            from sandboxes.labels import run_id as sandbox_run_id
-
             from runner.workers import generate_in_workers
 
-            return generate_in_workers(cfg, todo, self.on_group, sandbox_run_id(), stop_starting=watch.event.is_set)
+            return generate_in_workers(cfg, todo, self.on_group, stop_starting=watch.event.is_set)
         # the endpoint down: no new rollout starts, those in flight finish (they fail fast if it
         # is still down, or succeed if it came back) and are recorded with their real verdicts
         env.start_gate = lambda: not watch.event.is_set()

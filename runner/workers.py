@@ -97,8 +97,9 @@ def relay_log(fields: dict[str, Any]) -> None:
         logger.handle(record)
 
 
-def worker_main(cfg_json: str, sandbox_run_id: str, conn: Connection) -> None:
-    """Entry point of a worker process (spawned: nothing inherited but the arguments)."""
+def worker_main(cfg_json: str, conn: Connection) -> None:
+    """Entry point of a worker process (spawned: nothing inherited but the arguments; the
+    run definition carries everything it needs, its sandboxes' label included)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the runner decides
     send_lock = threading.Lock()  # one writer at a time on the pipe (log records come from any thread)
     root = logging.getLogger()
@@ -107,7 +108,7 @@ def worker_main(cfg_json: str, sandbox_run_id: str, conn: Connection) -> None:
     root.addHandler(_LogToRunner(conn, send_lock))
     root.setLevel(logging.INFO)
     try:
-        asyncio.run(_serve(EvalConfig.model_validate_json(cfg_json), sandbox_run_id, conn, send_lock))
+        asyncio.run(_serve(EvalConfig.model_validate_json(cfg_json), conn, send_lock))
     except BaseException:  # noqa: BLE001 - report, then exit non-zero
         try:
             with send_lock:
@@ -117,13 +118,13 @@ def worker_main(cfg_json: str, sandbox_run_id: str, conn: Connection) -> None:
         raise SystemExit(1) from None
 
 
-async def _serve(cfg: EvalConfig, sandbox_run_id: str, conn: Connection, send_lock: threading.Lock) -> None:
+async def _serve(cfg: EvalConfig, conn: Connection, send_lock: threading.Lock) -> None:
     from runner.group_runner import GroupRunner
 
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
     loop.add_signal_handler(signal.SIGTERM, me.cancel)  # type: ignore[union-attr]
-    runner = GroupRunner.build(cfg, cfg.num_workers, sandbox_run_id)
+    runner = GroupRunner.build(cfg, cfg.num_workers)
     inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
     def on_readable() -> None:
@@ -202,7 +203,7 @@ class _Worker:
 
 
 async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
-                              sandbox_run_id: str, stop_starting: Callable[[], bool] | None = None) -> None:
+                              stop_starting: Callable[[], bool] | None = None) -> None:
     """Run `inputs` (grouped by example_id) on `cfg.num_workers` worker processes,
     awaiting `on_group(rows)` in this process for every finished group. Once
     `stop_starting()` is true (the model endpoint is down) no group is sent any more: the
@@ -219,7 +220,7 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     cfg_json = cfg.model_dump_json()
     for i in range(cfg.num_workers):
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=worker_main, args=(cfg_json, sandbox_run_id, child), name=f"vf-eval-worker-{i}",
+        proc = ctx.Process(target=worker_main, args=(cfg_json, child), name=f"vf-eval-worker-{i}",
                            daemon=True)  # never outlives the runner (multiprocessing terminates it at exit)
         proc.start()
         child.close()
@@ -281,7 +282,7 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
         killed = await _shut_down(workers, groups, events, on_group,  # endpoint down, nothing held: a plain stop
                                   stopping=groups.remaining > 0 and (groups.holding > 0 or not stopping()))
         if killed:  # a worker that did not stop could not delete its sandboxes: the runner does
-            await asyncio.shield(_delete_left_behind(cfg, sandbox_run_id))
+            await asyncio.shield(_delete_left_behind(cfg))
 
 
 def _send(w: _Worker, msg: dict[str, Any]) -> bool:
@@ -293,11 +294,11 @@ def _send(w: _Worker, msg: dict[str, Any]) -> bool:
         return False
 
 
-async def _delete_left_behind(cfg: EvalConfig, sandbox_run_id: str) -> None:
+async def _delete_left_behind(cfg: EvalConfig) -> None:
     from sandboxes.lifecycle import delete_run_sandboxes
 
     try:
-        n = await delete_run_sandboxes(cfg.backend, cfg.backend_options, sandbox_run_id)
+        n = await delete_run_sandboxes(cfg.backend, cfg.backend_options, cfg.sandbox_run_id)
         if n:
             log.warning("deleted %d sandbox(es) a killed worker left behind", n)
     except Exception as exc:  # noqa: BLE001 - best effort: the reaper gets the rest

@@ -55,6 +55,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from sandboxes.labels import pid_exists, process_start_time, run_id as sandbox_run_id
+from sandboxes.settings import ProcessSettings
 
 log = logging.getLogger("envs." + __name__)  # under the package logger `envs`
 
@@ -68,8 +69,6 @@ _CURRENT_RUN: ContextVar[str | None] = ContextVar("vf_current_run", default=None
 RunKind = Literal["eval", "swe-debug"]
 RunStatus = Literal["running", "completed", "incomplete", "failed", "stopped"]
 END_STATES = ("completed", "incomplete", "failed", "stopped")  # incomplete: infra-error rollouts left (--resume)
-DB_ENV = "VF_RUNS_DB"
-STATE_DIR_ENV = "VF_STATE_DIR"
 SCHEMA_VERSION = 3  # 2: error_kind; 3: scored_rollouts, errored_rollouts, errors_by_kind
 
 _SCHEMA = """
@@ -169,15 +168,16 @@ class RunRecord(BaseModel):
 def state_dir() -> Path:
     """The user's vf-sandbox state directory: `$VF_STATE_DIR`, else
     `$XDG_STATE_HOME/vf-sandbox`, else `~/.local/state/vf-sandbox`."""
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV]).expanduser()
+    configured = ProcessSettings.from_env().state_dir
+    if configured:
+        return Path(configured).expanduser()
     xdg = os.environ.get("XDG_STATE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state") / "vf-sandbox"
 
 
 def db_path(path: str | os.PathLike[str] | None = None) -> Path:
     """The registry file: `path`, else `$VF_RUNS_DB`, else `runs.db` in `state_dir()`."""
-    return Path(path or os.environ.get(DB_ENV) or state_dir() / "runs.db").expanduser().resolve()
+    return Path(path or ProcessSettings.from_env().runs_db or state_dir() / "runs.db").expanduser().resolve()
 
 
 def connect(path: str | os.PathLike[str] | None = None) -> sqlite3.Connection:
@@ -524,6 +524,7 @@ class RunRecorder:
         run_id: str | None = None,
         db: str | os.PathLike[str] | None = None,
         capture_logging: bool = True,
+        sandbox_label: str | None = None,
     ) -> "RunRecorder":
         """Record a run as `running` with this process's pid and start time.
 
@@ -531,7 +532,9 @@ class RunRecorder:
         results.jsonl + metadata.json; swe-debug: its output directory or
         JSONL file). `resume=None` auto-detects a resume: an existing, not
         running row for the same output dir whose dir already holds results.
-        `run_id` defaults to a fresh 12-hex id (`$VF_RUN_ID` if set, once)."""
+        `run_id` defaults to a fresh 12-hex id; `sandbox_label` (the label the run's
+        sandboxes carry) to this process's (`sandboxes.labels.run_id()`)."""
+        label = sandbox_label or sandbox_run_id()
         path = db_path(db)
         out = str(Path(output_dir).expanduser().resolve())
         now = time.time()
@@ -562,7 +565,7 @@ class RunRecorder:
                         "stop_requested_at=NULL, pid=?, pid_start=?, host=?, sandbox_run_id=?, "
                         "attempts=attempts+1, updated_at=?, args=?, "
                         "name=COALESCE(?, name), model=COALESCE(?, model) WHERE id=?",
-                        (pid, pid_start, host, sandbox_run_id(), now, args_json, name, model, rid),
+                        (pid, pid_start, host, label, now, args_json, name, model, rid),
                     )
                 else:
                     rid = run_id or new_run_id()
@@ -574,7 +577,7 @@ class RunRecorder:
                         "host, pid, pid_start, sandbox_run_id, status, started_at, first_started_at, "
                         "updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'running',?,?,?)",
                         (rid, kind, name, env_id, model, args_json, out, log_path, host, pid,
-                         pid_start, sandbox_run_id(), now, now, now),
+                         pid_start, label, now, now, now),
                     )
                 conn.execute("COMMIT")
             except BaseException:
@@ -733,12 +736,7 @@ def _has_results(out: str) -> bool:
 
 
 def new_run_id() -> str:
-    """A fresh run id (12 hex digits; `$VF_RUN_ID` once when set): the registry row's id
-    and the name of the run's results directory."""
-    return _take_env_run_id() or uuid.uuid4().hex[:12]
-
-
-def _take_env_run_id() -> str | None:
-    """`$VF_RUN_ID` (set by the dashboard when it spawns a run), used once."""
-    rid = os.environ.pop("VF_RUN_ID", None)
-    return rid or None
+    """A fresh run id (12 hex digits): the registry row's id and the name of the run's
+    results directory. (A chosen id, such as the dashboard's `$VF_RUN_ID`, travels in the
+    run definition: `EvalConfig.run_id`.)"""
+    return uuid.uuid4().hex[:12]

@@ -34,9 +34,9 @@ class ProcessSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # -- runs and the run registry
-    sandbox_run_id: str | None = Field(None, description="The run id this process labels its sandboxes with (`vf-sandbox.run-id`), so `runs stop` and the reaper find them; set by the hosted runner for its job and actors. Default: a fresh 12-hex id per process.")
-    run_id: str | None = Field(None, description="The registry id a run started by this process takes (set by the dashboard and the hosted runner when they start one); taken once, then removed from the environment.")
-    runs_db: str | None = Field(None, description="The run registry's SQLite file. Default: `runs.db` in the state directory.")
+    sandbox_run_id: str | None = Field(None, description="The run id this process labels its sandboxes with (`vf-sandbox.run-id`), so `runs stop` and the reaper find them. `vf-sandbox eval` / `vf-swe-debug` read it once at start into the run definition (`EvalConfig.sandbox_run_id`), which carries it to their `-w` workers and Ray actors. Default: a fresh 12-hex id per process.")
+    run_id: str | None = Field(None, description="The registry id the first new run of a `vf-sandbox eval` / `vf-swe-debug` takes (set by the dashboard when it starts one); read once at start into the run definition (`EvalConfig.run_id`).")
+    runs_db: str | None = Field(None, description="The run registry's SQLite file (`vf-sandbox eval` / `vf-swe-debug` read it once at start into the run definition, `EvalConfig.runs_db`). Default: `runs.db` in the state directory.")
     state_dir: str | None = Field(None, description="The state directory (run registry). Default: `$XDG_STATE_HOME/vf-sandbox`, else `~/.local/state/vf-sandbox`.")
     log_level: str | None = Field(None, description="Level of the `envs` logger when `setup_logging` is given none. Default: INFO.")
     # -- images and caches
@@ -83,7 +83,7 @@ SET_FOR_PROGRAMS: dict[str, str] = {
     "VF_TASK_JSON": "The task (JSON) of a v1 harness command program (with OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL and ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY of the rollout's interception endpoint).",
     "VF_REPL_CWD": "Working directory of PythonEnv's in-sandbox REPL worker (read inside the sandbox by `envs/sandbox_tools/repl_worker.py`).",
     "VF_SANDBOX_MANAGED": "`1` in every Docker sandbox's environment: how `vf-sandbox sandboxes reap` recognises ours in containerd after an engine lost them.",
-    "VF_RUN_ID, VF_SANDBOX_RUN_ID, VF_RUNS_DB": "Set for the runs the dashboard and the hosted runner start (read by them as above).",
+    "VF_RUN_ID, VF_RUNS_DB": "Set for the runs the dashboard starts (read by their command's entry as above; a hosted run's ids travel in its run definition instead).",
 }
 
 

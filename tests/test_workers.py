@@ -211,7 +211,7 @@ async def test_a_worker_that_does_not_stop_is_killed_and_the_runner_deletes_its_
         assert (await be.list({labels.RUN_ID: rid}))[0].id == sb.id
         killed = await _shut_down([worker], groups, asyncio.Queue(), None, stopping=True, stop_seconds=1)
         assert killed and not proc.is_alive()
-        await _delete_left_behind(types.SimpleNamespace(backend="docker", backend_options={}), rid)
+        await _delete_left_behind(types.SimpleNamespace(backend="docker", backend_options={}, sandbox_run_id=rid))
         assert await be.list({labels.RUN_ID: rid}) == []
     finally:
         labels.set_run_id(old)
