@@ -17,7 +17,10 @@ Two modes, said by `mode` (and by the `forked` flag of each acquire):
 
 * "fork": the prepared filesystem is a snapshot; every `acquire()` creates a fork of it
   when the rollout asks (so a retried rollout gets a fresh fork as well), tracked by the
-  lifecycle like any acquired sandbox (`release` deletes it, `close` whatever is left);
+  lifecycle like any acquired sandbox (`release` deletes it, `close` whatever is left).
+  A fork that cannot be made any more (a cell fork needs room in the source's cell host
+  and its admission window; the snapshot gone) gives that rollout a fresh sandbox
+  (prepared=False) instead of an error;
 * "rollout": the backend (or this kind of sandbox on it) has no snapshots
   (`SnapshotUnsupported`: Kubernetes, Prime, local processes). The prepared sandbox goes
   to the first `acquire()` (prepared=True); every other one is a fresh sandbox of the
@@ -33,6 +36,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Literal
 
+from .errors import ImageNotFound, SandboxCreateError
 from .interface import Sandbox
 from .snapshots import Snapshot
 from .spec import SandboxSpec
@@ -58,6 +62,8 @@ class PreparedGroup:
         """Why the group is in "rollout" mode ("" in "fork" mode)."""
         self.forks = 0
         """Forks made so far (retries included)."""
+        self.fork_failures = 0
+        """Rollouts that asked for a fork and got a fresh sandbox instead (see `acquire`)."""
         self._source = source
         self._closed = False
 
@@ -70,7 +76,15 @@ class PreparedGroup:
             raise RuntimeError("PreparedGroup.acquire() after close()")
         if self.mode == "fork":
             assert self.snapshot is not None
-            sandbox = await self.lifecycle.acquire_fork(self.snapshot)
+            try:
+                sandbox = await self.lifecycle.acquire_fork(self.snapshot)
+            except (ImageNotFound, SandboxCreateError) as exc:
+                # no fork to be had any more (a cell host full, or past its admission window;
+                # the snapshot gone): this rollout gets a fresh sandbox and sets itself up
+                self.fork_failures += 1
+                log.info("fork of snapshot %s failed (%s: %s); this rollout sets up its own sandbox",
+                         self.snapshot.id, type(exc).__name__, exc)
+                return await self.lifecycle.acquire(self.spec, key=key), False
             self.forks += 1
             return sandbox, True
         if self._source is not None:

@@ -276,3 +276,45 @@ async def test_python_env_group_setup_installs_once(python_image, tmp_path):
     tools = [[m["content"] for m in r["completion"] if m.get("role") == "tool"] for r in rows]
     assert tools == [["Out[1]: True"]] * 3, tools
     assert_nothing_left(labels)
+
+
+# --------------------------------------------------------------------------- the v1 harness
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("scope", ["group", "rollout"])
+async def test_v1_harness_setups_once_per_group_with_forks(python_image, scope):
+    from envs.v1 import Env, Harness, Taskset
+
+    labels = unique_labels()
+    ran: list[str] = []
+
+    async def seed(task, state):
+        ran.append(task["example_id"])
+        await state.runtime["sandbox"].write_file("/tmp/seed.txt", f"seed {task['example_id']}\n")
+        state["seeded_for"] = task["example_id"]
+
+    def seeded(task, state) -> float:  # what the group's setup wrote to its state reached every rollout
+        return float(state.get("seeded_for") == task["example_id"])
+
+    rows = [{"prompt": [{"role": "user", "content": f"example {i}"}], "example_id": i} for i in range(2)]
+    env = Env(Taskset(source=rows, setups=[seed], rewards=[seeded]),
+              Harness(program={"base": True}, sandbox={"image": python_image, "labels": labels, "pool_size": 0}))
+    env.set_kwargs(setup_scope=scope)
+    env.set_backend("docker")
+    try:
+        async with ModelServer(group_setup_env.scripted_policy()) as srv:
+            out = await env.evaluate(AsyncOpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=2,
+                                     rollouts_per_example=3, max_concurrent=6)
+    finally:
+        await env.teardown()
+    outs = out["outputs"]
+    assert [r["error"] for r in outs] == [None] * 6 and [r["reward"] for r in outs] == [1.0] * 6
+    assert sorted(ran) == ([0, 1] if scope == "group" else [0, 0, 0, 1, 1, 1])
+    for r in outs:
+        tool = [m["content"] for m in r["completion"] if m.get("role") == "tool"][0]
+        lines = tool.splitlines()  # the seed carried; a sibling's file never seen
+        assert lines == [f"seed {r['example_id']}", "1"], tool
+    if scope == "group":
+        assert [r["metrics"]["sandbox_forked"] for r in outs] == [1.0] * 6
+    assert_nothing_left(labels)

@@ -132,6 +132,12 @@ class SandboxConfig(Config):
     output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0)
     """Bytes of a `bash` tool call's output the model sees (head and tail kept), as
     SandboxEnv's `output_limit_bytes`; also what `program_result` keeps of a command's output."""
+    setup_scope: Literal["rollout", "group"] = "rollout"
+    """Where the harness's `setups` (the taskset's and its own) run: in every rollout, or
+    ("group") once per example in one program sandbox, each rollout of the example's group
+    then getting a fork of it (`sandboxes.group_setup`: files, environment, workdir carried,
+    no process); what those setups write to the state is copied into each rollout's.
+    Without snapshots on the backend: per rollout (warned once)."""
     scope: Literal["rollout", "group", "global"] = "rollout"
     """How long a sandboxed toolset's own sandbox lives, as the reference's
     `SandboxConfig.scope`: one per rollout (deleted with it), per example (group) or one

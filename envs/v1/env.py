@@ -6,7 +6,9 @@ clean up (sandboxes of the harness are deleted there)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import Field, create_model
@@ -125,12 +127,31 @@ class Env(Environment):
             self.set_sandbox_settings(**sandbox)
         super().apply_settings(values)
 
+    @staticmethod
+    def _task_of(input: RolloutInput) -> Task:
+        data = input.get("v1_task") or {k: input[k] for k in ("prompt", "answer", "info", "example_id") if k in input}
+        return Task(data).freeze()
+
+    @contextlib.asynccontextmanager
+    async def group_setup(self, group_inputs: list[RolloutInput], client: Any, model: str,
+                          sampling_args: SamplingArgs | None, sem: Any) -> AsyncIterator[None]:
+        """The harness's sandbox with `setup_scope="group"` (`-x setup_scope=group`): its setups
+        run once per group under one concurrency slot (`Harness.group_setup`), each rollout a fork."""
+        config = self.harness.sandbox
+        if config is None or config.setup_scope != "group" or len(group_inputs) < 2:
+            yield
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            async with (sem if sem is not None else contextlib.nullcontext()):
+                self._admit()
+                await stack.enter_async_context(self.harness.group_setup(self._task_of(group_inputs[0])))
+            yield
+
     async def rollout(self, input: RolloutInput, client: Any, model: str,
                       sampling_args: SamplingArgs | None = None) -> ClassicState:
         from ..clients import make_client
 
-        data = input.get("v1_task") or {k: input[k] for k in ("prompt", "answer", "info", "example_id") if k in input}
-        task = Task(data).freeze()
+        task = self._task_of(input)
         state = State.for_task(task)
         state.runtime.update(client=make_client(client), model=model,
                              sampling_args={**self.sampling_args, **(sampling_args or {})})

@@ -6,7 +6,9 @@ runs its command program, or its callable / `fn` Python program
 (`sandbox_python.py`), in a sandbox of our backend layer
 (from the run's one sandbox lifecycle, `sandboxes.rollouts.RolloutSandboxes`:
 the run's backend unless the sandbox config names one, its warm pool); a child state that borrowed `"sandbox"` reuses the
-parent's. Rewards and metrics are `(task, state) -> float` functions; sync
+parent's. With the sandbox config's `setup_scope="group"`, the `setups` run once per
+example in one sandbox (`group_setup`, which the v1 Env enters around each group) and
+each rollout of the group gets a fork of it, skipping them. Rewards and metrics are `(task, state) -> float` functions; sync
 user code runs in a thread pool (`usercode.py`). A model call that failed and
 was never followed by a successful one is the rollout's error whatever the
 program did with it (`rollout_error`).
@@ -15,12 +17,15 @@ program did with it (`rollout_error`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from sandboxes.errors import ConfigError, UsageError
+from sandboxes.group_setup import PreparedGroup
 from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.spec import SandboxSpec
 
@@ -40,6 +45,13 @@ from .user import user_of
 from .usercode import call_user
 
 log = logging.getLogger(__name__)
+
+# the group being run (setup_scope="group"): its prepared sandbox and what its setups wrote to the state
+_GROUP: contextvars.ContextVar[tuple[PreparedGroup, SandboxSpec, dict[str, Any]] | None] = \
+    contextvars.ContextVar("vf_v1_group", default=None)
+
+
+_MISSING = object()
 
 
 def fn_name(fn: Callable[..., Any]) -> str:
@@ -248,7 +260,7 @@ class Harness:
         of a sandboxed toolset's own sandbox (`config`); the run's isolation either way."""
         config = config if config is not None else self.sandbox
         assert config is not None
-        data = config.model_dump(exclude={"backend", "output_limit_bytes", "pool_size", "scope"})
+        data = config.model_dump(exclude={"backend", "output_limit_bytes", "pool_size", "scope", "setup_scope"})
         if config is self.sandbox:
             data.update(dict(task.get("sandbox") or {}))
         if self.isolation is not None:
@@ -332,7 +344,20 @@ class Harness:
         rt["new_sandbox"] = lambda config: self.sandboxes.acquire(self.sandbox_spec(task, config), hold=False,
                                                                   warm=False)
         state["timing"].generation.start = state["timing"].generation.start or time.time()
+        skip_setups = False
         try:
+            group = _GROUP.get() if self.sandbox is not None and rt.get("sandbox") is None else None
+            if group is not None and group[1] == self.sandbox_spec(task):
+                sandbox, prepared = await group[0].acquire(key=state["trajectory_id"])
+                rt["sandbox"] = sandbox
+                self._owned_sandboxes[state["trajectory_id"]] = sandbox
+                metrics = state.get("metrics")
+                if not isinstance(metrics, dict):
+                    metrics = state["metrics"] = {}
+                metrics["sandbox_forked"] = float(prepared and group[0].mode == "fork")
+                if prepared:  # the group's setups ran in the sandbox this one is a fork of
+                    state.update(group[2])
+                    skip_setups = True
             tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}
             defs = list(rt.get("tool_defs") or []) if tools else []
             for ts in self.toolsets:
@@ -345,7 +370,7 @@ class Harness:
                 defs.append(convert_func_to_tool_def(bash))
             rt["tools"], rt["tool_defs"] = tools, defs
             state["tool_defs"] = [d.model_dump() for d in defs] or None
-            for fn in self.setups:
+            for fn in (() if skip_setups else self.setups):
                 await call_user(self.sync_pool, fn, task, state)
             for ts in self.toolsets:
                 await ts.setup(task, state)
@@ -397,6 +422,45 @@ class Harness:
         state.runtime["sandbox"] = sandbox
         self._owned_sandboxes[state["trajectory_id"]] = sandbox
         return sandbox
+
+    @contextlib.asynccontextmanager
+    async def group_setup(self, task: Task) -> AsyncIterator[None]:
+        """Around one group's rollouts with `setup_scope="group"`: the `setups` run once for
+        `task` in one program sandbox (its state: `State.for_task(task)`, the sandbox in
+        `state.runtime["sandbox"]`), then each rollout run in this block gets a fork. A
+        failed preparation is logged and the rollouts run their setups themselves."""
+        if self.sandbox is None or self.sandbox.setup_scope != "group":
+            yield
+            return
+        spec = self.sandbox_spec(task)
+        updates: dict[str, Any] = {}
+
+        async def prepare(sandbox: Any) -> None:
+            state = State.for_task(task)
+            before = dict(state)
+            state.runtime.update(task=task, sandbox=sandbox)
+
+            async def sandbox_for() -> Any:
+                return sandbox
+
+            state.runtime["sandbox_for"] = sandbox_for
+            for fn in self.setups:
+                await call_user(self.sync_pool, fn, task, state)
+            updates.update({k: v for k, v in state.items() if before.get(k, _MISSING) is not v
+                            and k not in ("trajectory_id", "timing", "trajectory", "metrics")})
+
+        group: PreparedGroup | None = None
+        try:
+            group = await self.sandboxes.prepare_group(prepare, spec)
+        except Exception as exc:
+            log.warning("v1 group setup failed (%s: %s); each rollout runs its setups", type(exc).__name__, exc)
+        token = _GROUP.set((group, spec, updates) if group is not None else None)
+        try:
+            yield
+        finally:
+            _GROUP.reset(token)
+            if group is not None:
+                await asyncio.shield(group.close())
 
     async def score_group(self, tasks: list[Task], states: list[State]) -> list[State]:
         await score_states(self.rewards, self.metrics, tasks, states, self.sync_pool)
