@@ -63,6 +63,7 @@ SANDBOX = {
     "environment_vars": ({"A": "1"}, SPEC("environment_vars")), "network": (True, SPEC("network")),
     "workdir": ("/work", SPEC("workdir")), "labels": ({"team": "x"}, SPEC("labels")),
     "rollout_isolation": ("namespace", lambda e: e.rollout_isolation), "pool_size": (0, lambda e: e.pool_size),
+    "setup_scope": ("group", lambda e: e.setup_scope),
 }
 HARNESS = lambda field: (lambda e: getattr(e.harness.sandbox, field))  # noqa: E731
 V1 = {
@@ -72,11 +73,12 @@ V1 = {
     "environment_vars": ({"A": "1"}, HARNESS("environment_vars")), "workdir": ("/work", HARNESS("workdir")),
     "labels": ({"team": "x"}, HARNESS("labels")), "pool_size": (0, HARNESS("pool_size")),
     "output_limit_bytes": (1000, HARNESS("output_limit_bytes")), "scope": ("rollout", HARNESS("scope")),
+    "setup_scope": ("group", HARNESS("setup_scope")),
 }
 OPTION = lambda field: (lambda e: getattr(e.options, field))  # noqa: E731
 SWE = {"cpu_cores": (2, OPTION("cpu_cores")), "memory_gb": (3, OPTION("memory_gb")),
        "disk_size_gb": (6, OPTION("disk_size_gb")), "rollout_isolation": ("namespace", OPTION("rollout_isolation")),
-       "timeout_seconds": (60, OPTION("timeout_seconds"))}
+       "timeout_seconds": (60, OPTION("timeout_seconds")), "setup_scope": ("group", OPTION("setup_scope"))}
 
 CASES = {
     "SingleTurnEnv": (single, {**BASE, **MULTI_TURN}),
