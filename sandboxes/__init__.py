@@ -18,18 +18,21 @@ from .errors import (
     SandboxCreateError,
     SandboxNotRunning,
     ServerStartError,
+    SnapshotUnsupported,
     TransferTooLarge,
     UnknownUser,
+    UnsupportedError,
     UsageError,
     UserSwitchUnsupported,
     find_infra_error,
     is_infra_error,
 )
-from .interface import BackgroundProcess, Command, Sandbox, SandboxBackend, SupportsCells
+from .interface import BackgroundProcess, Command, Sandbox, SandboxBackend, SupportsCells, SupportsSnapshots
 from .pool import SandboxPool
 from .registry import backend_names, get_backend, register_backend
 from .results import ExecResult, OutputChunk, ProcessStatus, SandboxInfo
 from .retry import RetryPolicy, retry_infra
+from .snapshots import Snapshot
 from .spec import SandboxSpec
 
 __all__ = [name for name in dir() if not name.startswith("_")]
