@@ -29,7 +29,8 @@ class Opt:
     differs in such a setting); `run_control`: the flag still applies on top of a TOML
     config or a recorded run (`--from-run`, `--resume RUN`); `cli_type` / `cli_default`:
     the flag's own type and default where they are not the field's (JSON text, `-w auto`);
-    `dest`: the flag's parameter name where it is not the field's."""
+    `dest`: the flag's parameter name where it is not the field's; `aliases`: more long
+    forms of the flag."""
 
     flag: str | None = None
     short: str | None = None
@@ -40,6 +41,7 @@ class Opt:
     cli_type: Any = None
     cli_default: Any = None
     dest: str | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Declared:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return tuple(f for f in (self.opt.flag, self.opt.short) if f)
+        return tuple(f for f in (self.opt.flag, *self.opt.aliases, self.opt.short) if f)
 
 
 def declared(*models: type[BaseModel]) -> Iterator[Declared]:
@@ -88,9 +90,10 @@ def without_none(annotation: Any) -> Any:
     return annotation
 
 
-def cli_parameter(d: Declared) -> inspect.Parameter:
+def cli_parameter(d: Declared, show_default: bool = False) -> inspect.Parameter:
     """The typer parameter of a declared flag: a bool field is an on-flag (default False);
-    any other is Optional (None: not given) unless the flag has its own default."""
+    any other is Optional (None: not given) unless the flag has its own default, or
+    (`show_default`) the field's plain default is the flag's (shown in --help)."""
     import typer
 
     kind = d.opt.cli_type if d.opt.cli_type is not None else without_none(d.annotation)
@@ -98,6 +101,8 @@ def cli_parameter(d: Declared) -> inspect.Parameter:
         annotation, default = bool, False
     elif d.opt.cli_default is not None:
         annotation, default = kind, d.opt.cli_default
+    elif show_default and d.default is not PydanticUndefined and d.default is not None:
+        annotation, default = kind, d.default
     else:
         annotation, default = typing.Optional[kind], None
     return inspect.Parameter(d.param, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
@@ -107,6 +112,34 @@ def cli_parameter(d: Declared) -> inspect.Parameter:
 def flags(*models: type[BaseModel]) -> list[Declared]:
     """The declared settings that have a flag."""
     return [d for d in declared(*models) if d.opt.flag]
+
+
+class DeclaredCommand:
+    """A command function as typer sees it: the `positionals()` (typer Arguments), then one
+    option per declared flag of `models()` (flag, short form, help, default; `cli_parameter`).
+    The signature is built on first use (when typer builds the click command), so that
+    mounting a CLI does not import what declares its settings. The function receives every
+    parameter by name (None / False: not given)."""
+
+    def __init__(self, func: Any, models: Any, positionals: Any = list, show_defaults: bool = False):
+        self.func, self.models, self.positionals, self.show_defaults = func, models, positionals, show_defaults
+        self.__name__ = func.__name__
+        self.__doc__ = func.__doc__
+        self._signature: inspect.Signature | None = None
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        if self._signature is None:
+            params = [cli_parameter(d, self.show_defaults) for d in flags(*self.models())]
+            self._signature = inspect.Signature([*self.positionals(), *params])
+        return self._signature
+
+    @property
+    def __annotations__(self) -> dict[str, Any]:  # type: ignore[override]
+        return {p.name: p.annotation for p in self.__signature__.parameters.values()}
+
+    def __call__(self, **options: Any) -> Any:
+        return self.func(**options)
 
 
 def reference_markdown(*sections: tuple[str, type[BaseModel]]) -> str:

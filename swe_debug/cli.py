@@ -19,31 +19,27 @@ run (Docker down, stopped) -- `--resume` continues · 130 Ctrl-C · 143 SIGTERM
 
 from __future__ import annotations
 
-from enum import Enum
+import inspect
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Any
 
 import typer
 
 from runner import exit_codes
+from runner.options import DeclaredCommand
 
 from vfcli.eval_cmd import AUTO_RESUME, OptionalResumeCommand
 
 from .debug import verdict
+from .options import Step, SWEDebugOptions
+
+__all__ = ["Step", "SWEDebugOptions", "app", "env_args", "eval_config", "run"]
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 ENV_ID = "swe-debug"
 MODEL = "none"  # no model is called; the name only appears in the output path and metadata
-
-
-class Step(str, Enum):
-    none = "none"
-    gold_patch = "gold_patch"
-    command = "command"
-    script = "script"
-    oracle = "oracle"  # Harbor tasks (`harbor:<dir>`): solution/solve.sh, then the tests
 
 
 HARBOR_ENV_ID = "harbor-tasks"  # `harbor:<dir>` datasets: Harbor task directories (harbor_tasks.gate)
@@ -71,53 +67,44 @@ def _split_ids(values: list[str] | None) -> list[str]:
     return out
 
 
-@app.command(cls=OptionalResumeCommand)
-def run(
-    dataset: Annotated[str, typer.Argument(help="A .json/.jsonl/.parquet file, a `datasets` save_to_disk dir or a hub name; `harbor:DIR` for Harbor task directories (docs/harbor-tasks.md).")],
-    split: Annotated[str, typer.Option("--split", help="Split of a hub dataset or DatasetDict.")] = "test",
-    dataset_format: Annotated[Optional[str], typer.Option("--dataset-format", help="Published shape of the rows: swe-bench, swe-bench-v5, swe-gym, swe-smith, r2e-gym, swe-rebench or native (default: recognised per row by its columns; see swe_debug/README.md).")] = None,
-    instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", "-i", help="Only these ids (repeat or comma-separate).")] = None,
-    debug_step: Annotated[Step, typer.Option("--debug-step", help="What to do before the tests.")] = Step.gold_patch,
-    debug_command: Annotated[Optional[str], typer.Option("--debug-command", help="Shell command for --debug-step command.")] = None,
-    debug_script_path: Annotated[Optional[Path], typer.Option("--debug-script-path", help="Script for --debug-step script.")] = None,
-    debug_timeout: Annotated[Optional[float], typer.Option("--debug-timeout", help="Seconds for the debug command/script (default: --test-timeout).")] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Instances at once.")] = 4,
-    max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Extra tries of a rollout after a sandbox (infra) error.")] = 2,
-    test_timeout: Annotated[float, typer.Option("--test-timeout", help="Seconds for the test run.")] = 900,
-    timeout_seconds: Annotated[float, typer.Option("--timeout-seconds", help="Seconds for one debug run of an instance.")] = 1800,
-    timeout_minutes: Annotated[float, typer.Option("--timeout-minutes", help="Minutes for the whole run (then it stops: finished rows kept, --resume).")] = 1440,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Base directory of the run (default outputs); results go to OUTPUT_DIR/evals/swe-debug--none/<run>/.")] = None,
-    junit_xml: Annotated[Optional[Path], typer.Option("--junit-xml", help="Write a JUnit XML report here.")] = None,
-    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue a run: its run id or results directory, or, with no value, the newest unfinished run of these flags in the run registry (instances not scored run again).")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="Sandbox backend: docker, local, kubernetes, prime, ...")] = "docker",
-    check_fails_before: Annotated[bool, typer.Option("--check-fails-before", help="Also run without the patch; every FAIL_TO_PASS test must fail there.")] = False,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Gold runs per instance; mixed verdicts are reported `flaky`.")] = 1,
-    no_setup: Annotated[bool, typer.Option("--no-setup", help="Skip the setup step.")] = False,
-    no_tests: Annotated[bool, typer.Option("--no-tests", help="Stop after the debug step.")] = False,
-    output_tail_chars: Annotated[int, typer.Option("--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = 2000,
-    cpu_cores: Annotated[Optional[float], typer.Option("--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).")] = None,
-    memory_gb: Annotated[Optional[float], typer.Option("--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).")] = None,
-    namespace: Annotated[Optional[str], typer.Option("--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD or the Docker config.")] = None,
-    registry: Annotated[Optional[str], typer.Option("--registry", help="Registry host[:port] of SWE-bench instance images: rows without an image field run {registry}/{namespace}/sweb.eval.<arch>.<id> (--namespace default: swebench). Rows naming their image are used as named.")] = None,
-    push_to: Annotated[Optional[str], typer.Option("--push-to", help="Push instance images built here to this registry (host:port or host:port/ns), so other machines, Kubernetes and Ray nodes pull them by name.")] = None,
-    keep_images: Annotated[Optional[int], typer.Option("--keep-images", min=0, help="Disk bound: of the images this run pulls or builds, keep at most N (least recently used removed first; never an image in use or one the run did not make). Default: keep all.")] = None,
-    rollout_isolation: Annotated[Optional[str], typer.Option("--rollout-isolation", help="Each instance in a new container (`container`) or in a cell of a pooled container of its image (`namespace`: private overlay, namespaces, cgroup limits; see README) \\[default: container].")] = None,
-    isolation: Annotated[Optional[str], typer.Option("--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) \\[default: runc].")] = None,
-    name: Annotated[Optional[str], typer.Option("--eval-name", "--name", help="Run name in the run registry (default: the dataset's name and the debug step).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    hosted: Annotated[bool, typer.Option("--hosted", help="Run on a Ray cluster (a Ray job; instances spread over its nodes).")] = False,
-    address: Annotated[Optional[str], typer.Option("--address", help="Hosted: the Ray dashboard address http://HOST:8265 (default $RAY_ADDRESS).")] = None,
-    detach: Annotated[bool, typer.Option("--detach", help="Hosted: submit and return (follow with `vf-sandbox runs logs ID --follow`).")] = False,
-    num_workers: Annotated[int, typer.Option("--num-workers", "-w", min=1, help="Worker processes (local) or at least this many Ray actors (hosted).")] = 1,
-) -> None:
+def _dataset_argument() -> list[inspect.Parameter]:
+    desc = SWEDebugOptions.model_fields["dataset"].description
+    return [inspect.Parameter("dataset", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Argument(..., help=desc))]
+
+
+def _options(o: dict[str, Any]) -> dict[str, Any] | None:
+    """The flags given, validated by their declarations (None: refused, the reason printed)."""
+    from pydantic import ValidationError
+
+    from runner.options import flags
+
+    try:
+        opts = SWEDebugOptions.model_validate({k: v for k, v in o.items() if v is not None})
+    except ValidationError as exc:
+        by_name = {d.name: "/".join(d.flags) for d in flags(SWEDebugOptions)}
+        for e in exc.errors():
+            where = by_name.get(str(e["loc"][0]), str(e["loc"][0])) if e["loc"] else "?"
+            typer.secho(f"error: {where}: {e['msg']}", fg=typer.colors.RED, err=True)
+        return None
+    return dict(opts)  # the fields as declared (Step, Path values kept)
+
+
+def run(**o: Any) -> None:
     """Run the debug step and the tests for every selected instance and report which are valid.
 
     Exit codes: 0 every instance valid · 1 some instance invalid (or a row malformed) · 2 usage error ·
     3 incomplete: instances ended in sandbox / env errors or were not run (Docker down, stopped;
     continue with --resume) · 130 / 143 interrupted (SIGINT / SIGTERM). The same codes as
     `vf-sandbox eval`."""
-    a = dict(locals())
+    a = _options(o)
+    if a is None:
+        raise typer.Exit(2)
     raise typer.Exit(exit_codes.run_with_signal_codes(lambda: _main(**a)))
+
+
+# the flags are SWEDebugOptions' declared fields (swe_debug/options.py), generated, never listed here
+app.command(cls=OptionalResumeCommand)(DeclaredCommand(run, lambda: (SWEDebugOptions,), _dataset_argument,
+                                                       show_defaults=True))
 
 
 def env_args(a: dict[str, Any]) -> dict[str, Any]:
@@ -172,8 +159,10 @@ def _main(**a: Any) -> int:
 
     from rich.console import Console
 
+    from runner.config import with_process_settings
     from runner.runner import run_evals
     from sandboxes import ConfigError, UsageError
+    from sandboxes.settings import ProcessSettings
     from sandboxes.lifecycle import reap_in_background
 
     from .env import load_environment
@@ -181,8 +170,9 @@ def _main(**a: Any) -> int:
     if _is_harbor(a["dataset"]):
         from harbor_tasks import load_environment
     console = Console(stderr=True)
+    settings = ProcessSettings.from_env()  # the process environment, read once here and carried by the definition
     try:
-        cfg = eval_config(a)
+        (cfg,) = with_process_settings([eval_config(a)], settings)
         # load once here so that bad usage (a missing file, unknown ids, a step without its
         # command) exits 2 before any run is recorded; the runner loads it again
         probe = load_environment(**cfg.env_args)

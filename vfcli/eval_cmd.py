@@ -57,36 +57,23 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-class _DeclaredCommand:
+def _eval_models() -> tuple[Any, ...]:
+    from runner.config import SETTING_MODELS
+
+    return SETTING_MODELS
+
+
+def _env_ids() -> list[inspect.Parameter]:
+    return [inspect.Parameter("env_id_or_path", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]],
+                              default=typer.Argument(None, help="Environment ID(s) or path to a TOML config"))]
+
+
+def _DeclaredCommand(func: Callable[..., None]) -> Any:
     """`eval_command` as typer sees it: the positional environment ids, then one option per
-    declared setting (`runner.config.SETTING_MODELS`: flag, short form, help, default).
-    The signature is built on first use (when typer builds the click command), so that
-    mounting the CLI does not import the eval package."""
+    declared setting (`runner.config.SETTING_MODELS`: flag, short form, help, default)."""
+    from runner.options import DeclaredCommand
 
-    def __init__(self, func: Callable[..., None]):
-        self.func = func
-        self.__name__ = func.__name__
-        self.__doc__ = func.__doc__
-        self._signature: inspect.Signature | None = None
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        if self._signature is None:
-            from runner.config import SETTING_MODELS
-            from runner.options import cli_parameter, flags
-
-            env_ids = inspect.Parameter(
-                "env_id_or_path", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]],
-                default=typer.Argument(None, help="Environment ID(s) or path to a TOML config"))
-            self._signature = inspect.Signature([env_ids, *(cli_parameter(d) for d in flags(*SETTING_MODELS))])
-        return self._signature
-
-    @property
-    def __annotations__(self) -> dict[str, Any]:  # type: ignore[override]
-        return {p.name: p.annotation for p in self.__signature__.parameters.values()}
-
-    def __call__(self, **options: Any) -> None:
-        return self.func(**options)
+    return DeclaredCommand(func, _eval_models, _env_ids)
 
 
 RERUN_SIZE = ("num_examples", "rollouts_per_example")
@@ -220,16 +207,21 @@ def eval_command(**o: Any) -> None:
 
     from sandboxes.errors import ConfigError, UsageError
 
+    from sandboxes.settings import ProcessSettings
+
     from envs.errors import MissingKeyError
     from envs.logging_utils import setup_logging
+    from runner.config import with_process_settings
 
     setup_logging("DEBUG" if o["verbose"] else "INFO", log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                   date_format="%H:%M:%S")
     # the run's log file (runs.registry) is a root handler: the CLI's records propagate to it
     logging.getLogger("envs").propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    settings = ProcessSettings.from_env()  # the process environment, read once here and carried by the definitions
     try:
         configs, secrets = _resolve(o)
+        configs = with_process_settings(configs, settings)
         _hosted_or_refused(o, configs, secrets)
     except (ConfigError, UsageError, MissingKeyError) as exc:
         _fail(str(exc))
