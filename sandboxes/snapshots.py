@@ -34,13 +34,19 @@ is dead) unless made with `keep=True`.
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import SandboxCreateError
 from .spec import SandboxSpec
 
+if TYPE_CHECKING:
+    from .interface import Sandbox
+
 SnapshotKind = Literal["image", "layer"]
+LOCAL_REPOSITORY = "vf-sandbox/snapshot"
+"""Where an engine keeps its local snapshot images (`vf-sandbox/snapshot:<id>`): not in any registry."""
 
 
 def new_snapshot_id() -> str:
@@ -65,3 +71,28 @@ class Snapshot(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict, description="Lifecycle and user labels of the snapshot.")
     created_at: float = Field(description="Unix time it was taken.")
     keep: bool = Field(False, description="True: outlives its run (removed only by delete_snapshot).")
+
+
+def in_registry(snapshot: Snapshot) -> bool:
+    """True for an "image" snapshot whose image is a registry reference (pushed), which any
+    host or backend able to pull images can run."""
+    return snapshot.kind == "image" and bool(snapshot.image) and not snapshot.image.startswith(LOCAL_REPOSITORY + ":")
+
+
+# gVisor keeps /tmp in a tmpfs of its own kernel, which no engine commit sees: a snapshot of a
+# gVisor container tars it into the committed layer and labels the snapshot CARRIES_TMP; every
+# backend creating a sandbox of such an image unpacks it there with `restore_tmp`.
+CARRIED_TMP_TAR = "/var/tmp/.vf-snapshot-tmp.tar"
+CARRIES_TMP = "vf-sandbox.snapshot-tmp"
+
+
+async def restore_tmp(sandbox: "Sandbox", snapshot: Snapshot) -> None:
+    """Unpack the /tmp a snapshot carries (label CARRIES_TMP) in a sandbox just made of it;
+    nothing for other snapshots. SandboxCreateError when it cannot (the caller deletes it)."""
+    if snapshot.labels.get(CARRIES_TMP) != "1":
+        return
+    r = await sandbox.exec(["/bin/sh", "-c", f"tar -C /tmp -xf {CARRIED_TMP_TAR} && rm -f {CARRIED_TMP_TAR}"],
+                           timeout=300)
+    if not r.ok:
+        raise SandboxCreateError(f"sandbox {sandbox.id[:12]} of snapshot {snapshot.id}: restoring /tmp failed: "
+                                 f"{r.stderr.strip()[-500:]}")

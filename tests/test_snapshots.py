@@ -412,7 +412,8 @@ async def test_backends_without_snapshots_refuse_naming_themselves(kind, monkeyp
         monkeypatch.delenv(var, raising=False)
     name = kind.split("-")[0]
     async with open_backend(kind) as (backend, base):
-        assert not isinstance(backend, SupportsSnapshots)
+        # kubernetes creates pods of pushed snapshots (test below), without taking any itself
+        assert isinstance(backend, SupportsSnapshots) == (name == "kubernetes")
         label = {CASE: uuid.uuid4().hex[:12]}
         sb = await backend.create(base.model_copy(update={"labels": {**base.labels, **label}}))
         try:
@@ -443,3 +444,39 @@ def test_errors_hierarchy():
 
     assert issubclass(SnapshotUnsupported, UnsupportedError) and issubclass(UserSwitchUnsupported, UnsupportedError)
     assert issubclass(UnsupportedError, UsageError)
+
+
+async def test_kubernetes_creates_pods_of_pushed_snapshots_only(monkeypatch, tmp_path):
+    """Against the contract fake: a pushed snapshot becomes a pod of its registry reference
+    with the snapshot's spec; a snapshot only an engine holds, or a cell's layer, is refused."""
+    from backend_harness import open_backend
+    from sandboxes.snapshots import Snapshot
+
+    for var in ("VF_K8S_CONTEXT", "VF_K8S_NAMESPACE", "VF_K8S_RUNTIME_CLASS", "KUBECONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    async with open_backend("kubernetes") as (backend, base):
+        spec = base.model_copy(update={"memory_gb": 0.75, "cpu_cores": 0.5, "environment_vars": {"FROM": "snap"},
+                                       "workdir": "/tmp", "labels": {CASE: uuid.uuid4().hex[:12]}})
+        ref = "registry.example:5000/team/setup:abc"
+        pushed = Snapshot(id="abc", backend="docker", kind="image", source_id="c0ffee", image=ref, spec=spec,
+                          created_at=time.time())
+        sb = await backend.create_from_snapshot(pushed)
+        try:
+            pod = await backend.api.get_pod(sb.id)
+            container = pod["spec"]["containers"][0]
+            assert container["image"] == ref
+            assert container["resources"]["limits"]["memory"] in (str(int(0.75 * 1024**3)), "768Mi")
+            r = await sb.exec('echo "$FROM"; pwd')
+            assert r.stdout.split() == ["snap", "/tmp"], r
+            assert sb.spec.image == ref and sb.spec.memory_gb == 0.75
+        finally:
+            await sb.delete()
+        local = pushed.model_copy(update={"image": "vf-sandbox/snapshot:abc"})
+        layer = pushed.model_copy(update={"kind": "layer", "image": None})
+        for snap in (local, layer):
+            with pytest.raises(SnapshotUnsupported, match="pushed to a registry"):
+                await backend.create_from_snapshot(snap)
+        with pytest.raises(SnapshotUnsupported, match="no snapshots to push"):
+            await backend.push_snapshot(pushed, "registry.example:5000/x:y")
+        assert await backend.list_snapshots() == [] and await backend.list(spec.labels) == []
+        await backend.delete_snapshot(pushed)  # nothing held: nothing to do, no error

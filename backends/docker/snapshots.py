@@ -24,7 +24,7 @@ Processes, memory and open files are not part of an image: a fork starts with it
 start command only. Under gVisor the commit is the same (runsc writes the container's
 files through to the engine's layer), except for /tmp: gVisor mounts its own tmpfs
 there, inside the sandbox, which no commit sees. So under gVisor /tmp is carried by
-hand: tarred into the container's layer (GVISOR_TMP_TAR) for the commit (then
+hand: tarred into the container's layer (CARRIED_TMP_TAR) for the commit (then
 removed from the source) and unpacked in each fork before it is handed out. /dev/shm
 (a tmpfs under runc and gVisor alike) is never carried.
 """
@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 import aiodocker
 
 from sandboxes import lifecycle
-from sandboxes.errors import ImageNotFound, SandboxCreateError, SandboxNotRunning, SnapshotUnsupported
+from sandboxes.errors import ImageNotFound, SandboxNotRunning, SnapshotUnsupported
 from sandboxes.images import RegistryAuth
 from sandboxes.labels import CREATED_AT, MANAGED, SNAPSHOT_ID, SNAPSHOT_KEEP, SNAPSHOT_OF, SNAPSHOT_SPEC, snapshot_labels
-from sandboxes.snapshots import Snapshot, new_snapshot_id
+from sandboxes.snapshots import CARRIED_TMP_TAR, CARRIES_TMP, LOCAL_REPOSITORY, Snapshot, new_snapshot_id, restore_tmp
 from sandboxes.spec import SandboxSpec
 
 from .engine import _sync_conn
@@ -57,10 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPOSITORY = "vf-sandbox/snapshot"
+REPOSITORY = LOCAL_REPOSITORY
 PUSHED_DIGEST = "vf-sandbox.snapshot-digest"
-GVISOR_TMP_TAR = "/var/tmp/.vf-snapshot-tmp.tar"  # /tmp of a gVisor source, inside the committed layer
-CARRIES_TMP = "vf-sandbox.snapshot-tmp"  # label: the image holds GVISOR_TMP_TAR, forks unpack it
 REMOVE_WAIT = 10.0  # seconds the sync remover waits for a commit in flight / containers going away
 
 
@@ -183,7 +181,7 @@ class DockerSnapshots:
             raise
         finally:
             if CARRIES_TMP in labels:
-                await _quiet_exec(sandbox, ["rm", "-f", GVISOR_TMP_TAR])
+                await _quiet_exec(sandbox, ["rm", "-f", CARRIED_TMP_TAR])
         settled.set()
         snap = Snapshot(id=sid, backend=backend.name, kind="image", source_id=sandbox.id, image=local_image(sid),
                         spec=spec, labels=labels, created_at=float(labels[CREATED_AT]), keep=keep)
@@ -207,28 +205,21 @@ class DockerSnapshots:
         spec = snap.spec.model_copy(update={"image": image, "rollout_isolation": "container"})
         sandbox = await self.backend._create(spec, None)
         self._users.setdefault(snap.id, set()).add(sandbox.id)
-        if snap.labels.get(CARRIES_TMP) == "1":
-            try:
-                await self._restore_tmp(sandbox)
-            except BaseException:
-                await asyncio.shield(sandbox.delete())
-                raise
+        try:
+            await restore_tmp(sandbox, snap)
+        except BaseException:
+            await asyncio.shield(sandbox.delete())
+            raise
         return sandbox
 
     @staticmethod
     async def _save_tmp(sandbox: "Sandbox") -> None:
         """gVisor: /tmp (the sandbox kernel's own tmpfs) into the container's layer, for the commit."""
-        r = await sandbox.exec(["tar", "-C", "/tmp", "-cf", GVISOR_TMP_TAR, "."], timeout=300)
+        r = await sandbox.exec(["tar", "-C", "/tmp", "-cf", CARRIED_TMP_TAR, "."], timeout=300)
         if not r.ok:
             raise SandboxNotRunning(f"cannot snapshot {sandbox.id[:12]}: saving /tmp (gVisor keeps it outside the "
                                     f"container's layer) failed: {r.stderr.strip()[-500:]}")
 
-    @staticmethod
-    async def _restore_tmp(sandbox: "Sandbox") -> None:
-        r = await sandbox.exec(["/bin/sh", "-c", f'tar -C /tmp -xf {GVISOR_TMP_TAR} && rm -f {GVISOR_TMP_TAR}'],
-                               timeout=300)
-        if not r.ok:
-            raise SandboxCreateError(f"fork {sandbox.id[:12]}: restoring /tmp failed: {r.stderr.strip()[-500:]}")
 
     async def sandbox_deleted(self, container_id: str) -> None:
         """A container of ours is gone: remove the released snapshot it was the last user of."""

@@ -22,6 +22,10 @@ with the dropped agent.
 
 Delete is grace 0; `delete_many` uses deletecollection by label selector;
 `reap` deletes sandboxes whose owner died or that expired.
+
+Snapshots: a pod's filesystem cannot be committed through the Kubernetes API, so
+`snapshot()` / `fork()` raise SnapshotUnsupported; `create_from_snapshot` makes a
+pod of a snapshot pushed to a registry (a docker snapshot + `push_snapshot`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from sandboxes.agent.client import AgentChannel, AgentConnection
 from sandboxes.agent.protocol import bootstrap_argv
 from sandboxes.ratelimit import RateLimiter
 from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError, SnapshotUnsupported
+from sandboxes.images import RegistryAuth
 from sandboxes.results import SandboxInfo
+from sandboxes.snapshots import Snapshot, in_registry, restore_tmp
 from sandboxes.spec import SandboxSpec, refuse_namespace
 
 from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
@@ -95,8 +101,8 @@ class KubeSandbox(RemoteAgentSandbox):
         container in the pod or exec API; the fake speaks the same API)."""
         raise SnapshotUnsupported(
             "the kubernetes backend cannot snapshot or fork a sandbox: the Kubernetes API has no way to commit a "
-            "pod's filesystem. Snapshot a docker sandbox, push_snapshot it to a registry, and run pods of that image "
-            "(SandboxSpec(image=<the pushed reference>))")
+            "pod's filesystem. Snapshot a docker sandbox, push_snapshot it to a registry, and create pods of it "
+            "with create_from_snapshot")
 
     async def _ensure(self) -> None:
         """Reconnect the agent once after a dropped stream, if the pod still runs."""
@@ -167,6 +173,38 @@ class KubernetesBackend:
                     self._api = KubeApi(conn, self.config)
                     self._status = StatusBatcher(self._api, mf.selector({lc.RUN_ID: lc.run_id()}))
         return self._api
+
+    # -- snapshots (SupportsSnapshots): pods of pushed snapshots; the cluster takes none itself
+    async def create_from_snapshot(self, snapshot: Snapshot) -> KubeSandbox:
+        """A pod of a pushed "image" snapshot (`push_snapshot` on the docker backend): its
+        registry reference, with the snapshot's spec (limits, isolation, environment, workdir,
+        user). A snapshot only a docker engine holds, or a cell's layer, is refused
+        (SnapshotUnsupported): the cluster can pull only what a registry has."""
+        if not in_registry(snapshot):
+            raise SnapshotUnsupported(
+                f"the kubernetes backend creates pods only of snapshots pushed to a registry; snapshot {snapshot.id} "
+                f"is a {snapshot.kind!r} snapshot at {snapshot.image or 'its cell host'}: push_snapshot it (docker "
+                "backend) to a registry the cluster can pull from")
+        spec = snapshot.spec.model_copy(update={"image": snapshot.image, "rollout_isolation": "container"})
+        sandbox = await self.create(spec)
+        try:
+            await restore_tmp(sandbox, snapshot)
+        except BaseException:
+            await asyncio.shield(sandbox.delete())
+            raise
+        return sandbox
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Nothing to do: the cluster holds no snapshot (a pushed one's registry copy is not ours)."""
+
+    async def list_snapshots(self, labels: dict[str, str] | None = None) -> list[Snapshot]:
+        """Always empty: the cluster holds no snapshot."""
+        return []
+
+    async def push_snapshot(self, snapshot: Snapshot, target: str, auth: RegistryAuth | None = None) -> Snapshot:
+        """Refused: the cluster holds no snapshot to push (push from the docker backend)."""
+        raise SnapshotUnsupported("the kubernetes backend has no snapshots to push: push_snapshot on the docker "
+                                  "backend that made it")
 
     # -- create
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> KubeSandbox:
