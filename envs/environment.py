@@ -927,117 +927,62 @@ class Environment(ABC):
         messages (default: the env's logger). `push_to_hf_hub` (with
         `save_results`) pushes the rows to the Hugging Face Hub dataset
         `hf_hub_dataset_name`."""
-        from .clients import ClientConfig, make_client
-
         client = client if client is not None else self.client
         model = model if model is not None else self.model
-        if self.requires_model and (client is None or model is None):
-            raise TypeError(f"{type(self).__name__}.generate() needs a client and a model "
-                            "(none given here or to the constructor)")
-        if push_to_hf_hub and not hf_hub_dataset_name:
-            raise ValueError("push_to_hf_hub needs hf_hub_dataset_name (the Hub dataset to push to)")
+        self._check_generate_args(client, model, push_to_hf_hub, hf_hub_dataset_name)
         log_message = on_log or self.logger.info
         self._register_atexit()
-        rows = [self._to_input(r) if "prompt" in r and "example_id" in r else r for r in _rows_of(inputs)]
-        if rows and any("example_id" not in r for r in rows):
-            rows = [self._to_input(r) for r in self._format_rows(rows)]
-        owned_clients: list[Client] = []
-        if isinstance(client, ClientConfig):
-            clients = [make_client(c) for c in client.replicas()]
-            owned_clients = clients
-        elif isinstance(client, (list, tuple)):
-            clients = [make_client(c) for c in client]  # replicas, round-robin per group
-        else:
-            clients = [make_client(client)]
+        rows = self._rollout_inputs(inputs)
+        clients, owned_clients = _clients_of(client)
         groups: dict[Any, list[RolloutInput]] = {}
         for r in rows:
             groups.setdefault(r["example_id"], []).append(r)  # type: ignore[index]
-        total = len(rows)
-        limit = max_concurrent if max_concurrent and max_concurrent > 0 else 0
-        sem = asyncio.Semaphore(limit) if limit else None
-        scoring_sem = asyncio.Semaphore(max_concurrent_scoring) if max_concurrent_scoring and max_concurrent_scoring > 0 else None
-        generation_done = asyncio.Event()
-        if interleave_scoring:
-            generation_done.set()
-        progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
-        writer = None
-        if save_results and results_path is not None:
-            from .results_file import ResultsWriter
-
-            writer = ResultsWriter(results_path)
-            writer.open()
-            log_message(f"Saving results to {results_path}")
+        writer = _open_results_file(results_path, log_message) if save_results and results_path is not None else None
         if on_start is not None:
-            on_start(total)
-        outputs: list[RolloutOutput] = []
+            on_start(len(rows))
+        run = _GroupsRun(self, clients, model, sampling_args, writer=writer, total=len(rows), n_groups=len(groups),
+                         max_concurrent=max_concurrent, max_concurrent_scoring=max_concurrent_scoring,
+                         max_retries=max_retries, independent_scoring=independent_scoring,
+                         interleave_scoring=interleave_scoring, state_columns=state_columns, on_group=on_group,
+                         on_progress=on_progress)
         t0 = time.time()
-
-        remaining = [len(groups)]
-
-        async def do_group(i: int, group: list[RolloutInput]) -> None:
-            c = clients[i % len(clients)]
-            try:
-                states = await self.run_group(
-                    group, c, model, sampling_args, sem=sem, max_retries=max_retries,
-                    independent_scoring=independent_scoring, score=interleave_scoring, scoring_sem=scoring_sem,
-                )
-            except RolloutNotStarted:  # the run stopped starting rollouts: this group is not run
-                if not interleave_scoring:
-                    remaining[0] -= 1
-                    if remaining[0] == 0:
-                        generation_done.set()
-                return
-            if not interleave_scoring:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    generation_done.set()
-                await generation_done.wait()
-                await self._finish_states(states, scoring_sem)
-            rows_out = [state_to_output(s, state_columns) for s in states]
-            outputs.extend(rows_out)
-            if writer is not None:
-                writer.append(rows_out)
-            if on_group is not None:
-                res = on_group(rows_out)
-                if hasattr(res, "__await__"):
-                    await res
-            for cb in progress_cbs:
-                res = cb(outputs, total)
-                if hasattr(res, "__await__"):
-                    await res
-
         try:
-            await gather_or_cancel(do_group(i, g) for i, g in enumerate(groups.values()))
+            await gather_or_cancel(run.group(i, g) for i, g in enumerate(groups.values()))
         finally:
             if writer is not None:
                 writer.close()
-            for c in owned_clients:
-                try:
-                    await c.close()
-                except Exception:
-                    pass
-        elapsed_ms = (time.time() - t0) * 1000
-        n_examples = len(groups)
+            await _close_quietly(owned_clients)
         metadata = self.build_metadata(
-            outputs,
-            model=model,
-            base_url=",".join(c.base_url for c in clients),
-            num_examples=n_examples,
-            rollouts_per_example=(total // n_examples) if n_examples else 0,
-            sampling_args=sampling_args or {},
-            time_ms=elapsed_ms,
-            state_columns=state_columns or [],
-            path_to_save=str(results_path or ""),
-            shuffle=shuffle,
-            shuffle_seed=((0 if shuffle_seed is None else shuffle_seed) if shuffle else None),
+            run.outputs, model=model, base_url=",".join(c.base_url for c in clients), num_examples=len(groups),
+            rollouts_per_example=(len(rows) // len(groups)) if groups else 0, sampling_args=sampling_args or {},
+            time_ms=(time.time() - t0) * 1000, state_columns=state_columns or [], path_to_save=str(results_path or ""),
+            shuffle=shuffle, shuffle_seed=((0 if shuffle_seed is None else shuffle_seed) if shuffle else None),
         )
         if writer is not None:
             writer.write_metadata(metadata)
             log_message(f"Saved final results to {results_path}")
         if push_to_hf_hub and save_results:
-            self._push_to_hf_hub(outputs, hf_hub_dataset_name)  # type: ignore[arg-type]
-            log_message(f"Pushed {len(outputs)} rows to the Hugging Face Hub dataset {hf_hub_dataset_name}")
-        return {"outputs": outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+            self._push_to_hf_hub(run.outputs, hf_hub_dataset_name)  # type: ignore[arg-type]
+            log_message(f"Pushed {len(run.outputs)} rows to the Hugging Face Hub dataset {hf_hub_dataset_name}")
+        return {"outputs": run.outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+
+    def _check_generate_args(self, client: Any, model: str | None, push_to_hf_hub: bool,
+                             hf_hub_dataset_name: str | None) -> None:
+        """`generate`'s arguments that cannot run: no client or model for an env that needs
+        one (TypeError), a Hub push without a dataset name (ValueError)."""
+        if self.requires_model and (client is None or model is None):
+            raise TypeError(f"{type(self).__name__}.generate() needs a client and a model "
+                            "(none given here or to the constructor)")
+        if push_to_hf_hub and not hf_hub_dataset_name:
+            raise ValueError("push_to_hf_hub needs hf_hub_dataset_name (the Hub dataset to push to)")
+
+    def _rollout_inputs(self, inputs: Any) -> list[RolloutInput]:
+        """`generate`'s inputs as rollout inputs: rows already formatted (a prompt and an
+        example_id) as they are, dataset rows formatted first."""
+        rows = [self._to_input(r) if "prompt" in r and "example_id" in r else r for r in _rows_of(inputs)]
+        if rows and any("example_id" not in r for r in rows):
+            rows = [self._to_input(r) for r in self._format_rows(rows)]
+        return rows  # type: ignore[return-value]
 
     @staticmethod
     def _push_to_hf_hub(outputs: list[RolloutOutput], dataset_name: str) -> None:
@@ -1118,6 +1063,100 @@ class Environment(ABC):
 
     def evaluate_sync(self, client: Any = None, model: str | None = None, **kwargs: Any) -> GenerateOutputs:
         return asyncio.run(self.evaluate(client, model, **kwargs))
+
+
+def _clients_of(client: Any) -> tuple[list[Client], list[Client]]:
+    """(the clients `generate` uses, those it made and must close): a ClientConfig's
+    replicas (made here), a list of replicas (round-robin per group) or one client."""
+    from .clients import ClientConfig, make_client
+
+    if isinstance(client, ClientConfig):
+        clients = [make_client(c) for c in client.replicas()]
+        return clients, clients
+    if isinstance(client, (list, tuple)):
+        return [make_client(c) for c in client], []
+    return [make_client(client)], []
+
+
+async def _close_quietly(clients: list[Client]) -> None:
+    for c in clients:
+        try:
+            await c.close()
+        except Exception:
+            pass
+
+
+def _open_results_file(results_path: Any, log_message: Callable[[str], Any]) -> Any:
+    from .results_file import ResultsWriter
+
+    writer = ResultsWriter(results_path)
+    writer.open()
+    log_message(f"Saving results to {results_path}")
+    return writer
+
+
+class _GroupsRun:
+    """The groups of one `generate` call: each group runs (`Environment.run_group`, under
+    the call's concurrency limits), is scored (with its rollouts, or once every group has
+    generated when scoring is not interleaved) and its rows are delivered: appended to the
+    results file, then `on_group(rows)`, then `on_progress(all rows so far, total)`."""
+
+    def __init__(self, env: "Environment", clients: list[Client], model: str | None,
+                 sampling_args: SamplingArgs | None, *, writer: Any, total: int, n_groups: int, max_concurrent: int,
+                 max_concurrent_scoring: int, max_retries: int | None, independent_scoring: bool,
+                 interleave_scoring: bool, state_columns: list[str] | None, on_group: GroupCallback | None,
+                 on_progress: Callable[..., Any] | list[Callable[..., Any]] | None):
+        self.env, self.clients, self.model, self.sampling_args = env, clients, model, sampling_args
+        self.writer, self.total, self.remaining = writer, total, n_groups
+        self.max_retries, self.independent_scoring = max_retries, independent_scoring
+        self.interleave_scoring, self.state_columns, self.on_group = interleave_scoring, state_columns, on_group
+        limit = max_concurrent if max_concurrent and max_concurrent > 0 else 0
+        self.sem = asyncio.Semaphore(limit) if limit else None
+        self.scoring_sem = (asyncio.Semaphore(max_concurrent_scoring)
+                            if max_concurrent_scoring and max_concurrent_scoring > 0 else None)
+        self.generation_done = asyncio.Event()
+        if interleave_scoring:
+            self.generation_done.set()
+        self.progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
+        self.outputs: list[RolloutOutput] = []
+
+    async def group(self, i: int, group: list[RolloutInput]) -> None:
+        """Run, score and deliver group number `i` (on client `i` round-robin)."""
+        c = self.clients[i % len(self.clients)]
+        try:
+            states = await self.env.run_group(
+                group, c, self.model, self.sampling_args, sem=self.sem, max_retries=self.max_retries,
+                independent_scoring=self.independent_scoring, score=self.interleave_scoring,
+                scoring_sem=self.scoring_sem,
+            )
+        except RolloutNotStarted:  # the run stopped starting rollouts: this group is not run
+            self._generated()
+            return
+        if not self.interleave_scoring:
+            self._generated()
+            await self.generation_done.wait()
+            await self.env._finish_states(states, self.scoring_sem)
+        await self._deliver([state_to_output(s, self.state_columns) for s in states])
+
+    def _generated(self) -> None:
+        """One group less to generate (scoring after generation starts once none is left)."""
+        if not self.interleave_scoring:
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.generation_done.set()
+
+    async def _deliver(self, rows_out: list[RolloutOutput]) -> None:
+        self.outputs.extend(rows_out)
+        if self.writer is not None:
+            self.writer.append(rows_out)
+        if self.on_group is not None:
+            res = self.on_group(rows_out)
+            if hasattr(res, "__await__"):
+                await res
+        for cb in self.progress_cbs:
+            res = cb(self.outputs, self.total)
+            if hasattr(res, "__await__"):
+                await res
 
 
 def overlong(exc: BaseException) -> bool:
