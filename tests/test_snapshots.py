@@ -121,7 +121,11 @@ async def test_forks_are_isolated_and_the_source_keeps_running(env):
     assert sorted(listing) == ["late.txt", "setup.txt"]
     assert (await source.read_file("/tmp/state/setup.txt")) == b"prepared"
     assert await source.alive()
-    for fork in forks:
+    (grandchild,) = await forks[0].fork(1)  # a fork of a fork: both generations' writes, nothing else
+    assert (await grandchild.exec(LS + " /tmp/state")).stdout.split() == ["fork-0.txt", "setup.txt"]
+    await grandchild.write_file("/tmp/state/fork-0.txt", "grandchild")
+    assert (await forks[0].read_file("/tmp/state/fork-0.txt")) == b"0"
+    for fork in [*forks, grandchild]:
         await fork.delete()
     assert (await source.exec("cat /tmp/state/late.txt")).stdout == "after the fork"
 

@@ -790,7 +790,9 @@ class DockerBackend:
             cell = self.cells.cell(sandbox_id)
             if cell is None or cell.connection.dead is not None:
                 raise SandboxNotRunning(f"cell {sandbox_id} is not open in this process")
-            return cell.another_handle()
+            handle = cell.another_handle()
+            handle.snapshot_backend = self
+            return handle
         docker = await self._client()
         try:
             async with self._api("inspect container"):

@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 import urllib.parse
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import aiodocker
@@ -168,7 +169,7 @@ class DockerSnapshots:
             async with backend._api("commit container"):
                 await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.add_done_callback(lambda _: (settled.set(), asyncio.ensure_future(self._remove(sid))))
+            task.add_done_callback(partial(self._discard_commit, sid, settled))
             raise
         except aiodocker.DockerError as exc:
             settled.set()
@@ -188,6 +189,20 @@ class DockerSnapshots:
         if not keep:
             self._made[sid] = snap
         return snap
+
+    def _discard_commit(self, sid: str, settled: threading.Event, task: asyncio.Future) -> None:
+        """The caller was cancelled during the commit: remove the image once the engine made it."""
+        settled.set()
+        if task.cancelled() or task.exception() is not None:
+            return
+
+        async def remove() -> None:
+            try:
+                await self._remove(sid)
+            except Exception as exc:  # noqa: BLE001 - best effort: close / cleanup_all / the reaper get it
+                log.warning("could not remove snapshot %s of a cancelled snapshot(): %s", sid, exc)
+
+        asyncio.ensure_future(remove())
 
     # ------------------------------------------------------------ create
     async def create_from(self, snap: Snapshot) -> "Sandbox":
