@@ -1041,6 +1041,37 @@ class CellViolation(Exception):
     """A cell's agent sent what the protocol does not allow: the host ends that cell."""
 
 
+SAFE_INT = 1 << 53  # integers every JSON reader holds exactly
+
+
+def plain_line(line, msg):
+    """True when `line`, which json.loads read as `msg`, reads one way only in any JSON
+    reader, as msg: then `{"cell":N,` + line[1:] is msg re-serialised with the cell's id
+    (without re-encoding megabytes of base64 the agent already wrote in this form). Such
+    a line starts with `{"`; it is ASCII with no whitespace and no escape, so every `"`
+    delimits a string; it holds exactly the strings msg holds (keys and string values,
+    two quotes each: a duplicate key would add at least one); every value is a string, a
+    bool, null, an int below 2**53 or a finite float (no nesting, no NaN). The agent's
+    exec, read and write replies and its chunks are such lines; anything else is
+    re-serialised from msg."""
+    if line[:2] != b'{"' or not line.isascii() or b"\\" in line or b" " in line or b"\t" in line or b"\r" in line:
+        return False
+    strings = len(msg)
+    for value in msg.values():
+        kind = type(value)
+        if kind is str:
+            strings += 1
+        elif kind is int:
+            if not -SAFE_INT < value < SAFE_INT:
+                return False
+        elif kind is float:
+            if value - value != 0:  # inf, nan
+                return False
+        elif not (kind is bool or value is None):
+            return False
+    return line.count(b'"') == 2 * strings
+
+
 class Cell(object):
     """A cell as the host agent sees it. Nothing the cell sends is trusted: the host
     knows which requests it forwarded (`pending`), how much chunk data each may still
@@ -1103,6 +1134,8 @@ class Cell(object):
                                         % (self.pending[rid], rid))
             else:
                 del self.pending[rid]
+        if plain_line(line, msg):  # already the one serialisation of msg: prefix the id, no re-encoding
+            return b"".join((b'{"cell":%d,' % self.cid, memoryview(line)[1:], b"\n"))
         out = {"cell": self.cid}
         out.update(msg)
         return json.dumps(out, separators=(",", ":")).encode() + b"\n"
@@ -1116,8 +1149,12 @@ class Cell(object):
                 raise CellViolation("a line over %d bytes" % self.max_line)
             self.buf += data
             return []
-        first = bytes(self.buf) + data[:cut]
-        del self.buf[:]
+        if self.buf:  # the end of a long line: one more copy of its start, not two
+            self.buf += memoryview(data)[:cut]
+            first = bytes(self.buf)
+            del self.buf[:]
+        else:
+            first = data[:cut]
         parts = data[cut + 1:].split(b"\n")
         tail = parts.pop()
         out = [first] + parts
