@@ -534,51 +534,22 @@ class RunRecorder:
         running row for the same output dir whose dir already holds results.
         `run_id` defaults to a fresh 12-hex id; `sandbox_label` (the label the run's
         sandboxes carry) to this process's (`sandboxes.labels.run_id()`)."""
-        label = sandbox_label or sandbox_run_id()
         path = db_path(db)
         out = str(Path(output_dir).expanduser().resolve())
-        now = time.time()
         pid = os.getpid()
-        pid_start = process_start_time(pid)
-        host = socket.gethostname()
-        args_json = json.dumps(args or {}, default=str, sort_keys=True)
+        owner = _Owner(pid=pid, pid_start=process_start_time(pid), host=socket.gethostname(),
+                       label=sandbox_label or sandbox_run_id(), now=time.time(),
+                       args_json=json.dumps(args or {}, default=str, sort_keys=True))
         with closing(connect(path)) as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                prior = None
-                if resume is not False:
-                    prior = conn.execute(
-                        "SELECT * FROM runs WHERE output_dir=? AND kind=? ORDER BY started_at DESC LIMIT 1",
-                        (out, kind),
-                    ).fetchone()
-                    if prior is not None:
-                        p = _row(prior)
-                        has_results = _has_results(out)
-                        if (p.status == "running" and is_alive(p)) or (resume is None and not has_results):
-                            prior = None
+                prior = None if resume is False else _resumable(conn, out, kind, resume)
                 if prior is not None:
                     rid = prior["id"]
-                    log_path = prior["log_path"]
-                    # started_at stays the run's first start (a resume continues the run)
-                    conn.execute(
-                        "UPDATE runs SET status='running', vanished=0, error=NULL, error_kind=NULL, ended_at=NULL, "
-                        "stop_requested_at=NULL, pid=?, pid_start=?, host=?, sandbox_run_id=?, "
-                        "attempts=attempts+1, updated_at=?, args=?, "
-                        "name=COALESCE(?, name), model=COALESCE(?, model) WHERE id=?",
-                        (pid, pid_start, host, label, now, args_json, name, model, rid),
-                    )
+                    _reopen(conn, rid, owner, name, model)
                 else:
                     rid = run_id or new_run_id()
-                    ldir = logs_dir(path)
-                    ldir.mkdir(parents=True, exist_ok=True)
-                    log_path = str(ldir / f"{rid}.log")
-                    conn.execute(
-                        "INSERT INTO runs (id, kind, name, env_id, model, args, output_dir, log_path, "
-                        "host, pid, pid_start, sandbox_run_id, status, started_at, first_started_at, "
-                        "updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'running',?,?,?)",
-                        (rid, kind, name, env_id, model, args_json, out, log_path, host, pid,
-                         pid_start, label, now, now, now),
-                    )
+                    _insert(conn, rid, owner, path, kind=kind, name=name, env_id=env_id, model=model, out=out)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -722,6 +693,56 @@ class RunRecorder:
 # Libraries that log every request at INFO: only their warnings reach a run's log.
 _CHATTY = ("httpx", "httpcore", "openai", "anthropic", "urllib3", "aiohttp", "asyncio", "hpack",
            "websockets", "docker", "kubernetes", "filelock", "datasets", "fsspec")
+
+
+class _Owner(BaseModel):
+    """Who runs a run now: this process (pid, its start time, host), the label its
+    sandboxes carry, when, and the run's arguments (JSON)."""
+
+    pid: int
+    pid_start: str
+    host: str
+    label: str
+    now: float
+    args_json: str
+
+
+def _resumable(conn: sqlite3.Connection, out: str, kind: str, resume: bool | None) -> sqlite3.Row | None:
+    """The row a start in `out` continues: the newest of that directory and kind, unless it
+    is still running (alive), or `resume` is None (auto) and the directory holds no results."""
+    prior = conn.execute("SELECT * FROM runs WHERE output_dir=? AND kind=? ORDER BY started_at DESC LIMIT 1",
+                         (out, kind)).fetchone()
+    if prior is None:
+        return None
+    p = _row(prior)
+    if (p.status == "running" and is_alive(p)) or (resume is None and not _has_results(out)):
+        return None
+    return prior
+
+
+def _reopen(conn: sqlite3.Connection, rid: str, owner: _Owner, name: str | None, model: str | None) -> None:
+    """A resumed run is `running` again, owned by this process (started_at stays its first start)."""
+    conn.execute(
+        "UPDATE runs SET status='running', vanished=0, error=NULL, error_kind=NULL, ended_at=NULL, "
+        "stop_requested_at=NULL, pid=?, pid_start=?, host=?, sandbox_run_id=?, "
+        "attempts=attempts+1, updated_at=?, args=?, "
+        "name=COALESCE(?, name), model=COALESCE(?, model) WHERE id=?",
+        (owner.pid, owner.pid_start, owner.host, owner.label, owner.now, owner.args_json, name, model, rid),
+    )
+
+
+def _insert(conn: sqlite3.Connection, rid: str, owner: _Owner, path: Path, *, kind: str, name: str | None,
+            env_id: str, model: str | None, out: str) -> None:
+    """A new run's row (`running`), its log file beside the registry."""
+    ldir = logs_dir(path)
+    ldir.mkdir(parents=True, exist_ok=True)
+    conn.execute(
+        "INSERT INTO runs (id, kind, name, env_id, model, args, output_dir, log_path, "
+        "host, pid, pid_start, sandbox_run_id, status, started_at, first_started_at, "
+        "updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'running',?,?,?)",
+        (rid, kind, name, env_id, model, owner.args_json, out, str(ldir / f"{rid}.log"), owner.host, owner.pid,
+         owner.pid_start, owner.label, owner.now, owner.now, owner.now),
+    )
 
 
 def _quiet_libraries(record: logging.LogRecord) -> bool:
