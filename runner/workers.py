@@ -213,10 +213,52 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     if not groups.remaining:
         return
 
+    events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
+    workers = _start_workers(cfg, groups, events)
+
+    def feed(w: _Worker) -> None:
+        if stopping():
+            return
+        for gid, group in groups.take(w):
+            if not _send(w, {"group": gid, "inputs": group}):
+                return  # it died: its EOF arrives as an event, and its groups go back then
+
+    try:
+        while groups.remaining and not (stopping() and not groups.holding):
+            w, msg = await events.get()
+            if msg is None:  # the worker died (or closed its pipe)
+                if not w.gone:
+                    _worker_died(w, groups)  # its groups go back to the queue (WorkerFailed when none is left)
+                    for x in groups.alive:
+                        feed(x)
+            elif msg.get("ready"):
+                groups.ready(w)
+                feed(w)
+            elif "fatal" in msg:
+                w.fatal = msg["fatal"]
+            else:
+                if not groups.finished(w, int(msg["group"])):
+                    continue  # already handed to another worker after a presumed death: never written twice
+                await on_group(msg["rows"])
+                feed(w)
+        for w in workers:
+            if not w.gone:
+                _send(w, {"stop": True})
+    finally:
+        killed = await _shut_down(workers, groups, events, on_group,  # endpoint down, nothing held: a plain stop
+                                  stopping=groups.remaining > 0 and (groups.holding > 0 or not stopping()))
+        if killed:  # a worker that did not stop could not delete its sandboxes: the runner does
+            await asyncio.shield(_delete_left_behind(cfg))
+
+
+def _start_workers(cfg: EvalConfig, groups: GroupDispatcher,
+                   events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]]) -> list[_Worker]:
+    """`cfg.num_workers` worker processes, each handed the run definition and registered with
+    `groups`; what they send arrives on `events` (log records are relayed at once; None: the
+    worker's pipe closed)."""
     ctx = worker_context(cfg)
     loop = asyncio.get_running_loop()
     workers: list[_Worker] = []
-    events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
     cfg_json = cfg.model_dump_json()
     for i in range(cfg.num_workers):
         parent, child = ctx.Pipe(duplex=True)
@@ -241,48 +283,19 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
                 events.put_nowait((w, None))
 
         loop.add_reader(parent.fileno(), readable)
+    return workers
 
-    def feed(w: _Worker) -> None:
-        if stopping():
-            return
-        for gid, group in groups.take(w):
-            if not _send(w, {"group": gid, "inputs": group}):
-                return  # it died: its EOF arrives as an event, and its groups go back then
 
-    try:
-        while groups.remaining and not (stopping() and not groups.holding):
-            w, msg = await events.get()
-            if msg is None:  # the worker died (or closed its pipe)
-                if w.gone:
-                    continue
-                w.gone = True
-                w.proc.join(timeout=5)
-                lost = groups.lost(w)
-                log.warning("worker %d exited (code %s)%s; %d unfinished group(s) go to the other workers",
-                            w.index, w.proc.exitcode, f": {w.fatal.strip().splitlines()[-1]}" if w.fatal else "", len(lost))
-                if not groups.alive:
-                    raise WorkerFailed(f"every worker died; last: worker {w.index} exit {w.proc.exitcode}"
-                                       + (f"\n{w.fatal}" if w.fatal else ""))
-                for x in groups.alive:
-                    feed(x)
-            elif msg.get("ready"):
-                groups.ready(w)
-                feed(w)
-            elif "fatal" in msg:
-                w.fatal = msg["fatal"]
-            else:
-                if not groups.finished(w, int(msg["group"])):
-                    continue  # already handed to another worker after a presumed death: never written twice
-                await on_group(msg["rows"])
-                feed(w)
-        for w in workers:
-            if not w.gone:
-                _send(w, {"stop": True})
-    finally:
-        killed = await _shut_down(workers, groups, events, on_group,  # endpoint down, nothing held: a plain stop
-                                  stopping=groups.remaining > 0 and (groups.holding > 0 or not stopping()))
-        if killed:  # a worker that did not stop could not delete its sandboxes: the runner does
-            await asyncio.shield(_delete_left_behind(cfg))
+def _worker_died(w: _Worker, groups: GroupDispatcher) -> None:
+    """A worker is gone: its unfinished groups go back to the others; WorkerFailed when it was the last."""
+    w.gone = True
+    w.proc.join(timeout=5)
+    lost = groups.lost(w)
+    log.warning("worker %d exited (code %s)%s; %d unfinished group(s) go to the other workers",
+                w.index, w.proc.exitcode, f": {w.fatal.strip().splitlines()[-1]}" if w.fatal else "", len(lost))
+    if not groups.alive:
+        raise WorkerFailed(f"every worker died; last: worker {w.index} exit {w.proc.exitcode}"
+                           + (f"\n{w.fatal}" if w.fatal else ""))
 
 
 def _send(w: _Worker, msg: dict[str, Any]) -> bool:
