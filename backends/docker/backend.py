@@ -239,9 +239,10 @@ class DockerSandbox(AgentSandbox):
 # the overlay's copy-up and whiteouts (DAC_OVERRIDE, MKNOD), chroot into the cell's root,
 # loopback up in its network namespace (NET_ADMIN), switching to the sandbox user (SETUID/GID),
 # emptying the cell's capability bounding set (SETPCAP); the overlay acts on its upper layer with
-# the mounter's credentials, so a chmod / copy-up of a file of the cell's user needs FOWNER / CHOWN
+# the mounter's credentials, so a chmod / copy-up of a file of the cell's user needs FOWNER / CHOWN;
+# the watcher kills a cell's init running as another user (delete, lifetime): KILL
 CELL_HOST_CAPS = ["SYS_ADMIN", "DAC_OVERRIDE", "MKNOD", "SYS_CHROOT", "NET_ADMIN", "SETUID", "SETGID", "SETPCAP",
-                  "FOWNER", "CHOWN"]
+                  "FOWNER", "CHOWN", "KILL"]
 
 
 def cell_host_agent_argv(argv: list[str]) -> list[str]:
