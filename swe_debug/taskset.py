@@ -57,6 +57,15 @@ def between_markers(log: str) -> str:
     return log
 APPLY_TIMEOUT = 60.0
 
+SWE_SANDBOX = SandboxSpec().model_copy(update={
+    "name": "swe-debug", "cpu_cores": 1, "memory_gb": 4, "disk_size_gb": 10,
+    "timeout_per_command_seconds": APPLY_TIMEOUT, "labels": {"vf-swe-debug": "1"}, "network": False, "pids_limit": 4096,
+})
+"""The sandbox of a SWE instance before the instance and the run say more: `SandboxSpec`'s
+defaults with what SWE instances need (more memory and disk, more processes, no network).
+`SWETaskSet.sandbox_spec` adds the instance's image, environment and working directory, the
+run's lifetime and its overrides (cores, memory, disk, labels)."""
+
 
 class ApplyResult(BaseModel):
     """How a patch went in: the first ladder rung that worked, and every attempt's output."""
@@ -192,15 +201,14 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
         *,
         builder: ImageBuilder | None = None,
         name: str | None = None,
-        cpu_cores: float = 1,
-        memory_gb: float = 4,
-        disk_size_gb: float = 10,
+        sandbox: SandboxSpec = SWE_SANDBOX,
     ):
+        """`sandbox`: the defaults of every instance's sandbox (one `SandboxSpec`; see SWE_SANDBOX)."""
         self._instances = list(instances)
         self.builder = builder or ImageBuilder()
         if name:
             self.name = name
-        self.cpu_cores, self.memory_gb, self.disk_size_gb = cpu_cores, memory_gb, disk_size_gb
+        self.sandbox = sandbox
 
     def instances(self) -> list[SWEInstance]:
         return self._instances
@@ -229,21 +237,16 @@ class SWETaskSet(SandboxTaskSet[SWEInstance]):
     def sandbox_spec(self, inst: SWEInstance, prepared: ImageRef | None = None, *, timeout_seconds: float = 1800,
                      cpu_cores: float | None = None, memory_gb: float | None = None,
                      disk_size_gb: float | None = None, labels: dict[str, str] | None = None) -> SandboxSpec:
-        image = prepared.tag if prepared else (inst.image_name or "")
-        return SandboxSpec(
-            image=image,
-            name="swe-debug",
-            cpu_cores=cpu_cores or self.cpu_cores,
-            memory_gb=memory_gb or self.memory_gb,
-            disk_size_gb=disk_size_gb or self.disk_size_gb,
-            timeout_minutes=math.ceil(timeout_seconds / 60) + 10,
-            timeout_per_command_seconds=APPLY_TIMEOUT,
-            environment_vars=self.run_env(inst),
-            labels={"vf-swe-debug": "1", **(labels or {})},
-            workdir=inst.workdir,
-            network=False,
-            pids_limit=4096,
-        )
+        overrides = {k: v for k, v in (("cpu_cores", cpu_cores), ("memory_gb", memory_gb),
+                                       ("disk_size_gb", disk_size_gb)) if v}
+        return SandboxSpec.model_validate({  # validated again: the overrides come from the run's flags
+            **self.sandbox.model_dump(), **overrides,
+            "image": prepared.tag if prepared else (inst.image_name or ""),
+            "timeout_minutes": math.ceil(timeout_seconds / 60) + 10,
+            "environment_vars": {**self.sandbox.environment_vars, **self.run_env(inst)},
+            "labels": {**self.sandbox.labels, **(labels or {})},
+            "workdir": inst.workdir,
+        })
 
     def workdir(self, inst: SWEInstance) -> str:
         return inst.workdir
