@@ -8,7 +8,8 @@ once, and the time to a first command when many rollouts start at once.
     wheelhouse (`sandboxes.wheels`: no network), padded with an idle wait to
     `--setup-seconds` (the real work's share is printed), `--examples` x `--rollouts` at
     `-c`, each rollout one bash call (it imports the installed package) against the
-    scripted model. `setup_scope="group"` (setup once per example, each rollout a fork)
+    scripted model (kept cheap: it checks the install and the files, so the runs differ in
+    their setups only). `setup_scope="group"` (setup once per example, each rollout a fork)
     vs `"rollout"` (the setup in every rollout's sandbox): wall time and the ratio, same
     run, the env's default isolation (`rollout_isolation="auto"`: cells where available).
 (b) burst: `--burst` rollouts ask for a sandbox at the same moment; per rollout the time
@@ -45,6 +46,7 @@ from sandboxes.rollouts import RolloutSandboxes  # noqa: E402
 IMAGE = "vf-sandbox/python:3.11"
 ANCHOR_P50 = 0.11  # s, the fastest commercial provider's published time to first command
 PACKAGE = "pytest"
+FILES = 200  # files the setup writes
 
 
 def wheel_dir() -> Path:
@@ -65,7 +67,7 @@ class SetupHeavyEnv(vf.SandboxEnv):
     """Setup: the wheels uploaded and installed (`pip install --no-index`), `files` files
     written, then an idle wait up to `setup_seconds` in all."""
 
-    def __init__(self, wheels: Path, setup_seconds: float, files: int = 200, **kwargs: Any):
+    def __init__(self, wheels: Path, setup_seconds: float, files: int = FILES, **kwargs: Any):
         super().__init__(**kwargs)
         self.wheels, self.setup_seconds, self.files = wheels, setup_seconds, files
         self.setups: list[float] = []  # seconds of real work per setup
@@ -91,7 +93,7 @@ class SetupHeavyEnv(vf.SandboxEnv):
 def env_policy():
     from testmodel.model_server import Reply, ToolCallSpec
 
-    command = "PYTHONPATH=/tmp/pkgs python3 -c 'import pytest; print(pytest.__version__)'; ls /tmp/tree | wc -l"
+    command = "ls -d /tmp/pkgs/pytest | wc -l; ls /tmp/tree | wc -l"  # the package installed, the files there
 
     def policy(req):
         if req.n_tool_turns() == 0:
@@ -103,8 +105,7 @@ def env_policy():
 
 def installed_and_seeded(completion, state) -> float:
     tool = [m["content"] for m in completion if m.get("role") == "tool"]
-    return float(bool(tool) and len(tool[0].split()) == 2 and tool[0].split()[1].isdigit()
-                 and int(tool[0].split()[1]) > 0)
+    return float(bool(tool) and tool[0].split() == ["1", str(FILES)])
 
 
 async def run_env(scope: str, args: argparse.Namespace, wheels: Path, labels: dict[str, str]) -> dict[str, Any]:

@@ -316,6 +316,7 @@ class SandboxEnv(StatefulToolEnv):
         self.sandboxes = RolloutSandboxes(spec, backend, backend_options,
                                           rollout_isolation=rollout_isolation, pool_size=pool_size,
                                           resolve=self.resolve_spec, backend_options_for=self._with_team)
+        self.sandboxes.set_forks_per_group(self.setup_scope == "group")
         self._rollouts: dict[str, SandboxRollout] = {}  # sandbox id -> live resources
         self.active_sandboxes: set[str] = set()
         self.keep_sandbox_for_scoring = keep_sandbox_for_scoring
@@ -444,8 +445,10 @@ class SandboxEnv(StatefulToolEnv):
         super().apply_settings(values)
 
     def set_setup_scope(self, setup_scope: str) -> None:
-        """"rollout" (setup in every rollout's sandbox) or "group" (once per example, forks)."""
-        self.setup_scope = check_setup_scope(setup_scope)
+        """"rollout" (setup in every rollout's sandbox) or "group" (once per example, forks;
+        the default warm pool is then off: rollouts take forks, not pooled sandboxes)."""
+        self.sandboxes.set_forks_per_group(check_setup_scope(setup_scope) == "group")
+        self.setup_scope = setup_scope
 
     def setup_scope_in_use(self) -> str:
         """What the group setup did: "rollout", "group" (forks), or "rollout (...)" when

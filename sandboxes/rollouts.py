@@ -105,6 +105,9 @@ class RolloutSandboxes:
         self._lock: asyncio.Lock | None = None
         self._held: dict[str, tuple[Sandbox, bool]] = {}  # id -> (sandbox, from the pool)
         self._snapshots: dict[str, tuple[Snapshot, SupportsSnapshots]] = {}  # made here, not released yet
+        self.forks_per_group = False
+        """The rollouts' sandboxes are forks of a group's prepared one (`set_forks_per_group`):
+        no default warm pool."""
         self.group_setup_note: str | None = None
         """Set when a group setup fell back to a setup per rollout: why (no snapshots here)."""
 
@@ -170,6 +173,14 @@ class RolloutSandboxes:
             raise ConfigError("cannot change pool_size after the warm pool was started")
         self.pool_size = pool_size
 
+    def set_forks_per_group(self, forks: bool) -> None:
+        """The run's rollouts get forks of their group's prepared sandbox (`prepare_group`):
+        the default warm pool is off (a rollout never takes from it; idle pooled cells would
+        take the room a cell's forks need in its host). An explicit `pool_size` still applies."""
+        if bool(forks) != self.forks_per_group and self._pool is not None and self.pool_size is None:
+            raise ConfigError("cannot change the setup scope after the warm pool was started")
+        self.forks_per_group = bool(forks)
+
     def set_concurrency(self, concurrency: int | None) -> None:
         """Rollouts run at once: sizes the default warm pool."""
         self.concurrency = None if concurrency is None else max(1, int(concurrency))
@@ -188,7 +199,7 @@ class RolloutSandboxes:
         known (0 before: one creation per rollout)."""
         if self.pool_size is not None:
             return self.pool_size
-        if not self.concurrency:
+        if not self.concurrency or self.forks_per_group:
             return 0
         if self.rollout_isolation_in_use() == "namespace":
             return min(self.cells_per_rollout * self.concurrency, self.cells_per_rollout * self.max_default_pool_size)

@@ -200,6 +200,7 @@ class Harness:
         # the run's sandboxes (backend, warm pool of the program's spec) live in the one lifecycle
         self.sandboxes = RolloutSandboxes(self._lifecycle_spec(), self._backend_choice(None),
                                           pool_size=self.sandbox.pool_size if self.sandbox is not None else 0)
+        self.sandboxes.set_forks_per_group(self.sandbox is not None and self.sandbox.setup_scope == "group")
         self.concurrency: int | None = None  # the run's (set_concurrency); sizes the default warm pool
         self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
 
@@ -283,6 +284,7 @@ class Harness:
         self._refuse_if_pooled(lambda: self.sandbox_spec({}, new), sorted(settings))
         if new.pool_size != self.sandbox.pool_size:
             self.sandboxes.set_pool_size(new.pool_size)
+        self.sandboxes.set_forks_per_group(new.setup_scope == "group")
         self.sandbox = program_sandbox(new)
         self.sandboxes.set_spec(self._lifecycle_spec())
         self.sandboxes.set_backend(self._backend_choice(self.backend_name), self.backend_options)
