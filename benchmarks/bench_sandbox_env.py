@@ -32,7 +32,10 @@ default warm pool then keeps cells ready) against create-per-rollout containers,
 targets >= 5x rollouts/s, create share < 10 %, per-rollout setup p50 <= 20 ms.
 Each cells row runs twice: cold (the clock starts before the cell host exists)
 and warm (`SandboxEnv.warm_up()` first: the host started and the pool full, the
-steady state of a long run). `--cells-only` runs just those six rows.
+steady state of a long run). Then `exec true` p50 in a cell vs a container of the
+same spec (runc, samples interleaved). The last line states issue 24's bar: cells'
+speed-up over a container per rollout (runc, cold and warm, >= 5x) and exec p50 in
+a cell beside a container's. `--cells-only` runs just these rows.
 
     .venv/bin/python benchmarks/bench_sandbox_env.py [--samples 300] [--raw-samples 60] [--rollouts 64] [--json]
 """
@@ -174,6 +177,33 @@ async def cells_rows(args) -> tuple[dict, dict]:
     return evals, ratios
 
 
+async def exec_p50(args, isolation: str = "runc") -> dict:
+    """`exec true` p50 / p95 ms in a cell and in a container of the same spec, same run (samples
+    interleaved in rounds, so a loaded machine moves both alike)."""
+    from backends.docker import DockerBackend
+    from sandboxes import SandboxSpec
+
+    backend = DockerBackend()
+    base = dict(labels={**LABELS, "vf-bench-run": uuid.uuid4().hex[:8]}, memory_gb=0.5,  # the env's image
+                isolation=isolation)
+    samples: dict[str, list[float]] = {"cell": [], "container": []}
+    try:
+        cell = await backend.create(SandboxSpec(**base, rollout_isolation="namespace"))
+        container = await backend.create(SandboxSpec(**base, rollout_isolation="container"))
+        for sb in (cell, container):
+            await sb.exec(["true"])
+        rounds = 10
+        for _ in range(rounds):
+            for name, sb in (("cell", cell), ("container", container)):
+                for _ in range(max(1, args.exec_samples // rounds)):
+                    t0 = time.perf_counter()
+                    await sb.exec(["true"])
+                    samples[name].append(time.perf_counter() - t0)
+    finally:
+        await backend.close()
+    return {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
+
+
 def print_cells(evals: dict, ratios: dict) -> None:
     print("\nrollout isolation (same run): namespace cells vs a container per rollout "
           "(cold: the clock includes starting the cell host and filling the pool; warm: after SandboxEnv.warm_up)")
@@ -185,12 +215,24 @@ def print_cells(evals: dict, ratios: dict) -> None:
               f"setup p50 {r['setup_p50_ms']:.1f} ms (<= 20 ms): {'met' if ok else 'NOT met'}{warm}")
 
 
+def print_bar(ratios: dict, execs: dict) -> None:
+    """Issue 24's acceptance bar, in one place: cells' speed-up over a container per rollout."""
+    cold, warm = ratios["runc"], ratios["runc, warm"]
+    verdict = "met" if min(cold, warm) >= 5 else "NOT met"
+    print(f"\nissue 24 bar: cells' speed-up over a container per rollout (SandboxEnv, runc, same run, >= 5x): "
+          f"cold {cold:.2f}x, warm {warm:.2f}x: {verdict}")
+    cell, container = execs["cell"], execs["container"]
+    print(f"  exec `true` p50 in a cell {cell['p50_ms']:.2f} ms (p95 {cell['p95_ms']:.2f}), in a container "
+          f"{container['p50_ms']:.2f} ms (p95 {container['p95_ms']:.2f}), same run, n={cell['n']} each")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--raw-samples", type=int, default=60)
     ap.add_argument("--rollouts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--exec-samples", type=int, default=300, help="exec `true` samples per side (cell, container)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--eval-only", action="store_true", help="skip the tool round trips")
     ap.add_argument("--cells-only", action="store_true", help="only the rollout-isolation rows (issue 17)")
@@ -200,11 +242,13 @@ async def main() -> None:
 
     if args.cells_only:
         evals, ratios = await cells_rows(args)
+        execs = await exec_p50(args)
         if args.json:
-            print(json.dumps({"eval": evals, "cells_vs_create_ratio": ratios}, indent=2))
+            print(json.dumps({"eval": evals, "cells_vs_create_ratio": ratios, "exec_true": execs}, indent=2))
             return
         print_table(args, evals)
         print_cells(evals, ratios)
+        print_bar(ratios, execs)
         return
     rt = {} if args.eval_only else await round_trips(args)
     base_name, pool_name = "container per rollout, no pool", "env default (auto), default pool"
@@ -219,13 +263,14 @@ async def main() -> None:
                                         rollout_isolation="auto"),
     }
     cells, cell_ratios = await cells_rows(args)
+    execs = await exec_p50(args)
     evals.update(cells)
     ratio = evals[pool_name]["rollouts_per_s"] / evals[base_name]["rollouts_per_s"]
     ratio_lat = evals[pool_name + lat]["rollouts_per_s"] / evals[base_name + lat]["rollouts_per_s"]
     if args.json:
         print(json.dumps({"round_trips": rt, "eval": evals, "pool_vs_create_ratio": ratio,
                           "pool_vs_create_ratio_with_model_latency": ratio_lat,
-                          "cells_vs_create_ratio": cell_ratios}, indent=2))
+                          "cells_vs_create_ratio": cell_ratios, "exec_true": execs}, indent=2))
         return
     if rt:
         agent = rt["paths"]["agent exec `echo hi`"]["p50_ms"]
@@ -245,6 +290,7 @@ async def main() -> None:
     print(f"  model {args.model_latency * 1000:.0f} ms per call:   {ratio_lat:.2f}x  target >= 2x: {'yes' if ratio_lat >= 2 else 'NO'}")
     print(f"  (a warm pool of containers: {container_pool:.2f}x, creation-bound: the pool only moves creation)")
     print_cells(evals, cell_ratios)
+    print_bar(cell_ratios, execs)
 
 
 def print_table(args, evals: dict) -> None:
