@@ -33,6 +33,7 @@ is dead) unless made with `keep=True`.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import TYPE_CHECKING, Literal
 
@@ -86,13 +87,24 @@ CARRIED_TMP_TAR = "/var/tmp/.vf-snapshot-tmp.tar"
 CARRIES_TMP = "vf-sandbox.snapshot-tmp"
 
 
-async def restore_tmp(sandbox: "Sandbox", snapshot: Snapshot) -> None:
-    """Unpack the /tmp a snapshot carries (label CARRIES_TMP) in a sandbox just made of it;
-    nothing for other snapshots. SandboxCreateError when it cannot (the caller deletes it)."""
+def image_spec(snapshot: Snapshot, image: str) -> SandboxSpec:
+    """The spec of a container (pod) of an "image" snapshot: the source's, running `image`."""
+    return snapshot.spec.model_copy(update={"image": image, "rollout_isolation": "container"})
+
+
+async def restore_tmp(sandbox: "Sandbox", snapshot: Snapshot) -> "Sandbox":
+    """`sandbox` (just made of `snapshot`) with the /tmp the snapshot carries (label
+    CARRIES_TMP) unpacked; as it is for other snapshots. When that fails (or the caller is
+    cancelled meanwhile) the sandbox is deleted: SandboxCreateError."""
     if snapshot.labels.get(CARRIES_TMP) != "1":
-        return
-    r = await sandbox.exec(["/bin/sh", "-c", f"tar -C /tmp -xf {CARRIED_TMP_TAR} && rm -f {CARRIED_TMP_TAR}"],
-                           timeout=300)
-    if not r.ok:
-        raise SandboxCreateError(f"sandbox {sandbox.id[:12]} of snapshot {snapshot.id}: restoring /tmp failed: "
-                                 f"{r.stderr.strip()[-500:]}")
+        return sandbox
+    try:
+        r = await sandbox.exec(["/bin/sh", "-c", f"tar -C /tmp -xf {CARRIED_TMP_TAR} && rm -f {CARRIED_TMP_TAR}"],
+                               timeout=300)
+        if not r.ok:
+            raise SandboxCreateError(f"sandbox {sandbox.id[:12]} of snapshot {snapshot.id}: restoring /tmp failed: "
+                                     f"{r.stderr.strip()[-500:]}")
+    except BaseException:
+        await asyncio.shield(sandbox.delete())
+        raise
+    return sandbox

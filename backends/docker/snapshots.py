@@ -46,7 +46,15 @@ from sandboxes import lifecycle
 from sandboxes.errors import ImageNotFound, SandboxNotRunning, SnapshotUnsupported
 from sandboxes.images import RegistryAuth
 from sandboxes.labels import CREATED_AT, MANAGED, SNAPSHOT_ID, SNAPSHOT_KEEP, SNAPSHOT_OF, SNAPSHOT_SPEC, snapshot_labels
-from sandboxes.snapshots import CARRIED_TMP_TAR, CARRIES_TMP, LOCAL_REPOSITORY, Snapshot, new_snapshot_id, restore_tmp
+from sandboxes.snapshots import (
+    CARRIED_TMP_TAR,
+    CARRIES_TMP,
+    LOCAL_REPOSITORY,
+    Snapshot,
+    image_spec,
+    new_snapshot_id,
+    restore_tmp,
+)
 from sandboxes.spec import SandboxSpec
 
 from .engine import _sync_conn
@@ -217,15 +225,9 @@ class DockerSnapshots:
             # $VF_REGISTRY_USERNAME / _PASSWORD, else anonymously; ImageNotFound when it cannot be
             auth = self._auth.get(registry_host(image)) or RegistryAuth.from_env()
             await self.backend.pull_image(image, auth)
-        spec = snap.spec.model_copy(update={"image": image, "rollout_isolation": "container"})
-        sandbox = await self.backend._create(spec, None)
+        sandbox = await self.backend._create(image_spec(snap, image), None)
         self._users.setdefault(snap.id, set()).add(sandbox.id)
-        try:
-            await restore_tmp(sandbox, snap)
-        except BaseException:
-            await asyncio.shield(sandbox.delete())
-            raise
-        return sandbox
+        return await restore_tmp(sandbox, snap)
 
     @staticmethod
     async def _save_tmp(sandbox: "Sandbox") -> None:

@@ -47,7 +47,7 @@ from sandboxes.ratelimit import RateLimiter
 from sandboxes.errors import AgentError, BackendUnavailable, InfraError, SandboxCreateError, SnapshotUnsupported
 from sandboxes.images import RegistryAuth
 from sandboxes.results import SandboxInfo
-from sandboxes.snapshots import Snapshot, in_registry, restore_tmp
+from sandboxes.snapshots import Snapshot, image_spec, in_registry, restore_tmp
 from sandboxes.spec import SandboxSpec, refuse_namespace
 
 from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
@@ -185,14 +185,7 @@ class KubernetesBackend:
                 f"the kubernetes backend creates pods only of snapshots pushed to a registry; snapshot {snapshot.id} "
                 f"is a {snapshot.kind!r} snapshot at {snapshot.image or 'its cell host'}: push_snapshot it (docker "
                 "backend) to a registry the cluster can pull from")
-        spec = snapshot.spec.model_copy(update={"image": snapshot.image, "rollout_isolation": "container"})
-        sandbox = await self.create(spec)
-        try:
-            await restore_tmp(sandbox, snapshot)
-        except BaseException:
-            await asyncio.shield(sandbox.delete())
-            raise
-        return sandbox
+        return await restore_tmp(await self.create(image_spec(snapshot, snapshot.image)), snapshot)
 
     async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
         """Nothing to do: the cluster holds no snapshot (a pushed one's registry copy is not ours)."""
