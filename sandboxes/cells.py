@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .agent.client import AgentConnection, AgentSandbox
+from .agent.protocol import CellOpenRequest
 from .errors import (AgentError, ConfigError, ImageNotFound, InfraError, SandboxCreateError, SandboxNotRunning,
                      SnapshotUnsupported)
 from .interface import Sandbox, create_from_snapshot_many
@@ -273,8 +274,8 @@ class CellHost:
         n = next(self._ids)
         self.open += 1  # before the first await: capacity checks see it at once
         name = f"{spec.name}-c{n}"
-        req: dict[str, Any] = {"op": "cell_open", "cell_id": n, "conf": cell_conf(spec, name),
-                               "hello_timeout": hello_timeout}
+        req: CellOpenRequest = {"op": "cell_open", "cell_id": n, "conf": cell_conf(spec, name),
+                                "hello_timeout": hello_timeout}
         if layer is not None:
             req["layer"] = layer
         try:

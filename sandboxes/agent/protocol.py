@@ -126,6 +126,68 @@ class HelloEvent(TypedDict):
     python: str
 
 
+# ---------------------------------------------------------------- cells (a cell host's agent, --cells)
+# Requests to the host agent itself (no "cell" key); messages tagged "cell": N go to that
+# cell's own agent and are the ones above. See sandboxes/cells.py and cells_program.py.
+
+
+class CellOpenRequest(TypedDict, total=False):
+    """Open cell `cell_id` (the client's number for it) of `conf` (`sandboxes.cells.cell_conf`);
+    with `layer`, the cell's root stacks that frozen layer (and the layers under it) over the
+    image: an id `cell_snapshot` returned, never a path (anything else is refused)."""
+
+    id: int
+    op: Literal["cell_open"]
+    cell_id: int
+    conf: dict[str, Any]
+    hello_timeout: float
+    layer: str
+
+
+class CellOpenReply(TypedDict):
+    id: int
+    ev: Literal["result"]
+    pid: int | None  # the cell's PID 1 as the host sees it
+    hello: dict[str, Any]  # the cell agent's hello
+
+
+class CellCloseRequest(TypedDict):
+    id: int
+    op: Literal["cell_close"]
+    cell_id: int
+
+
+class CellSnapshotRequest(TypedDict):
+    """Freeze cell `cell_id`'s writable layer into a new read-only layer of the host."""
+
+    id: int
+    op: Literal["cell_snapshot"]
+    cell_id: int
+
+
+class CellSnapshotReply(TypedDict):
+    id: int
+    ev: Literal["result"]
+    layer: str  # the new layer's id (the Snapshot's id)
+    bytes: int  # file data copied
+    depth: int  # layers a cell of it stacks over the image
+
+
+class CellLayerDropRequest(TypedDict):
+    """Delete a layer: no cell opens on it again; freed once no cell stacks it."""
+
+    id: int
+    op: Literal["cell_layer_drop"]
+    layer: str
+
+
+class CellLayerDropReply(TypedDict):
+    id: int
+    ev: Literal["result"]
+    dropped: bool  # False: unknown or already deleted (idempotent)
+    freed: bool  # its directory is gone (no cell stacks it)
+
+
 def encode(msg: dict[str, Any]) -> bytes:
     return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
 
