@@ -486,3 +486,30 @@ async def test_kubernetes_creates_pods_of_pushed_snapshots_only(monkeypatch, tmp
             await backend.push_snapshot(pushed, "registry.example:5000/x:y")
         assert await backend.list_snapshots() == [] and await backend.list(spec.labels) == []
         await backend.delete_snapshot(pushed)  # nothing held: nothing to do, no error
+
+
+async def test_cli_lists_snapshots_and_reap_spares_a_live_owners(docker_backend, docker_spec, case):
+    from typer.testing import CliRunner
+
+    from sandboxes.cli import app
+
+    spec = docker_spec.model_copy(update={"labels": {**docker_spec.labels, CASE: case}})
+    sb = await docker_backend.create(spec)
+    try:
+        snap = await sb.snapshot()
+        kept = await sb.snapshot(keep=True)
+        runner = CliRunner()
+        out = await asyncio.to_thread(runner.invoke, app, ["ls"])
+        assert out.exit_code == 0, out.output
+        rows = {ln.split()[0]: ln for ln in out.output.splitlines() if ln.split()}
+        assert snap.id in rows and kept.id in rows, out.output
+        assert rows[snap.id].split()[1:3] == ["image", sb.id[:12]] and f"{os.getpid()}@" in rows[snap.id]
+        assert rows[snap.id].split()[-2] == "no" and rows[kept.id].split()[-2] == "yes"  # KEPT column
+        assert "snapshot(s)" in out.output
+        out = await asyncio.to_thread(runner.invoke, app, ["reap", "--dry-run"])
+        assert out.exit_code == 0 and snap.id[:12] not in out.output and sb.id[:12] not in out.output
+    finally:
+        await sb.delete()
+        for left in await docker_backend.list_snapshots({CASE: case}):
+            await docker_backend.delete_snapshot(left)
+    assert docker_ids("images", f"{CASE}={case}") == []
