@@ -33,8 +33,8 @@ from .task import HarborTask, TaskUnsupported
 
 log = logging.getLogger(__name__)
 
-REPOSITORY = "vf-harbor/task"
-LABEL = "vf-harbor-task"
+REPOSITORY = "vf-harbor-tasks"
+LABEL = "vf-sandbox.harbor-task"
 
 
 def logs_layer(dockerfile: str) -> str:
@@ -57,7 +57,7 @@ def build_request(task: HarborTask) -> ImageBuildRequest:
         dockerfile, context = f"FROM {env.docker_image}\n", None
     else:
         dockerfile, context = task.dockerfile.read_text(), task.environment_dir
-    return ImageBuildRequest(repository=f"{REPOSITORY}.{_slug(task.name)}", dockerfile=logs_layer(dockerfile),
+    return ImageBuildRequest(repository=f"{REPOSITORY}/{_slug(task.name)}", dockerfile=logs_layer(dockerfile),
                              context=context, labels={LABEL: task.name}, network=False,
                              timeout=env.build_timeout_sec)
 
