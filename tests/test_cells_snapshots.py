@@ -21,6 +21,7 @@ import pytest
 
 from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker, require_gvisor
 from sandboxes import ConfigError, ImageNotFound, InfraError, SandboxNotRunning, SandboxSpec
+from sandboxes.labels import SNAPSHOT_OF
 from test_hostile import assert_refused, attack, lines_b64
 
 pytestmark = pytest.mark.docker
@@ -74,6 +75,7 @@ rm /etc/issue.net
 rm -rf /usr/share/common-licenses && mkdir /usr/share/common-licenses && echo only > /usr/share/common-licenses/mine
 ln -s sub/f proj/link
 ln proj/sub/f proj/hard
+echo tmp > /tmp/t
 """
 
 VIEW = """
@@ -93,7 +95,7 @@ out = {
     "cwd": os.getcwd(), "env": os.environ.get("SETUP_VAR"), "user": os.getuid(),
     "f": open("proj/sub/f").read(), "issue_net": kind("/etc/issue.net"),
     "licenses": sorted(os.listdir("/usr/share/common-licenses")),
-    "link": os.readlink("proj/link"), "hard_nlink": os.stat("proj/hard").st_nlink,
+    "tmp": read("/tmp/t"), "link": os.readlink("proj/link"), "hard_nlink": os.stat("proj/hard").st_nlink,
     "marks": sorted(n for n in os.listdir("proj") if n.startswith("mark")),
     "pids": read("/sys/fs/cgroup/pids/pids.max"), "memory": read("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
     "sleepers": [p for p in os.listdir("/proc") if p.isdigit() and read("/proc/%s/cmdline" % p).split(chr(0))[:2] == ["sleep", "4251"]],
@@ -119,10 +121,10 @@ async def test_forks_are_independent_of_each_other_and_of_the_source(backend):
         assert view["marks"] == [f"mark-{i}"], view  # its own write only: no sibling's, not the source's later one
         assert (await fork.exec("cat proj/keep")).stdout == "keep\n"  # deleted in the source after the fork
         assert view["sleepers"] == [] and before["sleepers"], (view, before)  # processes are not carried
-        for k in ("cwd", "env", "user", "f", "issue_net", "licenses", "link", "hard_nlink", "pids", "memory"):
+        for k in ("cwd", "env", "user", "f", "issue_net", "licenses", "tmp", "link", "hard_nlink", "pids", "memory"):
             assert view[k] == before[k], (k, view, before)
     assert before["cwd"] == "/work" and before["env"] == "from-spec" and before["issue_net"] is None
-    assert before["licenses"] == ["mine"] and before["link"] == "sub/f" and before["hard_nlink"] == 2
+    assert before["licenses"] == ["mine"] and before["tmp"] == "tmp" and before["link"] == "sub/f" and before["hard_nlink"] == 2
     if backend.test_isolation == "runc":  # limits are the source's (gVisor shows a cell no cgroup files)
         assert (before["pids"], before["memory"]) == ("77", str(512 * 1024**2)), before
     after = await py(source, VIEW)
@@ -160,25 +162,25 @@ async def test_a_deleted_snapshot_makes_no_cell_and_its_layer_goes_with_its_last
     await source.exec("echo base > /base")
     snap = await source.snapshot()
     assert snap.kind == "layer" and snap.source_id == source.id and snap.spec == source.spec
-    assert [s.id for s in backend.cells.list_snapshots(dict(TEST_LABELS))] == [snap.id]
-    fork = await backend.cells.create_from_snapshot(snap)
+    assert [s.id for s in await backend.list_snapshots({SNAPSHOT_OF: source.id})] == [snap.id]
+    fork = await backend.create_from_snapshot(snap)
     assert (await fork.exec("cat /base")).stdout == "base\n"
     (grand,) = await fork.fork(1)  # a layer of fork's, stacked on snap's, held by grand
     nested = await fork.snapshot()  # another, held by its snapshot
     dirs = set(await layer_dirs(source))
     assert len(dirs) == 3 and {snap.id, nested.id} < dirs
-    await backend.cells.delete_snapshot(snap.id)
+    await backend.delete_snapshot(snap)
     with pytest.raises(ImageNotFound):
-        await backend.cells.create_from_snapshot(snap)
+        await backend.create_from_snapshot(snap)
     await fork.delete()
     assert set(await layer_dirs(source)) == dirs  # snap's is under grand's and nested's: still needed
     assert (await grand.exec("cat /base")).stdout == "base\n"
     await grand.delete()
     assert set(await layer_dirs(source)) == {snap.id, nested.id}  # grand's freed with grand
-    await backend.cells.delete_snapshot(nested.id)
+    await backend.delete_snapshot(nested)
     assert await layer_dirs(source) == []
-    assert backend.cells.list_snapshots() == []
-    assert await backend.cells.delete_snapshot(nested.id) is False  # idempotent, unknown now
+    assert await backend.list_snapshots({SNAPSHOT_OF: source.id}) == []
+    await backend.delete_snapshot(nested)  # idempotent
     await source.delete()
 
 
@@ -195,10 +197,10 @@ for top, dirs, files in os.walk({LAYERS!r} + "/" + {snap.id!r}):
         seen[st.st_ino] = st.st_size
 print(json.dumps(list(seen.values())))""")
     assert inodes == [8 << 20]  # one 8 MiB inode in the layer, not 101 copies of it
-    fork = await backend.cells.create_from_snapshot(snap)
+    fork = await backend.create_from_snapshot(snap)
     assert await py(fork, "print(json.dumps(os.stat('/big77').st_nlink))") == 101
     await fork.delete()
-    await backend.cells.delete_snapshot(snap.id)
+    await backend.delete_snapshot(snap)
     await source.delete()
 
 
@@ -260,7 +262,11 @@ async def test_a_cell_cannot_stack_or_freeze_a_layer_it_was_not_given(compromise
     # as the cell's own code: its agent cannot be made to write anything (layer 1)
     assert_refused(await attack(attacker, "inject", 1, payload), "injection")
     # as a compromised cell agent, on the cell's real channel: the host ends the sender (layer 2)
-    done = await attack(host, "inject", attacker.init_pid, payload)
+    for _ in range(3):  # ESRCH: the agent was not in a blocking read when seized (a loaded machine); again
+        done = await attack(host, "inject", attacker.init_pid, payload)
+        if done["ok"] or done["errno"] != 3:
+            break
+        await asyncio.sleep(0.2)
     assert done["ok"], done
     with pytest.raises(SandboxNotRunning, match="broke the agent protocol"):
         for _ in range(50):
@@ -275,13 +281,13 @@ async def test_a_cell_cannot_stack_or_freeze_a_layer_it_was_not_given(compromise
     plain = await be.create(spec)
     assert not (await plain.exec("test -e /secret")).ok
     assert (await victim.exec("cat /secret")).stdout == "victim-secret\n"
-    fork = await be.cells.create_from_snapshot(snap)
+    fork = await be.create_from_snapshot(snap)
     assert (await fork.exec("cat /secret")).stdout == "victim-secret\n"
     # and from inside a cell, the layers are not in reach
     assert await py(fork, f"print(json.dumps(os.listdir({LAYERS!r})))") == []
     for sb in (fork, plain, victim):
         await sb.delete()
-    await be.cells.delete_snapshot(snap.id)
+    await be.delete_snapshot(snap)
 
 
 async def test_a_non_root_fork_ends_at_delete_and_at_its_lifetime(backend):
