@@ -307,3 +307,15 @@ async def test_a_non_root_fork_ends_at_delete_and_at_its_lifetime(backend):
                      "for p in os.listdir('/proc') if p.isdigit() and os.path.exists('/proc/%s/cmdline' % p)]))")
     assert not [p for p in procs if "4252" in p and "python3" not in p]
     await source.delete()
+
+
+async def test_a_deleted_cell_cannot_be_snapshotted_and_fork_needs_n(backend):
+    cell = await backend.create(cell_spec(backend))
+    for n in (0, -1, True, 1.5):
+        with pytest.raises(ConfigError):
+            await cell.fork(n)
+    await cell.delete()
+    with pytest.raises(SandboxNotRunning):
+        await cell.snapshot()
+    with pytest.raises(SandboxNotRunning):
+        await cell.fork(1)
