@@ -81,7 +81,7 @@ class ProcessSettings(BaseModel):
 # Variables vf-sandbox sets for programs it starts (values for them, not settings of ours).
 SET_FOR_PROGRAMS: dict[str, str] = {
     "VF_TASK_JSON": "The task (JSON) of a v1 harness command program (with OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL and ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY of the rollout's interception endpoint).",
-    "VF_REPL_CWD": "Working directory of PythonEnv's in-sandbox REPL worker (read inside the sandbox by `envs/sandbox_tools/repl_worker.py`).",
+    "VF_REPL_CWD": "Working directory of PythonEnv's in-sandbox REPL worker (read inside the sandbox by `sandboxes/programs/repl_worker.py`).",
     "VF_SANDBOX_MANAGED": "`1` in every Docker sandbox's environment: how `vf-sandbox sandboxes reap` recognises ours in containerd after an engine lost them.",
     "VF_RUN_ID, VF_RUNS_DB": "Set for the runs the dashboard starts (read by their command's entry as above; a hosted run's ids travel in its run definition instead).",
 }

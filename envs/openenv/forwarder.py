@@ -1,6 +1,6 @@
 """Reach a server inside a sandbox without opening the sandbox's network.
 
-`Forwarder` speaks to `relay_program.py`, a stdlib-only process started in
+`Forwarder` speaks to `sandboxes/programs/openenv_relay.py`, a stdlib-only process started in
 the sandbox, over a `Channel`: the sandbox's own command channel (a
 `BackgroundProcess`'s stdin/stdout) or, for tests and benchmarks, a host
 subprocess. One request costs one write and one marker-terminated read,
@@ -24,15 +24,15 @@ import itertools
 import json as jsonlib
 import sys
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from sandboxes.errors import InfraError
 from sandboxes.interface import BackgroundProcess, Sandbox
+from sandboxes.program_files import program_path
 
-RELAY_SOURCE = Path(__file__).with_name("relay_program.py")
+RELAY_SOURCE = program_path("openenv_relay.py")
 RELAY_REMOTE_PATH = "/tmp/vf_openenv_relay.py"
 DEFAULT_CHUNK = 256 * 1024  # raw bytes per response frame: base64 keeps it well under 1 MiB
 STDIN_PIECE = 512 * 1024  # bytes per write_stdin call

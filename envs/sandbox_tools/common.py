@@ -14,6 +14,7 @@ from pathlib import Path
 from sandboxes.cancel import cancel_and_settle
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess
+from sandboxes.program_files import program_source
 from sandboxes.results import ExecResult, ProcessStatus
 
 ProcessStarter = Callable[[Sequence[str], "dict[str, str] | None"], Awaitable[BackgroundProcess]]
@@ -28,10 +29,9 @@ GUARD_SECONDS = 30.0
 
 @lru_cache(maxsize=None)
 def in_sandbox_source(program: str) -> str:
-    """Source of the in-sandbox program `program` (a file beside this module, e.g.
-    "repl_worker.py") with `prelude.py` in front of it, ready for `python3 -c`."""
-    here = Path(__file__).parent
-    return (here / "prelude.py").read_text() + "\n\n" + (here / program).read_text()
+    """Source of the in-sandbox program `program` (in sandboxes/programs/, e.g.
+    "repl_worker.py") with `prelude.py` (beside this module) in front of it, ready for `python3 -c`."""
+    return (Path(__file__).parent / "prelude.py").read_text() + "\n\n" + program_source(program)
 
 
 def cap_text(text: str, limit: int) -> tuple[str, int]:

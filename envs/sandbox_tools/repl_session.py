@@ -1,5 +1,5 @@
 """`ReplSession`: the host-side driver of the persistent Python worker
-(`repl_worker.py`, started inside the sandbox with `python3 -u -c <source>`).
+(`sandboxes/programs/repl_worker.py`, started inside the sandbox with `python3 -u -c <source>`).
 
 One `python(code)` call is one request line written to the worker's stdin
 and one `read_output(until="\\x1e<id>\\n")` waited inside the sandbox. Every

@@ -5,6 +5,7 @@ The program's owning local package is uploaded and put on PYTHONPATH, by the
 reference's rule: a module inside a package belongs to its top-level package
 directory (whose `pyproject.toml` lists its dependencies), a single-file
 module is that file (with `pyproject.toml` beside it). `python_runner.py`
+(sandboxes/programs/)
 then runs the program there for one rollout with an in-sandbox `State`; its
 model calls reach the interception endpoint through the relay over the
 sandbox's command channel (`sandbox_relay`), so the network stays off and
@@ -31,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.errors import ConfigError, Error, PathError
+from sandboxes.program_files import program_path
 
 from .config import is_ref, resolve_ref
 from .programs import record_result
 from .sandbox_relay import SandboxRelay
 from .state import MANAGED_FIELDS
 
-RUNNER_SOURCE = Path(__file__).with_name("python_runner.py")
+RUNNER_SOURCE = program_path("python_runner.py")
 BASE = "/tmp/vf_v1"
 PKG_DIR = f"{BASE}/pkgs"
 RUNNER_PATH = f"{BASE}/python_runner.py"

@@ -1,4 +1,4 @@
-"""Host side of the sandbox relay (see relay_program.py): carries the HTTP
+"""Host side of the sandbox relay (see sandboxes/programs/v1_relay.py): carries the HTTP
 requests of a sandboxed program to the interception endpoint over the
 sandbox's command channel (a BackgroundProcess's stdout / stdin), so the
 sandbox keeps its network off."""
@@ -10,7 +10,6 @@ import base64
 import contextlib
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,10 +17,11 @@ import aiohttp
 from sandboxes.cancel import cancel_and_settle
 from sandboxes.errors import AgentError
 from sandboxes.interface import BackgroundProcess, Sandbox
+from sandboxes.program_files import program_path
 
 log = logging.getLogger(__name__)
 
-RELAY_SOURCE = Path(__file__).with_name("relay_program.py")
+RELAY_SOURCE = program_path("v1_relay.py")
 RELAY_REMOTE_PATH = "/tmp/vf_v1_relay.py"
 READY_TIMEOUT = 30.0
 POLL = 1.0
