@@ -10,6 +10,7 @@ message.
 from __future__ import annotations
 
 import json
+import sys
 import random
 
 import pytest
@@ -144,3 +145,16 @@ def test_whatever_a_cell_sends_the_client_reads_only_the_checked_message(agent):
         accepted += 1
         _read_as_checked(out, line)
     assert accepted > 1000  # the edits do produce lines the host accepts (the property was exercised)
+
+
+def test_a_flood_of_tiny_pieces_is_bounded_like_a_flood_of_bytes(agent):
+    """A line that comes one byte per read is held as pieces: each piece is charged more
+    than it costs, so the host holds no more than the line limit however the line is cut."""
+    cell = _cell(agent)
+    with pytest.raises(agent["CellViolation"], match="a line over"):
+        for _ in range(10**6):
+            cell.lines(b"x")
+    held = len(cell.buf.parts)
+    assert 10_000 < held < cell.max_line // 64
+    assert held * (sys.getsizeof(b"x") + 8) <= cell.max_line  # the bytes objects and the list's slots
+    assert cell.lines(b"\n") == [b"x" * held]  # what was held is the line's start, once

@@ -1072,6 +1072,39 @@ def plain_line(line, msg):
     return line.count(b'"') == 2 * strings
 
 
+class Pieces(object):
+    """The start of a cell's line not yet complete, as the pieces it came in, joined once
+    at the line's end (a bytearray grown piece by piece is copied again and again as it
+    grows: ~5 ms for a 1.4 MB line in 64 KiB pieces). len() is the bytes held plus
+    PIECE_COST per piece, more than a piece costs besides its bytes: a flood of 1-byte
+    pieces is bounded like a flood of bytes. `del buf[:]` empties it."""
+
+    PIECE_COST = 64
+
+    def __init__(self):
+        self.parts = []
+        self.size = 0
+
+    def __len__(self):
+        return self.size
+
+    def __delitem__(self, _everything):
+        self.parts = []
+        self.size = 0
+
+    def add(self, data):
+        self.parts.append(data)
+        self.size += len(data) + self.PIECE_COST
+
+    def take(self, last):
+        """The line: the pieces held and `last` (then empty)."""
+        parts = self.parts
+        parts.append(last)
+        self.parts = []
+        self.size = 0
+        return b"".join(parts)
+
+
 class Cell(object):
     """A cell as the host agent sees it. Nothing the cell sends is trusted: the host
     knows which requests it forwarded (`pending`), how much chunk data each may still
@@ -1083,7 +1116,7 @@ class Cell(object):
         self.sock = sock
         self.alive = alive  # EOF once every process of the cell is gone
         self.closing = False
-        self.buf = bytearray()  # the start of a line not yet complete
+        self.buf = Pieces()  # the start of a line not yet complete
         self.max_line = LINE_MIN
         self.pending = {}  # request id -> chunk bytes sent and not yet acknowledged
         self.lock = threading.Lock()
@@ -1142,25 +1175,22 @@ class Cell(object):
 
     def lines(self, data):
         """Complete lines of `data` after what is buffered, each byte copied a bounded number
-        of times (no re-scan of a growing buffer); the buffer never holds more than max_line."""
+        of times (no re-scan, no re-copy of a growing buffer); the buffer never holds more
+        than max_line (its pieces' overhead counted)."""
         cut = data.find(b"\n")
         if cut < 0:
             if len(self.buf) + len(data) > self.max_line:
                 raise CellViolation("a line over %d bytes" % self.max_line)
-            self.buf += data
+            self.buf.add(data)
             return []
-        if self.buf:  # the end of a long line: one more copy of its start, not two
-            self.buf += memoryview(data)[:cut]
-            first = bytes(self.buf)
-            del self.buf[:]
-        else:
-            first = data[:cut]
+        first = self.buf.take(data[:cut]) if self.buf else data[:cut]
         parts = data[cut + 1:].split(b"\n")
         tail = parts.pop()
         out = [first] + parts
         if len(tail) > self.max_line or any(len(x) > self.max_line for x in out):
             raise CellViolation("a line over %d bytes" % self.max_line)
-        self.buf += tail
+        if tail:
+            self.buf.add(tail)
         return out
 
     def wait_gone(self, timeout=30.0):

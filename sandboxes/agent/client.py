@@ -155,23 +155,28 @@ class AgentConnection:
             cell._fail(self._dead)
 
     async def _read_loop(self) -> None:
-        buf = bytearray()
-        scanned = 0
+        held: list[bytes] = []  # the pieces of a line not yet complete, joined once at its end
         error: BaseException | None = None
         try:
             while True:
                 data = await self.channel.receive()
                 if not data:
                     break
-                buf += data
+                data = bytes(data)
+                start = 0
                 while True:
-                    i = buf.find(b"\n", scanned)
+                    i = data.find(b"\n", start)
                     if i < 0:
-                        scanned = len(buf)
+                        if start < len(data):
+                            held.append(data[start:] if start else data)
                         break
-                    line = bytes(buf[:i])
-                    del buf[: i + 1]
-                    scanned = 0
+                    if held:
+                        held.append(data[start:i])
+                        line = b"".join(held)
+                        held.clear()
+                    else:
+                        line = data[start:i]
+                    start = i + 1
                     try:
                         msg = json.loads(line)
                     except ValueError:
