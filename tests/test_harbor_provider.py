@@ -217,3 +217,22 @@ def test_public_network_with_consent(tmp_path, python_image):
     assert trial["exception_info"]["exception_type"] == "ConfigError", trial["exception_info"]
     assert "a cell has only loopback" in trial["exception_info"]["exception_message"]
     assert _leftovers(label) == []
+
+
+def test_agent_timeout_kills_the_command(tmp_path, python_image):
+    """An oracle past its task's agent timeout (3 s): Harbor records AgentTimeoutError, the
+    sandbox stays usable (the verifier runs in it: reward 0) and the timed-out command's
+    processes are gone by then."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    slow = "#!/bin/bash\nsleep 600\necho 42 > /app/answer.txt\n"
+    tasks = _variant(tmp_path, "slow", solve=slow)
+    toml = tasks / "slow" / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 60.0", "[agent]\ntimeout_sec = 3.0"))
+    t0 = time.monotonic()
+    trial = trials(harbor_run(tasks, tmp_path / "jobs", "rollout_isolation=cell", label=label))["slow"]
+    assert time.monotonic() - t0 < 300
+    assert trial["exception_info"]["exception_type"] == "AgentTimeoutError", trial["exception_info"]
+    assert reward(trial) == 0.0
+    seen = (trial["_dir"] / "verifier" / "sandbox.txt").read_text()
+    assert "sleeping=0" in seen, seen
+    assert _leftovers(label) == []
