@@ -236,3 +236,21 @@ def test_agent_timeout_kills_the_command(tmp_path, python_image):
     seen = (trial["_dir"] / "verifier" / "sandbox.txt").read_text()
     assert "sleeping=0" in seen, seen
     assert _leftovers(label) == []
+
+
+def test_healthcheck(tmp_path, python_image):
+    """The task's [environment.healthcheck] runs in the sandbox before the agent: one that
+    passes (the task's file is there, in the workdir) lets the oracle pass; one that never
+    passes stops the trial with Harbor's HealthcheckError."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    for name, command in (("healthy", "test -f numbers.txt"), ("unhealthy", "test -f /nonexistent")):
+        tasks = _variant(tmp_path, name)
+        toml = tasks / name / "task.toml"
+        toml.write_text(toml.read_text() + f'\n[environment.healthcheck]\ncommand = "{command}"\n'
+                        "interval_sec = 0.2\nretries = 2\n")
+    results = trials(harbor_run(tmp_path / "tasks", tmp_path / "jobs", label=label))
+    assert results["healthy"]["exception_info"] is None, results["healthy"]["exception_info"]
+    assert reward(results["healthy"]) == 1.0
+    assert results["unhealthy"]["exception_info"]["exception_type"] == "HealthcheckError", \
+        results["unhealthy"]["exception_info"]
+    assert _leftovers(label) == []
