@@ -89,7 +89,8 @@ class HarborEnv(SandboxEnv):
         task = self.task_of(state)
         base = self.sandbox_spec
         return sandbox_spec(task, state["harbor_image"], getattr(self.backend, "name", "?"),
-                            labels=dict(base.labels), isolation=base.isolation)
+                            labels=dict(base.labels), isolation=base.isolation,
+                            rollout_isolation=base.rollout_isolation)
 
     async def setup_state(self, state: State) -> State:
         task = self.task_of(state)

@@ -99,7 +99,6 @@ class HarborGateEnv(Environment):
         self.isolation_name = isolation
         self.output_tail_chars = output_tail_chars
         self.sandboxes = RolloutSandboxes(SandboxSpec(name="harbor-gate"), pool_size=0)
-        self._images: dict[str, asyncio.Task[Any]] = {}
         dataset = [{"prompt": [{"role": "user", "content": t.instruction}], "answer": "", "task": "harbor-gate",
                     "info": {"instance_id": t.name, "repo": "harbor", "task_path": str(t.path)}} for t in tasks]
         super().__init__(dataset=dataset, rubric=GateRubric(), **kwargs)
@@ -163,7 +162,7 @@ class HarborGateEnv(Environment):
             return done("unsupported", why)
         backend = self.sandboxes.backend
         backend_name = getattr(backend, "name", type(backend).__name__)
-        try:
+        try:  # the spec first (its image filled in below): a refused task costs no image build
             spec = sandbox_spec(task, "pending", backend_name, rollout_isolation=self.rollout_isolation,
                                 isolation=self.isolation_name)
         except TaskUnsupported as exc:
