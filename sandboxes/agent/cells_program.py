@@ -1501,7 +1501,8 @@ def op_cell_snapshot(req, ctx):
     The cell is the one the client names (never a cell's own say); the new layer stacks over
     the layers the cell stacks. {"layer": id, "bytes": data copied, "depth": layers stacked}."""
     if not _layers_ready:
-        raise CellsUnsupported("this cell host has no layers tmpfs (see its log): cells cannot be snapshotted")
+        raise AgentUsageError("this cell host has no tmpfs for frozen layers (see its log): its cells cannot be "
+                              "snapshotted")
     cid = int(req["cell_id"])
     with _cells_lock:
         cell = _cells.get(cid)
