@@ -19,9 +19,10 @@ declares wins over them:
   run reuses it; `force_build` rebuilds), or the task's prebuilt `docker_image`, or
   the `image` option when it is given explicitly. A task with a
   `docker-compose.yaml` is refused (no compose: one sandbox per trial).
-* resources: the task's `cpus`, `memory_mb`, `storage_mb` (after Harbor's
-  `--override-*`) are hard limits (cpu_cores, memory_gb, disk_size_gb); a task that
-  declares none gets the option's (SandboxSpec's) defaults. GPUs and TPUs are refused
+* resources: the task's `cpus` and `memory_mb` (after Harbor's `--override-*`) are
+  hard limits (cpu_cores, memory_gb), `storage_mb` the disk size (disk_size_gb, where
+  the backend can cap it: a Docker engine that cannot says so in a warning); a task
+  that declares none gets the option's (SandboxSpec's) defaults. GPUs and TPUs are refused
   by Harbor from our capabilities.
 * network: Harbor's policy is enforced exactly or refused before start.
   `no-network` is our default. `public` (Harbor's default when a task says nothing)

@@ -254,3 +254,30 @@ def test_healthcheck(tmp_path, python_image):
     assert results["unhealthy"]["exception_info"]["exception_type"] == "HealthcheckError", \
         results["unhealthy"]["exception_info"]
     assert _leftovers(label) == []
+
+
+@pytest.mark.parametrize("mode", ["container", "cell"])
+def test_environment_api(tmp_path, python_image, mode):
+    """Harbor's BaseEnvironment operations on the provider, driven directly from .venv-harbor
+    (tests/data/harbor_provider_probe.py): exec's exit code, separate streams, task + exec env,
+    the Dockerfile's workdir, cwd, root, a user it cannot switch to (UserSwitchUnsupported), a
+    timeout (Harbor's Docker wording; the sandbox stays usable); a tree uploaded into an
+    existing directory (kept files, exec bits, symlinks), a file into new parents, downloads
+    overwriting stale files, is_dir / is_file, a missing file, nothing after stop."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    proc = subprocess.run(
+        [str(HARBOR.with_name("python")), str(ROOT / "tests" / "data" / "harbor_provider_probe.py"), str(OWN_TASK),
+         str(tmp_path), f"rollout_isolation={mode}", f"labels={json.dumps({**TEST_LABELS, **label})}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["exec"] == [3, "/app\nroot\nfrom-task from-exec\n", "err\n"]
+    assert seen["cwd"] == "/tmp" and seen["as_root"] == "root" and seen["as_nobody"] == "UserSwitchUnsupported"
+    assert seen["timeout"] == "Command timed out after 1 seconds" and seen["after_timeout"] == "alive"
+    assert seen["upload_dir"] == ["old", "a", "ran", "a.txt"] and seen["upload_file"] == "256"
+    assert seen["download_dir"] == {"a": "a\n", "keep": "old\n", "exec_bit": True, "link": "a.txt", "bin": True}
+    assert seen["download_file"] is True
+    assert seen["is_dir"] == [True, False] and seen["is_file"] == [True, False]
+    assert seen["download_missing"] == "FileNotFound"
+    assert "not started" in seen["after_stop"]
+    assert _leftovers(label) == []
