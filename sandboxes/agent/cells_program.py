@@ -844,9 +844,22 @@ def _xattrs(fd, is_dir):
     return out
 
 
+SMALL_FILE = 1 << 20  # a file this small is copied in one go (its holes, if any, are not worth a lookup)
+
+
 def _copy_data(src, dst, size, budget):
     """Copy a file's data, holes kept where the filesystem reports them (SEEK_DATA; gVisor's
     tmpfs does not, and charges a hole as data: all of it is copied); bytes copied."""
+    if size <= SMALL_FILE:
+        if size > budget:
+            raise LayerTooLarge("the cell's files exceed its disk limit")
+        done = 0
+        while done < size:
+            n = os.sendfile(dst, src, done, size - done)
+            if n == 0:
+                break  # the file shrank while it was read
+            done += n
+        return done
     os.ftruncate(dst, size)
     done, pos = 0, 0
     while pos < size:
@@ -858,7 +871,7 @@ def _copy_data(src, dst, size, budget):
                 break  # only a hole after pos
             start, stop = pos, size
         if done + stop - start > budget:
-            raise LayerTooLarge("the cell's files exceed its disk limit (%d bytes)" % budget)
+            raise LayerTooLarge("the cell's files exceed its disk limit")
         os.lseek(dst, start, os.SEEK_SET)
         while start < stop:
             n = os.sendfile(dst, src, start, stop - start)
@@ -920,8 +933,10 @@ def _freeze_dir(dfd, here, seen, left, depth):
                     used += _copy_data(src, out, st.st_size, left - used)
                     for k, value in _xattrs(src, False):
                         os.setxattr(out, k, value)
-                    os.fchown(out, st.st_uid, st.st_gid)
-                    os.fchmod(out, stat.S_IMODE(st.st_mode))
+                    if st.st_uid or st.st_gid:  # the copy is root's already
+                        os.fchown(out, st.st_uid, st.st_gid)
+                    if stat.S_IMODE(st.st_mode) != 0o600:
+                        os.fchmod(out, stat.S_IMODE(st.st_mode))
                     os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
                 finally:
                     os.close(out)
@@ -998,6 +1013,7 @@ def _layer_job(req, fd):
         try:
             os.close(r)
             keep_only_fds([w] + ([fd] if fd is not None else []))
+            os.umask(0)  # modes are copied as they are
             signal.alarm(LAYER_JOB_SECONDS)
             if req["op"] == "freeze":
                 try:
