@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import envs as vf
 from sandboxes import SandboxSpec
 from sandboxes.rollouts import RolloutSandboxes
 from testmodel.model_server import ModelServer
-from test_sandbox_env import containers_with, wait_gone
+from test_sandbox_env import processes_in, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_DIR = REPO / "tests" / "data" / "group_setup_env"
@@ -118,6 +120,32 @@ async def test_prepared_group_forks_on_demand_and_releases_its_snapshot(python_i
         await group.close()
         assert sandboxes.snapshots == [] and sandboxes.held == [b.id]
         assert (await b.read_file("/tmp/p.txt")) == b"p"  # a fork outlives its group's snapshot
+    finally:
+        await sandboxes.close()
+    assert_nothing_left(labels)
+
+
+@pytest.mark.docker
+async def test_a_fork_that_cannot_be_made_gives_a_fresh_sandbox(python_image):
+    """The snapshot gone under the group (a cell fork also fails this way when its host is
+    full or past its admission window): the rollout gets a fresh sandbox, prepared=False,
+    so it sets itself up, instead of an error."""
+    labels = unique_labels()
+    spec = SandboxSpec(image=python_image, memory_gb=1, timeout_minutes=10, labels=labels, rollout_isolation="namespace")
+    sandboxes = RolloutSandboxes(spec, "docker", pool_size=0, rollout_isolation="namespace")
+
+    async def prepare(sb):
+        await sb.write_file("/tmp/p.txt", "p")
+
+    try:
+        group = await sandboxes.prepare_group(prepare)
+        assert group.mode == "fork" and group.snapshot is not None
+        await sandboxes.backend.delete_snapshot(group.snapshot)  # behind the lifecycle's back
+        sb, prepared = await group.acquire()
+        assert prepared is False and group.fork_failures == 1 and group.forks == 0
+        assert sb.id in sandboxes.held
+        assert not (await sb.exec(["test", "-e", "/tmp/p.txt"])).ok  # a fresh sandbox: not set up
+        await group.close()
     finally:
         await sandboxes.close()
     assert_nothing_left(labels)
@@ -317,4 +345,38 @@ async def test_v1_harness_setups_once_per_group_with_forks(python_image, scope):
         assert lines == [f"seed {r['example_id']}", "1"], tool
     if scope == "group":
         assert [r["metrics"]["sandbox_forked"] for r in outs] == [1.0] * 6
+    assert_nothing_left(labels)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("rollout_isolation", ISOLATIONS)
+def test_sigterm_while_forks_run_leaves_nothing(python_image, tmp_path, rollout_isolation):
+    """`vf-sandbox eval` with group setup, SIGTERM while the group's forks run their commands:
+    the forks, the cell host and the snapshot (a committed image for containers) all go."""
+    labels = unique_labels()
+    (tmp_path / "no-endpoints.toml").write_text("")
+    args = {"counter_path": str(tmp_path / "setups.txt"), "num_examples": 1, "docker_image": python_image,
+            "labels": labels, "rollout_isolation": rollout_isolation, "setup_scope": "group"}
+    with ModelServer(group_setup_env.scripted_policy(linger=25)).run_in_thread() as srv:
+        cmd = [sys.executable, "-m", "vfcli.app", "eval", "group-setup-env", "-p", str(ENV_DIR.parent),
+               "-e", str(tmp_path / "no-endpoints.toml"), "-k", "VF_E2E_SANDBOX_KEY", "-m", "test-model",
+               "-b", srv.base_url, "-d", "-n", "1", "-r", "3", "-c", "3", "-a", json.dumps(args)]
+        env = {**os.environ, "VF_E2E_SANDBOX_KEY": "k", "VF_RUNS_DB": str(tmp_path / "runs.db")}
+        env.pop("VF_RUN_ID", None)
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while processes_in(labels, "sleep 25") < 3 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.3)
+            assert processes_in(labels, "sleep 25") == 3, "the forks never ran their commands"
+            if rollout_isolation == "container":
+                assert len(images_with(labels)) == 1  # the group's snapshot, held by its forks
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(setups(tmp_path / "setups.txt")) == 1
+    assert proc.returncode != 0, out[-2000:]
     assert_nothing_left(labels)
