@@ -38,6 +38,7 @@ EXPECTED_INVALID = {
     "oracle-does-not-fix": "oracle_failed",
     "no-reward-file": "no_reward",
     "oracle-timeout": "timeout",
+    "verifier-timeout": "timeout",
     "needs-allowlist": "unsupported",
 }
 
@@ -179,6 +180,8 @@ def test_invalid_tasks_are_reported_with_their_reason(tmp_path):
     assert "No reward file found" in verdicts["no-reward-file"]["detail"]
     assert verdicts["oracle-timeout"]["oracle_timed_out"] and "3s" in verdicts["oracle-timeout"]["detail"]
     assert verdicts["oracle-timeout"]["timings"]["oracle_s"] < 30  # cut at [agent].timeout_sec, not slept out
+    assert verdicts["verifier-timeout"]["error_after"] == "verifier_timeout" and "2s" in verdicts["verifier-timeout"]["detail"]
+    assert verdicts["verifier-timeout"]["timings"]["tests_s"] < 30
     assert "allowlist" in verdicts["needs-allowlist"]["detail"] and "docker" in verdicts["needs-allowlist"]["detail"]
     if not switch:
         assert "cannot switch users" in verdicts["needs-user-switch"]["detail"]
@@ -261,14 +264,17 @@ def test_resume_after_sigkill(tmp_path):
 
 FIX = (EXAMPLES / "fix-mean-bug" / "solution" / "solve.sh").read_text()
 
-def _eval(tmp_path: Path, command: str, run_id: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """`vf-sandbox eval harbor-tasks` on fix-mean-bug with a scripted model that runs `command`."""
+def _eval(tmp_path: Path, command: str | list[str], run_id: str,
+          dataset: Path = EXAMPLES) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`vf-sandbox eval harbor-tasks` on fix-mean-bug with a scripted model that runs `command`
+    (or these commands, one per turn)."""
     from testmodel.model_server import ModelServer, tool_script
 
     require_docker()
     out = tmp_path / f"out-{run_id}"
-    args = json.dumps({"dataset": str(EXAMPLES), "task_names": ["fix-mean-bug"]})
-    with ModelServer(tool_script([("bash", {"command": command})], answer="done")).run_in_thread() as srv:
+    args = json.dumps({"dataset": str(dataset), "task_names": ["fix-mean-bug"]})
+    commands = [command] if isinstance(command, str) else command
+    with ModelServer(tool_script([("bash", {"command": c}) for c in commands], answer="done")).run_in_thread() as srv:
         res = subprocess.run([sys.executable, "-m", "vfcli.app", "eval", "harbor-tasks", "-a", args, "-n", "1", "-r", "1",
                               "-s", "-d", "-o", str(out), "-e", str(tmp_path / "no-endpoints.toml"), "-k", "VF_E2E_KEY",
                               "-m", "test-model", "-b", srv.base_url, "--junit-xml", str(out / "junit.xml")],
@@ -294,6 +300,24 @@ def test_eval_reward_is_the_tasks_tests(tmp_path):
     (row,) = rows
     assert row["reward"] == 0.0 and not row.get("error"), row
     assert row["info"]["harbor"]["rewards"] == {"reward": 0.0} and "4 failed" in row["info"]["harbor"]["stdout_tail"]
+    assert _containers(run_id) == []
+
+
+def test_eval_stops_the_agent_at_the_tasks_agent_timeout(tmp_path):
+    """[agent].timeout_sec = 2: after a first command of 3 s the agent is stopped, so the fix
+    it would run next never runs and the tests give 0."""
+    import shutil
+
+    task = tmp_path / "tasks" / "fix-mean-bug"
+    shutil.copytree(EXAMPLES / "fix-mean-bug", task)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\ntimeout_sec = 300.0", "[agent]\ntimeout_sec = 2.0"))
+    run_id = uuid.uuid4().hex[:12]
+    res, rows = _eval(tmp_path, ["sleep 3", FIX], run_id, dataset=tmp_path / "tasks")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (row,) = rows
+    assert row["stop_condition"] == "agent_timeout_reached" and row["reward"] == 0.0, row
+    assert "4 failed" in row["info"]["harbor"]["stdout_tail"]
     assert _containers(run_id) == []
 
 
@@ -403,7 +427,8 @@ HARBOR_CLI = ROOT / ".venv-harbor" / "bin" / "harbor"
 # (its sandbox runs as root and cannot switch to the task's user), while here the sandbox
 # runs as the task's user; every other example and fixture Harbor can run is compared
 COMPARED = {EXAMPLES: ["fix-mean-bug", "primes-with-timeout", "word-counts"],
-            INVALID: ["vacuous-pass", "oracle-does-not-fix", "no-reward-file", "oracle-timeout", "needs-user-switch"]}
+            INVALID: ["vacuous-pass", "oracle-does-not-fix", "no-reward-file", "oracle-timeout", "verifier-timeout",
+                      "needs-user-switch"]}
 
 
 def test_verdicts_agree_with_harbors_own_run(tmp_path, request):
