@@ -1,7 +1,7 @@
 """SWE pass@k with forks (issue 28): `SWEDebugEnv(setup_scope="group")` runs an instance's
 setup once per group of attempts (`-r k`) and gives each attempt a fork, on the real Docker
-engine with the example taskset (tests/test_swe_docker.py's fixtures): the setup counted
-once per instance vs once per attempt, every verdict still valid and saying `forked`,
+engine with the example taskset (tests/test_swe_docker.py's fixtures), containers and
+cells: the setup counted once per instance vs once per attempt, every verdict still valid and saying `forked`,
 the fails-before run forked too, nothing left behind (containers, snapshot images)."""
 
 from __future__ import annotations
@@ -46,9 +46,11 @@ async def run(instances, scope: str, k: int, labels: dict[str, str], **kw):
     return taskset.setups, [r["info"]["verdict"] for r in out["outputs"]], out["outputs"]
 
 
-async def test_pass_at_k_sets_up_each_instance_once_and_forks_each_attempt(instances):
+@pytest.mark.parametrize("rollout_isolation", ["container", "namespace"])
+async def test_pass_at_k_sets_up_each_instance_once_and_forks_each_attempt(instances, rollout_isolation):
     labels = {"vf-sandbox.test": "1", "vf-test-case": uuid.uuid4().hex[:12]}
-    setups, verdicts, rows = await run(instances, "group", 3, labels, check_fails_before=True)
+    setups, verdicts, rows = await run(instances, "group", 3, labels, check_fails_before=True,
+                                       rollout_isolation=rollout_isolation)
     assert sorted(setups) == sorted([IDNA, MORE])  # once per instance, not per attempt
     assert len(verdicts) == 6 and [r["error"] for r in rows] == [None] * 6
     assert all(v["valid"] for v in verdicts), [(v["instance_id"], v["reason"], v["detail"]) for v in verdicts]
