@@ -6,8 +6,8 @@ same-run baselines of opening a fresh cell and of forking a container.
     .venv/bin/python benchmarks/bench_cell_fork.py --json     # machine-readable too
 
 The source cell is "prepared" (a project of SETUP_FILES files, SETUP_BYTES in all, plus a
-deleted image file); each fork must see it. Rows, per runtime, samples interleaved so
-machine load hits every row alike:
+deleted image file); each fork must see it. Rows, per runtime, samples interleaved (each round in
+a random order) so machine load and teardowns hit every row alike:
 
   open a fresh cell          backend.create(rollout_isolation="namespace"): the baseline
   snapshot                   CellSandbox.snapshot(): the one copy of the source's writes
@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -77,32 +78,38 @@ async def bench_cells(backend: DockerBackend, isolation: str, n: int) -> dict[st
         r = await source.exec(SETUP, timeout=120)
         if not r.ok:
             raise RuntimeError(f"setup failed: {r}")
-        (warm,) = await source.fork(1)  # warm up: the host's zygote, the page cache
-        await check_fork(warm)
-        await delete_all([warm, await backend.create(spec)])
-        for i in range(n):
+        forks = await source.fork(8)  # warm up (the host's zygote, the page cache) and check what a fork sees
+        await asyncio.gather(*(check_fork(f) for f in forks))
+        await delete_all(forks)
+
+        async def open1() -> None:
             ms, sb = await timed(lambda: backend.create(spec))
             rows["open"].append(ms)
             await sb.delete()
+
+        async def snapshot_and_cell() -> None:
             ms, snap = await timed(lambda: source.snapshot())
             rows["snapshot"].append(ms)
             ms, sb = await timed(lambda: backend.create_from_snapshot(snap))
             rows["from_snapshot"].append(ms)
             await sb.delete()
             await backend.delete_snapshot(snap)
-            ms, forks = await timed(lambda: source.fork(1))
-            rows["fork1"].append(ms)
-            if i == 0:
-                await check_fork(forks[0])
-            await delete_all(forks)
-            ms, forks = await timed(lambda: source.fork(8))
-            rows["fork8"].append(ms)
-            if i == 0:
-                await asyncio.gather(*(check_fork(f) for f in forks))
-            await delete_all(forks)
+
+        async def fork(k: int, row: str) -> None:
+            ms, made = await timed(lambda: source.fork(k))
+            rows[row].append(ms)
+            await delete_all(made)
+
+        async def open8() -> None:
             ms, fresh = await timed(lambda: asyncio.gather(*(backend.create(spec) for _ in range(8))))
             rows["open8"].append(ms)
             await delete_all(fresh)
+
+        for _ in range(n):  # each round in a new order: what the previous row left to tear down hits every row
+            steps = [open1, snapshot_and_cell, lambda: fork(1, "fork1"), lambda: fork(8, "fork8"), open8]
+            random.shuffle(steps)
+            for step in steps:
+                await step()
     finally:
         await source.delete()
     return rows
