@@ -4,11 +4,12 @@ They are standalone, stdlib-only scripts in `sandboxes/programs/` (not importabl
 modules: no `__init__.py`), shipped into a sandbox as source and run there by
 the host code that drives them:
 
-    openenv_relay.py  an OpenEnv server's HTTP / WebSocket, reached over the
-                      command channel (envs.openenv.forwarder)
-    v1_relay.py       a sandboxed v1 program's model calls, carried to the
-                      interception endpoint over the command channel
-                      (envs.v1.sandbox_relay)
+    relay.py          HTTP over the command channel, one wire format
+                      (`sandboxes.relay_wire`) in both directions: forward
+                      (an OpenEnv server's HTTP / WebSocket reached from the
+                      host; envs.openenv.forwarder) and listen (a sandboxed
+                      v1 program's model calls carried to the interception
+                      endpoint; envs.v1.sandbox_relay)
     python_runner.py  one v1 Python program or sandboxed tool call
                       (envs.v1.sandbox_python)
     repl_worker.py    PythonEnv's persistent interpreter, `prelude.py` of

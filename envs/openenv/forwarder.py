@@ -1,6 +1,7 @@
 """Reach a server inside a sandbox without opening the sandbox's network.
 
-`Forwarder` speaks to `sandboxes/programs/openenv_relay.py`, a stdlib-only process started in
+`Forwarder` speaks to `sandboxes/programs/relay.py` (forward mode; its wire format is
+the v1 sandbox relay's too: `sandboxes.relay_wire`), a stdlib-only process started in
 the sandbox, over a `Channel`: the sandbox's own command channel (a
 `BackgroundProcess`'s stdin/stdout) or, for tests and benchmarks, a host
 subprocess. One request costs one write and one marker-terminated read,
@@ -30,9 +31,10 @@ from pydantic import BaseModel, Field
 
 from sandboxes.errors import InfraError
 from sandboxes.interface import BackgroundProcess, Sandbox
+from sandboxes import relay_wire
 from sandboxes.program_files import program_path
 
-RELAY_SOURCE = program_path("openenv_relay.py")
+RELAY_SOURCE = program_path("relay.py")  # forward mode (`relay.py PORT CHUNK`)
 RELAY_REMOTE_PATH = "/tmp/vf_openenv_relay.py"
 DEFAULT_CHUNK = 256 * 1024  # raw bytes per response frame: base64 keeps it well under 1 MiB
 STDIN_PIECE = 512 * 1024  # bytes per write_stdin call
@@ -266,17 +268,11 @@ class Forwarder:
     async def _call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         rid = next(self._ids)
         msg["id"] = rid
-        marker = f"\n@@vfr-end-{rid}@@\n"
-        line = (jsonlib.dumps(msg, separators=(",", ":")) + "\n").encode()
-        frame = await self.channel.exchange(line, marker, timeout + 5.0)
-        body = frame[: -len(marker)]
-        body = body[body.rfind("\n") + 1 :] if "\n" in body else body
+        frame = await self.channel.exchange(relay_wire.line(msg), relay_wire.marker(rid), timeout + 5.0)
         try:
-            reply = jsonlib.loads(body)
-        except ValueError as exc:
-            raise RelayDied(f"relay spoke garbage: {body[:200]!r}") from exc
-        if reply.get("id") != rid:
-            raise RelayDied(f"relay answered request {reply.get('id')} to request {rid}")
+            reply = relay_wire.message(frame, rid)
+        except relay_wire.WireError as exc:
+            raise RelayDied(f"relay spoke garbage: {exc}") from exc
         if not reply.get("ok"):
             kind, error = reply.get("kind"), reply.get("error", "")
             if kind == "connect":

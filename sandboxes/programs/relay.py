@@ -1,36 +1,45 @@
-"""The in-sandbox HTTP/WebSocket relay (stdlib only, Python >= 3.8).
+"""The one in-sandbox relay (stdlib only, Python >= 3.8): HTTP between the host and
+the inside of a sandbox over the sandbox's own command channel (this process's
+stdin / stdout), so the sandbox keeps its network off. Two directions, one wire
+format:
 
-Uploaded into a sandbox and run as a long-lived background process:
+    python3 relay.py PORT [CHUNK_BYTES]    forward: the host reaches the server at
+                                           127.0.0.1:PORT inside the sandbox
+                                           (OpenEnv; envs.openenv.forwarder)
+    python3 relay.py listen                listen: a program inside the sandbox
+                                           reaches the host (v1 programs' model
+                                           calls; envs.v1.sandbox_relay)
 
-    python3 relay_program.py PORT [CHUNK_BYTES]
+Wire format (both modes; `sandboxes/relay_wire.py` is its host side):
 
-It reaches the server at 127.0.0.1:PORT *inside* the sandbox, so the host
-never needs the sandbox's network: requests travel over the sandbox's
-existing command channel (the process's stdin/stdout).
+  a message is one JSON object (compact, ASCII: bodies are base64) with an "id";
+  host -> relay  one JSON line per message;
+  relay -> host  one frame per message: <JSON line>\n@@vfr-end-ID@@\n
+  an HTTP request   {"id", "op": "http", "method", "path", "headers", "body", "timeout"}
+  an HTTP answer    {"id", "ok": true, "status", "headers", "body", "more"}
+  a failure         {"id", "ok": false, "kind": "connect"|"timeout"|"protocol"|"bad_request",
+                     "error": "..."}
 
-Wire format (one request in, one frame out; strictly in order):
-
-  host -> relay  one JSON object per line:
-      {"id": N, "op": "http", "method": "POST", "path": "/step",
-       "headers": {...}, "body": "<base64>", "timeout": 30}
+forward: the host sends the requests, the relay answers each (strictly in
+order), further ops:
       {"id": N, "op": "ws_open", "path": "/ws", "timeout": 10}
       {"id": N, "op": "ws_send", "sid": S, "text": "...", "timeout": 30}
                                                  (answer: the next message, as "body")
       {"id": N, "op": "ws_close", "sid": S}
       {"id": N, "op": "more", "of": M}          next chunk of response M
       {"id": N, "op": "ping"}
-  relay -> host  one frame per request:
-      <JSON line>\\n@@vfr-end-N@@\\n
-      JSON: {"id": N, "ok": true, ...} or {"id": N, "ok": false,
-             "error": "...", "kind": "connect"|"timeout"|"protocol"|"bad_request"}
-      http and ws_send answers carry "body" (base64; http also "status"
-      and "headers") and "more": true when it continues (ask with op "more").
+  http and ws_send answers carry "body" (base64; http also "status" and
+  "headers") and "more": true when it continues (ask with op "more"); a
+  response body is cut into CHUNK_BYTES pieces so no frame exceeds the
+  channel's output bound.
+listen: the relay serves HTTP on an ephemeral 127.0.0.1 port, announced in the
+  frame {"id": "ready", "ok": true, "port": P}; each request a program makes
+  there is a request frame to the host, which answers it with one JSON line
+  (requests are served concurrently; answers may come in any order). The host
+  gone, every waiting request gets a 502.
 
-Bodies are base64 so binary content survives a text channel; a response
-body is cut into CHUNK_BYTES pieces so no single frame exceeds the
-channel's output bound. The relay writes nothing else to stdout, and what
-it writes is ASCII (JSON with escapes, base64), so any decoding of the
-channel's output on the host is lossless.
+The relay writes nothing else to stdout, and what it writes is ASCII, so any
+decoding of the channel's output on the host is lossless.
 """
 
 import base64
@@ -41,6 +50,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 
 END = "@@vfr-end-%s@@"
@@ -50,10 +60,16 @@ MAX_HTTP_BODY = 256 * 1024 * 1024
 IDLE_RECONNECT_S = 3.0  # uvicorn closes idle keep-alive connections after 5 s
 
 
+_emit_lock = threading.Lock()
+
+
 def emit(out, rid, payload):
+    """One frame to the host: the message as a JSON line, then its end marker."""
     payload["id"] = rid
-    out.write(json.dumps(payload, separators=(",", ":")) + "\n" + (END % rid) + "\n")
-    out.flush()
+    data = json.dumps(payload, separators=(",", ":")) + "\n" + (END % rid) + "\n"
+    with _emit_lock:  # listen mode: request threads emit concurrently
+        out.write(data)
+        out.flush()
 
 
 class Http:
@@ -204,7 +220,8 @@ class WebSocket:
         self.sock.close()
 
 
-def main(argv):
+def forward(argv):
+    """forward mode: requests from the host to the server at 127.0.0.1:PORT."""
     port = int(argv[1])
     chunk = int(argv[2]) if len(argv) > 2 else DEFAULT_CHUNK
     out = sys.stdout
@@ -284,6 +301,97 @@ def main(argv):
             emit(out, rid, {"ok": False, "kind": "protocol", "error": "%s: %s" % (type(exc).__name__, exc)})
     for ws in sockets.values():
         ws.close()
+
+
+# --------------------------------------------------------------------------- listen
+
+
+class Listen:
+    """listen mode: requests of a program in the sandbox, carried to the host."""
+
+    def __init__(self, out):
+        self.out = out
+        self.lock = threading.Lock()
+        self.waiting = {}  # request id -> [Event, answer]
+        self.next_id = 0
+
+    def ask(self, method, path, headers, body):
+        """Send one request frame to the host and wait for its answer."""
+        with self.lock:
+            self.next_id += 1
+            rid = self.next_id
+            slot = self.waiting[rid] = [threading.Event(), None]
+        emit(self.out, rid, {"op": "http", "method": method, "path": path, "headers": headers,
+                             "body": base64.b64encode(body).decode()})
+        slot[0].wait()
+        with self.lock:
+            self.waiting.pop(rid, None)
+        return slot[1]
+
+    def read_answers(self, lines):
+        """Answers from the host (one JSON line each); when it is gone, fail every waiting request."""
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                msg = json.loads(line)
+                rid = msg["id"]
+            except (ValueError, KeyError, TypeError):
+                continue  # not an answer: nothing waits for it
+            with self.lock:
+                slot = self.waiting.get(rid)
+            if slot is not None:
+                slot[1] = msg
+                slot[0].set()
+        gone = {"ok": False, "kind": "connect", "error": "relay host closed"}
+        with self.lock:
+            for slot in self.waiting.values():
+                slot[1] = gone
+                slot[0].set()
+
+
+def listen(argv):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    relay = Listen(sys.stdout)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _relay(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            headers = {"Authorization": self.headers.get("Authorization", "")}
+            answer = relay.ask(self.command, self.path, headers, body)
+            if answer.get("ok"):
+                status, data = int(answer.get("status", 502)), base64.b64decode(answer.get("body") or "")
+            else:
+                status = 502
+                data = json.dumps({"error": {"message": answer.get("error", "relay error")}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _relay
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=relay.read_answers, args=(sys.stdin,), daemon=True).start()
+    emit(sys.stdout, "ready", {"ok": True, "port": server.server_address[1]})
+    server.serve_forever()
+
+
+def main(argv):
+    if len(argv) > 1 and argv[1] == "listen":
+        listen(argv[1:])
+    else:
+        forward(argv)
 
 
 if __name__ == "__main__":
