@@ -76,6 +76,7 @@ rm -rf /usr/share/common-licenses && mkdir /usr/share/common-licenses && echo on
 ln -s sub/f proj/link
 ln proj/sub/f proj/hard
 echo tmp > /tmp/t
+chmod 751 proj/sub && chmod 640 proj/keep && mkfifo proj/fifo
 """
 
 VIEW = """
@@ -95,7 +96,8 @@ out = {
     "cwd": os.getcwd(), "env": os.environ.get("SETUP_VAR"), "user": os.getuid(),
     "f": open("proj/sub/f").read(), "issue_net": kind("/etc/issue.net"),
     "licenses": sorted(os.listdir("/usr/share/common-licenses")),
-    "tmp": read("/tmp/t"), "link": os.readlink("proj/link"), "hard_nlink": os.stat("proj/hard").st_nlink,
+    "tmp": read("/tmp/t"), "link": os.readlink("proj/link"), "fifo": stat.S_ISFIFO(os.lstat("proj/fifo").st_mode),
+    "modes": [oct(os.stat(p).st_mode & 0o7777) if os.path.exists(p) else None for p in ("proj/sub", "proj/keep", "proj/sub/f")], "hard_nlink": os.stat("proj/hard").st_nlink,
     "marks": sorted(n for n in os.listdir("proj") if n.startswith("mark")),
     "pids": read("/sys/fs/cgroup/pids/pids.max"), "memory": read("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
     "sleepers": [p for p in os.listdir("/proc") if p.isdigit() and read("/proc/%s/cmdline" % p).split(chr(0))[:2] == ["sleep", "4251"]],
@@ -121,9 +123,11 @@ async def test_forks_are_independent_of_each_other_and_of_the_source(backend):
         assert view["marks"] == [f"mark-{i}"], view  # its own write only: no sibling's, not the source's later one
         assert (await fork.exec("cat proj/keep")).stdout == "keep\n"  # deleted in the source after the fork
         assert view["sleepers"] == [] and before["sleepers"], (view, before)  # processes are not carried
-        for k in ("cwd", "env", "user", "f", "issue_net", "licenses", "tmp", "link", "hard_nlink", "pids", "memory"):
+        for k in ("cwd", "env", "user", "f", "issue_net", "licenses", "tmp", "link", "fifo", "modes", "hard_nlink",
+                  "pids", "memory"):
             assert view[k] == before[k], (k, view, before)
     assert before["cwd"] == "/work" and before["env"] == "from-spec" and before["issue_net"] is None
+    assert before["modes"] == ["0o751", "0o640", "0o644"] and before["fifo"], before
     assert before["licenses"] == ["mine"] and before["tmp"] == "tmp" and before["link"] == "sub/f" and before["hard_nlink"] == 2
     if backend.test_isolation == "runc":  # limits are the source's (gVisor shows a cell no cgroup files)
         assert (before["pids"], before["memory"]) == ("77", str(512 * 1024**2)), before

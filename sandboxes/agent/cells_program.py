@@ -894,11 +894,16 @@ def _freeze_dir(dfd, here, seen, left, depth):
         entries = list(it)
     for entry in entries:
         name, dst = entry.name, os.path.join(here, entry.name)
-        try:
-            st = entry.stat(follow_symlinks=False)
+        try:  # a directory or a file is told by the entry's type (no lstat), then fstat'd once opened
+            if entry.is_dir(follow_symlinks=False):
+                mode = stat.S_IFDIR
+            elif entry.is_file(follow_symlinks=False):
+                mode = stat.S_IFREG
+            else:
+                st = entry.stat(follow_symlinks=False)
+                mode = st.st_mode
         except FileNotFoundError:
             continue  # removed while it was read
-        mode = st.st_mode
         if stat.S_ISDIR(mode):
             try:
                 sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
@@ -913,7 +918,7 @@ def _freeze_dir(dfd, here, seen, left, depth):
             finally:
                 os.close(sub)
             os.chown(dst, st.st_uid, st.st_gid)
-            os.chmod(dst, stat.S_IMODE(mode))
+            os.chmod(dst, stat.S_IMODE(st.st_mode))
             os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
         elif stat.S_ISREG(mode):
             try:
