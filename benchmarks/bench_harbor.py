@@ -71,9 +71,8 @@ def make_tasks(root: Path) -> tuple[Path, Path]:
     return offline, public
 
 
-def rows(offline: Path, public: Path, compose: bool) -> dict[str, tuple[Path, list[str]]]:
-    labels = json.dumps({BENCH_LABEL: "harbor-" + uuid.uuid4().hex[:8]})
-    vf = ["--env", PROVIDER, "--ek", f"labels={labels}"]
+def rows(offline: Path, public: Path, compose: bool, label: str) -> dict[str, tuple[Path, list[str]]]:
+    vf = ["--env", PROVIDER, "--ek", f"labels={json.dumps({BENCH_LABEL: label})}"]
     out = {
         "vf cells": (offline, [*vf, "--ek", "rollout_isolation=cell"]),
         "vf containers": (offline, [*vf, "--ek", "rollout_isolation=container"]),
@@ -120,7 +119,8 @@ def main() -> None:
               "the comparison is vf cells vs vf containers only", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-harbor-") as tmp:
         offline, public = make_tasks(Path(tmp))
-        table = rows(offline, public, compose)
+        label = "harbor-" + uuid.uuid4().hex[:8]  # our sandboxes and the images built for them
+        table = rows(offline, public, compose, label)
         jobs = Path(tmp) / "jobs"
         for name, (tasks, env_args) in table.items():  # untimed: images built and cached
             run_job(tasks, env_args, jobs, f"warm-{name.replace(' ', '-')}", 1, args.concurrency)
@@ -131,6 +131,10 @@ def main() -> None:
                 tasks, env_args = table[name]
                 samples[name].append(run_job(tasks, env_args, jobs, f"r{r}-{name.replace(' ', '-')}",
                                              args.attempts, args.concurrency))
+    ids = subprocess.run(["docker", "images", "-q", "--filter", f"label={BENCH_LABEL}={label}"], capture_output=True,
+                         text=True).stdout.split()
+    if ids:  # the task images our rows built (Harbor's docker row keeps its compose images, as it does)
+        subprocess.run(["docker", "rmi", *sorted(set(ids))], capture_output=True)
     n_trials = len(EXAMPLES) + 1
     print(f"Harbor oracle run: {n_trials} tasks x {args.attempts} attempts at -n {args.concurrency}, "
           f"{args.rounds} timed rounds (medians)")

@@ -17,7 +17,9 @@ declares wins over them:
   (`SupportsImageBuild.build_image`, offline: its FROM must be a local image such as
   vf-sandbox/python:3.11 or vf-sandbox/base:bookworm; content-addressed, so a second
   run reuses it; `force_build` rebuilds), or the task's prebuilt `docker_image`, or
-  the `image` option when it is given explicitly. A task with a
+  the `image` option when it is given explicitly. The built image carries the
+  `labels` option (and `vf-sandbox.framework=harbor`): it is part of the content key,
+  so a run with labels of its own has images of its own, removable by label. A task with a
   `docker-compose.yaml` is refused (no compose: one sandbox per trial).
 * resources: the task's `cpus` and `memory_mb` (after Harbor's `--override-*`) are
   hard limits (cpu_cores, memory_gb), `storage_mb` the disk size (disk_size_gb, where
@@ -228,7 +230,8 @@ class VfHarborEnvironment(BaseEnvironment):
             return image
         request = ImageBuildRequest(
             repository=IMAGE_REPOSITORY, dockerfile=self._dockerfile.read_text(), context=self.environment_dir,
-            labels={FRAMEWORK_LABEL: FRAMEWORK}, timeout=float(self.task_env_config.build_timeout_sec))
+            labels={**self.options.labels, FRAMEWORK_LABEL: FRAMEWORK},  # the option's labels mark the image too
+            timeout=float(self.task_env_config.build_timeout_sec))
         built = await image_builder(backend).build_image(
             request, force=force_build, on_log=lambda line: self.logger.debug(line.rstrip()))
         self.logger.debug(f"image {built.name} ({'cached' if built.cached else f'built in {built.seconds:.1f} s'})")

@@ -56,6 +56,23 @@ def _harbor_venv() -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture
+def run_label():
+    """The label of this test's sandboxes and images ({RUN_LABEL: id}). The images its runs
+    built carry it (the provider puts its `labels` option on them, part of their content
+    key): they are removed after the test, so no test leaves an image behind."""
+    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    yield label
+
+    def images() -> list[str]:
+        return sorted(set(subprocess.run(["docker", "images", "-q", "--filter", f"label={RUN_LABEL}={label[RUN_LABEL]}"],
+                                         capture_output=True, text=True, timeout=60).stdout.split()))
+
+    if ids := images():
+        subprocess.run(["docker", "rmi", *ids], capture_output=True, timeout=120)
+    assert images() == [], "the test's images could not be removed"
+
+
 def _leftovers(label: dict[str, str], wait: float = 20.0) -> list[str]:
     """Containers with `label` still there after up to `wait` seconds."""
     (key, value), = label.items()
@@ -131,12 +148,12 @@ def _variant(tmp_path: Path, name: str, *, toml: str | None = None, solve: str |
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_oracle_passes(tmp_path, python_image, mode):
+def test_oracle_passes(tmp_path, python_image, run_label, mode):
     """The oracle passes every task (reward 1, no exception) in this mode; the sandbox got the
     task's workdir and memory limit and no network; no sandbox is left."""
     if mode == "gvisor":
         require_gvisor()
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     job = harbor_run(_tasks_dir(tmp_path, PASSING_EXAMPLES), tmp_path / "jobs", *MODES[mode], label=label)
     results = trials(job)
     assert sorted(results) == sorted([*PASSING_EXAMPLES, "answer"])
@@ -159,10 +176,10 @@ def test_oracle_passes(tmp_path, python_image, mode):
     assert _leftovers(label) == []
 
 
-def test_wrong_oracle_fails(tmp_path, python_image):
+def test_wrong_oracle_fails(tmp_path, python_image, run_label):
     """A task whose oracle writes the wrong answer: the trial runs cleanly and Harbor's verdict
     is reward 0."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     wrong = "#!/bin/bash\necho 41 > /app/answer.txt\n"
     job = harbor_run(_variant(tmp_path, "wrong-oracle", solve=wrong), tmp_path / "jobs", "rollout_isolation=cell",
                      label=label)
@@ -173,11 +190,11 @@ def test_wrong_oracle_fails(tmp_path, python_image):
     assert _leftovers(label) == []
 
 
-def test_other_user_is_refused(tmp_path, python_image):
+def test_other_user_is_refused(tmp_path, python_image, run_label):
     """user-owned-notes runs its agent and verifier as `worker`, the image as root (Harbor's
     own bookkeeping runs as root): our sandboxes cannot switch users (capabilities dropped),
     so the trial fails with UserSwitchUnsupported instead of running as the wrong user."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     job = harbor_run(_tasks_dir(tmp_path, ["user-owned-notes"], own=False), tmp_path / "jobs", label=label)
     trial = trials(job)["user-owned-notes"]
     assert trial["exception_info"]["exception_type"] == "UserSwitchUnsupported", trial["exception_info"]
@@ -190,11 +207,11 @@ def test_other_user_is_refused(tmp_path, python_image):
     ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "network_mode='allowlist' is not supported by "
      "vf-sandbox environment"),
 ])
-def test_network_the_sandbox_cannot_give_is_refused(tmp_path, python_image, policy, needle):
+def test_network_the_sandbox_cannot_give_is_refused(tmp_path, python_image, run_label, policy, needle):
     """A public network without the operator's consent, or an allowlist (no backend here filters
     egress by host): Harbor's run stops before any sandbox starts (it builds the environment up
     front), naming the reason; no verdict is written."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     proc = harbor_cli(_variant(tmp_path, "net", toml=policy), tmp_path / "jobs", label=label)
     output = " ".join((proc.stdout + proc.stderr).replace("\u2502", " ").split())
     assert proc.returncode != 0, output[-3000:]
@@ -203,10 +220,10 @@ def test_network_the_sandbox_cannot_give_is_refused(tmp_path, python_image, poli
     assert _leftovers(label, wait=0) == []
 
 
-def test_public_network_with_consent(tmp_path, python_image):
+def test_public_network_with_consent(tmp_path, python_image, run_label):
     """A public-network task with `--ek network=true`: a container gets a network interface;
     a cell cannot have one, and the backend refuses it (ConfigError), never runs it offline."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     tasks = _variant(tmp_path, "net", toml="")
     trial = trials(harbor_run(tasks, tmp_path / "jobs", "network=true", label=label))["net"]
     assert trial["exception_info"] is None, trial["exception_info"]
@@ -219,11 +236,11 @@ def test_public_network_with_consent(tmp_path, python_image):
     assert _leftovers(label) == []
 
 
-def test_agent_timeout_kills_the_command(tmp_path, python_image):
+def test_agent_timeout_kills_the_command(tmp_path, python_image, run_label):
     """An oracle past its task's agent timeout (3 s): Harbor records AgentTimeoutError, the
     sandbox stays usable (the verifier runs in it: reward 0) and the timed-out command's
     processes are gone by then."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     slow = "#!/bin/bash\nsleep 600\necho 42 > /app/answer.txt\n"
     tasks = _variant(tmp_path, "slow", solve=slow)
     toml = tasks / "slow" / "task.toml"
@@ -238,11 +255,11 @@ def test_agent_timeout_kills_the_command(tmp_path, python_image):
     assert _leftovers(label) == []
 
 
-def test_healthcheck(tmp_path, python_image):
+def test_healthcheck(tmp_path, python_image, run_label):
     """The task's [environment.healthcheck] runs in the sandbox before the agent: one that
     passes (the task's file is there, in the workdir) lets the oracle pass; one that never
     passes stops the trial with Harbor's HealthcheckError."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     for name, command in (("healthy", "test -f numbers.txt"), ("unhealthy", "test -f /nonexistent")):
         tasks = _variant(tmp_path, name)
         toml = tasks / name / "task.toml"
@@ -257,14 +274,14 @@ def test_healthcheck(tmp_path, python_image):
 
 
 @pytest.mark.parametrize("mode", ["container", "cell"])
-def test_environment_api(tmp_path, python_image, mode):
+def test_environment_api(tmp_path, python_image, run_label, mode):
     """Harbor's BaseEnvironment operations on the provider, driven directly from .venv-harbor
     (tests/data/harbor_provider_probe.py): exec's exit code, separate streams, task + exec env,
     the Dockerfile's workdir, cwd, root, a user it cannot switch to (UserSwitchUnsupported), a
     timeout (Harbor's Docker wording; the sandbox stays usable); a tree uploaded into an
     existing directory (kept files, exec bits, symlinks), a file into new parents, downloads
     overwriting stale files, is_dir / is_file, a missing file, nothing after stop."""
-    label = {RUN_LABEL: uuid.uuid4().hex[:12]}
+    label = run_label
     proc = subprocess.run(
         [str(HARBOR.with_name("python")), str(ROOT / "tests" / "data" / "harbor_provider_probe.py"), str(OWN_TASK),
          str(tmp_path), f"rollout_isolation={mode}", f"labels={json.dumps({**TEST_LABELS, **label})}"],
