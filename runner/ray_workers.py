@@ -112,86 +112,111 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
     """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
     awaiting `on_group(rows)` here for every finished group; `local` (the runner's
     environment) runs groups in this process until every actor is ready."""
-    from ray.exceptions import (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
-                                RuntimeEnvSetupError)
-
     started = start_actors(cfg)  # they start in the background, while `local` runs groups
-    n = len(started)
-    share = per_worker_concurrency(cfg, n)
-    groups = GroupDispatcher(inputs, share)
-    groups.limit = n * groups.depth  # what the actors hold together; the stand-in never adds to it
-    actors: dict[int, Any] = dict(enumerate(started))
-    unready = set(actors)
-    pending: dict[asyncio.Future[Any], tuple[Any, int | None]] = {}  # future -> (worker, group id or None = ready)
-    if not groups.remaining:
+    share = per_worker_concurrency(cfg, len(started))
+    run = _RayRun(started, GroupDispatcher(inputs, share), share, local)
+    if not run.groups.remaining:
         await _shut_down([], started)
         return
-    for i in actors:
-        groups.add(i)
-        pending[asyncio.ensure_future(_awaitable(actors[i].ready.remote()))] = (i, None)
-    log.info("%d worker actor(s) over %d node(s), %s concurrent rollouts each", n, len(alive_nodes()),
-             share if share > 0 else "unlimited")
-    if local is not None:
-        groups.add(LOCAL, depth=groups.limit)
-        groups.ready(LOCAL)
-        log.info("running groups in the job's process until the worker actors are ready")
+    run.start()
+    try:
+        run.feed()
+        while run.groups.remaining:
+            if not run.pending:
+                raise WorkerFailed("no worker actor left to run the remaining groups")
+            done, _ = await asyncio.wait(list(run.pending), return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                await run.settle(fut, on_group)
+            run.feed()
+            run.release_stand_in()
+    finally:
+        await run.close()
 
-    def feed() -> None:
-        for i in groups.alive:
-            for gid, group in groups.take(i):
-                run = local.run(gid, group) if i == LOCAL and local is not None else \
-                    _awaitable(actors[i].run_group.remote(gid, group))
-                pending[asyncio.ensure_future(run)] = (i, gid)
 
-    standing_in = [local is not None]
-    released: list[asyncio.Future[None]] = []
+class _RayRun:
+    """The state of one `generate_on_ray`: the actors (and which are not ready yet), the
+    groups' dispatcher, the calls in flight, and the stand-in (`local`, the job's own
+    process) that runs groups until every actor is ready."""
 
-    def settled(i: Any) -> None:  # actor i is ready or dead
-        unready.discard(i)
-        if not unready and standing_in[0]:
-            standing_in[0] = False
-            groups.retire(LOCAL)
+    def __init__(self, started: list[Any], groups: GroupDispatcher, share: int, local: GroupRunner | None):
+        self.groups, self.share, self.local = groups, share, local
+        self.n = len(started)
+        groups.limit = self.n * groups.depth  # what the actors hold together; the stand-in never adds to it
+        self.actors: dict[int, Any] = dict(enumerate(started))
+        self.unready = set(self.actors)
+        self.pending: dict[asyncio.Future[Any], tuple[Any, int | None]] = {}  # -> (worker, group id; None = ready)
+        self.standing_in = local is not None
+        self.released: list[asyncio.Future[None]] = []
+
+    def start(self) -> None:
+        """Ask every actor whether it is ready; the stand-in takes groups at once."""
+        groups = self.groups
+        for i in self.actors:
+            groups.add(i)
+            self.pending[asyncio.ensure_future(_awaitable(self.actors[i].ready.remote()))] = (i, None)
+        log.info("%d worker actor(s) over %d node(s), %s concurrent rollouts each", self.n, len(alive_nodes()),
+                 self.share if self.share > 0 else "unlimited")
+        if self.local is not None:
+            groups.add(LOCAL, depth=groups.limit)
+            groups.ready(LOCAL)
+            log.info("running groups in the job's process until the worker actors are ready")
+
+    def feed(self) -> None:
+        """Hand every live worker the groups it may take now."""
+        for i in self.groups.alive:
+            for gid, group in self.groups.take(i):
+                run = self.local.run(gid, group) if i == LOCAL and self.local is not None else \
+                    _awaitable(self.actors[i].run_group.remote(gid, group))
+                self.pending[asyncio.ensure_future(run)] = (i, gid)
+
+    def _settled(self, i: Any) -> None:  # actor i is ready or dead
+        self.unready.discard(i)
+        if not self.unready and self.standing_in:
+            self.standing_in = False
+            self.groups.retire(LOCAL)
             log.info("the worker actors are ready: the job's process runs no more groups")
 
-    try:
-        feed()
-        while groups.remaining:
-            if not pending:
-                raise WorkerFailed("no worker actor left to run the remaining groups")
-            done, _ = await asyncio.wait(list(pending), return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                i, gid = pending.pop(fut)
-                exc = fut.exception()
-                if i != LOCAL and isinstance(exc, (ActorDiedError, ActorUnavailableError, ActorUnschedulableError,
-                                                   RayActorError, RuntimeEnvSetupError)):
-                    settled(i)
-                    if i not in groups.held:
-                        continue
-                    lost = groups.lost(i)
-                    actors.pop(i, None)
-                    log.warning("worker actor %d died (%s); %d unfinished group(s) go to the other workers",
-                                i, type(exc).__name__, len(lost))
-                    if not [x for x in groups.alive if x != LOCAL]:
-                        raise WorkerFailed(f"every worker actor died; last: actor {i}: {exc}")
-                elif exc is not None:
-                    raise exc
-                elif gid is None:
-                    log.info("worker actor %d ready on %s", i, fut.result())
-                    groups.ready(i)
-                    settled(i)
-                elif groups.finished(i, gid):
-                    await on_group(fut.result())
-            feed()
-            if local is not None and not standing_in[0] and not groups.held.get(LOCAL) and not released:
-                # its last group is in: the stand-in's sandboxes (its warm pool on the head) go, meanwhile
-                released.append(asyncio.ensure_future(local.release()))
-    finally:
-        for fut in pending:
+    async def settle(self, fut: asyncio.Future[Any], on_group: GroupSink) -> None:
+        """One finished call: an actor ready, a group's rows (written once), or an actor dead
+        (its groups go to the others; WorkerFailed when none is left)."""
+        from ray.exceptions import (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError,
+                                    RuntimeEnvSetupError)
+
+        i, gid = self.pending.pop(fut)
+        exc = fut.exception()
+        if i != LOCAL and isinstance(exc, (ActorDiedError, ActorUnavailableError, ActorUnschedulableError,
+                                           RayActorError, RuntimeEnvSetupError)):
+            self._settled(i)
+            if i not in self.groups.held:
+                return
+            lost = self.groups.lost(i)
+            self.actors.pop(i, None)
+            log.warning("worker actor %d died (%s); %d unfinished group(s) go to the other workers",
+                        i, type(exc).__name__, len(lost))
+            if not [x for x in self.groups.alive if x != LOCAL]:
+                raise WorkerFailed(f"every worker actor died; last: actor {i}: {exc}")
+        elif exc is not None:
+            raise exc
+        elif gid is None:
+            log.info("worker actor %d ready on %s", i, fut.result())
+            self.groups.ready(i)
+            self._settled(i)
+        elif self.groups.finished(i, gid):
+            await on_group(fut.result())
+
+    def release_stand_in(self) -> None:
+        """Once the stand-in's last group is in, its sandboxes (its warm pool on the head) go, meanwhile."""
+        if self.local is not None and not self.standing_in and not self.groups.held.get(LOCAL) and not self.released:
+            self.released.append(asyncio.ensure_future(self.local.release()))
+
+    async def close(self) -> None:
+        for fut in self.pending:
             fut.cancel()
-        if local is not None:
-            await local.close()
-            await asyncio.gather(*(asyncio.shield(r) for r in released), return_exceptions=True)
-        await _shut_down([a for i, a in actors.items() if i not in unready], [a for i, a in actors.items() if i in unready])
+        if self.local is not None:
+            await self.local.close()
+            await asyncio.gather(*(asyncio.shield(r) for r in self.released), return_exceptions=True)
+        await _shut_down([a for i, a in self.actors.items() if i not in self.unready],
+                         [a for i, a in self.actors.items() if i in self.unready])
 
 
 def _awaitable(ref: Any) -> Awaitable[Any]:
