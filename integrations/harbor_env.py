@@ -56,11 +56,9 @@ per backend) and `atexit` cover a killed or interrupted Harbor.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
 import math
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +74,11 @@ except ImportError as exc:  # pragma: no cover - only the Harbor venv has harbor
         "scripts/setup.sh installs it with vf-sandbox into .venv-harbor") from exc
 from pydantic import Field
 
-from sandboxes import Sandbox, SandboxBackend, SandboxSpec, get_backend, lifecycle
+from sandboxes import Sandbox, SandboxBackend, SandboxSpec, get_backend
 from sandboxes.images import ImageBuildRequest, image_builder
 
 from ._choice import FRAMEWORK_LABEL, SandboxChoice
+from ._lifecycle import start_lifecycle
 
 FRAMEWORK = "harbor"
 TASK_LABEL = "vf-sandbox.harbor-task"  # not the trial: cells of one task share a host (labels are part of its key)
@@ -107,19 +106,6 @@ class _LoopBackend:
 
 
 _backends: dict[tuple[int, str], _LoopBackend] = {}
-_started = threading.Lock()
-_reaped: set[str] = set()
-
-
-def _start_lifecycle(backend: str) -> None:
-    """Once per process: remove at exit what is still tracked; once per backend: reap
-    what killed runs left (in the background)."""
-    with _started:
-        if not _reaped:
-            atexit.register(lifecycle.cleanup_all)
-        if backend not in _reaped:
-            _reaped.add(backend)
-            lifecycle.reap_in_background(backend)
 
 
 def _key(opts: VfHarborOptions) -> tuple[int, str]:
@@ -253,7 +239,7 @@ class VfHarborEnvironment(BaseEnvironment):
 
     # ------------------------------------------------------------ lifecycle
     async def start(self, force_build: bool) -> None:
-        _start_lifecycle(self.options.backend)
+        start_lifecycle(self.options.backend)
         self._backend = _acquire(self.options)
         try:
             image = await self._image(self._backend, force_build)
