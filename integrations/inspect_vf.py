@@ -36,14 +36,12 @@ How the contract maps (inspect's `SandboxEnvironment` docstrings):
 from __future__ import annotations
 
 import asyncio
-import atexit
 import errno
 import json
 import logging
 import math
 import posixpath
 import re
-import threading
 from pathlib import Path
 from typing import Any, Literal, Union, overload
 
@@ -71,10 +69,10 @@ from sandboxes import (
     UnknownUser,
     UserSwitchUnsupported,
     get_backend,
-    lifecycle,
 )
 
 from ._choice import FRAMEWORK_LABEL, SandboxChoice
+from ._lifecycle import start_lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +114,6 @@ def _label_value(text: str) -> str:
 # loop that opened them, and sandboxes of one choice share it (cells share its hosts).
 _backends: dict[tuple[int, str], SandboxBackend] = {}
 _sandboxes: dict[str, set[Sandbox]] = {}  # task name -> live sandboxes of its samples
-_started = threading.Lock()
-_reaped: set[str] = set()
 
 
 def _backend_key(cfg: VfSandboxConfig) -> tuple[int, str]:
@@ -143,17 +139,6 @@ async def _close_backends() -> None:
             log.warning("closing backend %s: %s", key[1], exc)
 
 
-def _start_lifecycle(backend: str) -> None:
-    """Once per process: remove at exit what is still tracked (inspect keeps its own signal
-    handlers), and once per backend: reap what killed runs left (in the background)."""
-    with _started:
-        if not _reaped:
-            atexit.register(lifecycle.cleanup_all)
-        if backend not in _reaped:
-            _reaped.add(backend)
-            lifecycle.reap_in_background(backend)
-
-
 @sandboxenv(name="vf")
 class VfSandboxEnvironment(SandboxEnvironment):
     """One sample's sandbox: inspect's operations on a vf-sandbox `Sandbox`."""
@@ -171,7 +156,7 @@ class VfSandboxEnvironment(SandboxEnvironment):
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         cfg = _load_config(config)
         cfg.spec()  # a config the spec refuses fails here, before any sample
-        _start_lifecycle(cfg.backend)
+        start_lifecycle(cfg.backend)
 
     @classmethod
     async def sample_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
