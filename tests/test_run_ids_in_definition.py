@@ -119,24 +119,32 @@ def test_the_runner_records_the_run_in_the_definitions_registry(tmp_path, monkey
     """The registry file named by the definition is used, whatever $VF_RUNS_DB says."""
     import asyncio
 
+    import uuid
+
     from runner.display import make_display
     from runner.runner import run_evals
     from runs import registry
+    from sandboxes import labels
 
     envdir, out = probe_env(tmp_path)
     monkeypatch.setenv("VF_RUNS_DB", str(tmp_path / "environ.db"))
     cfg = C.build_eval_config({"env_id": "label_probe", "env_dir_path": str(envdir), "env_args": {"out": str(out)},
                                "model": "openai/none", "num_examples": 2, "rollouts_per_example": 1,
                                "output_dir": str(tmp_path / "o"), "save_results": True})
+    label = "def" + uuid.uuid4().hex[:9]
     cfg = cfg.model_copy(update={"runs_db": str(tmp_path / "def.db"), "run_id": "abcabcabcabc",
-                                 "sandbox_run_id": "deflabel"})
-    with make_display(True, False) as display:
-        (res,) = asyncio.run(run_evals([cfg], display))
+                                 "sandbox_run_id": label})
+    own = labels.run_id()
+    try:
+        with make_display(True, False) as display:
+            (res,) = asyncio.run(run_evals([cfg], display))
+    finally:
+        labels.set_run_id(own)  # this test process's sandboxes keep their own label
     assert res.status == "completed", res.error
     (rec,) = registry.list_runs(path=tmp_path / "def.db")
-    assert (rec.id, rec.sandbox_run_id, rec.status) == ("abcabcabcabc", "deflabel", "completed")
+    assert (rec.id, rec.sandbox_run_id, rec.status) == ("abcabcabcabc", label, "completed")
     assert not (tmp_path / "environ.db").exists()
-    assert {w["label"] for w in seen(out).values()} == {"deflabel"}  # this process labels with the definition's
+    assert {w["label"] for w in seen(out).values()} == {label}  # this process labels with the definition's
 
 
 def test_a_hosted_job_gets_its_ids_in_the_definition_not_its_environment(tmp_path, monkeypatch):
