@@ -15,6 +15,7 @@ by the host's id, never by a path).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 
 import pytest
@@ -266,12 +267,10 @@ async def test_a_cell_cannot_stack_or_freeze_a_layer_it_was_not_given(compromise
     # as the cell's own code: its agent cannot be made to write anything (layer 1)
     assert_refused(await attack(attacker, "inject", 1, payload), "injection")
     # as a compromised cell agent, on the cell's real channel: the host ends the sender (layer 2)
-    for _ in range(3):  # ESRCH: the agent was not in a blocking read when seized (a loaded machine); again
-        done = await attack(host, "inject", attacker.init_pid, payload)
-        if done["ok"] or done["errno"] != 3:
-            break
-        await asyncio.sleep(0.2)
-    assert done["ok"], done
+    done = await attack(host, "inject", attacker.init_pid, payload)
+    # ESRCH: the host ended the cell (killing its agent) before the injector had restored it;
+    # that the lines were delivered is what the next check proves
+    assert done["ok"] or done["errno"] == errno.ESRCH, done
     with pytest.raises(SandboxNotRunning, match="broke the agent protocol"):
         for _ in range(50):
             await attacker.exec("true")
