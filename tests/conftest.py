@@ -53,6 +53,22 @@ def one_at_a_time(name: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def leftover_containers(label: dict[str, str], wait: float = 20.0) -> list[str]:
+    """Ids of the containers carrying `label` (one key=value) still there after up to `wait`
+    seconds (a removal at a process's exit may still be finishing in the engine)."""
+    import subprocess
+    import time
+
+    (key, value), = label.items()
+    deadline = time.monotonic() + wait
+    while True:
+        out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={key}={value}"], capture_output=True,
+                             text=True, timeout=60).stdout.split()
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
 def docker_required() -> bool:
     return os.environ.get("VF_REQUIRE_DOCKER") == "1"
 
