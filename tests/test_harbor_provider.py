@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_LABELS, docker_required, require_gvisor
+from conftest import ROOT, TEST_LABELS, docker_required, leftover_containers, require_gvisor
 
 pytestmark = pytest.mark.docker
 
@@ -71,18 +71,6 @@ def run_label():
     if ids := images():
         subprocess.run(["docker", "rmi", *ids], capture_output=True, timeout=120)
     assert images() == [], "the test's images could not be removed"
-
-
-def _leftovers(label: dict[str, str], wait: float = 20.0) -> list[str]:
-    """Containers with `label` still there after up to `wait` seconds."""
-    (key, value), = label.items()
-    deadline = time.monotonic() + wait
-    while True:
-        out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={key}={value}"], capture_output=True,
-                             text=True, timeout=60).stdout.split()
-        if not out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
 
 
 def harbor_cli(tasks: Path, jobs: Path, *ek: str, label: dict[str, str],
@@ -173,7 +161,7 @@ def test_oracle_passes(tmp_path, python_image, run_label, mode):
     log = "".join(p.read_text() for p in job.glob("*/trial.log"))
     kind = {"container": "container, runc", "cell": "cell, runc", "gvisor": "container, gvisor"}[mode]
     assert f"({'docker'}, {kind})" in log, log[-2000:]
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []
 
 
 def test_wrong_oracle_fails(tmp_path, python_image, run_label):
@@ -187,7 +175,7 @@ def test_wrong_oracle_fails(tmp_path, python_image, run_label):
     assert trial["exception_info"] is None, trial["exception_info"]
     assert reward(trial) == 0.0
     assert "answer: 41" in (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []
 
 
 def test_other_user_is_refused(tmp_path, python_image, run_label):
@@ -199,7 +187,7 @@ def test_other_user_is_refused(tmp_path, python_image, run_label):
     trial = trials(job)["user-owned-notes"]
     assert trial["exception_info"]["exception_type"] == "UserSwitchUnsupported", trial["exception_info"]
     assert "cannot switch users" in trial["exception_info"]["exception_message"]
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []
 
 
 @pytest.mark.parametrize("policy, needle", [
@@ -217,7 +205,7 @@ def test_network_the_sandbox_cannot_give_is_refused(tmp_path, python_image, run_
     assert proc.returncode != 0, output[-3000:]
     assert needle in output, output[-3000:]
     assert list((tmp_path / "jobs").glob("*/*/verifier/reward.*")) == []
-    assert _leftovers(label, wait=0) == []
+    assert leftover_containers(label, wait=0) == []
 
 
 def test_public_network_with_consent(tmp_path, python_image, run_label):
@@ -233,7 +221,7 @@ def test_public_network_with_consent(tmp_path, python_image, run_label):
                               label=label))["net"]
     assert trial["exception_info"]["exception_type"] == "ConfigError", trial["exception_info"]
     assert "a cell has only loopback" in trial["exception_info"]["exception_message"]
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []
 
 
 def test_agent_timeout_kills_the_command(tmp_path, python_image, run_label):
@@ -252,7 +240,7 @@ def test_agent_timeout_kills_the_command(tmp_path, python_image, run_label):
     assert reward(trial) == 0.0
     seen = (trial["_dir"] / "verifier" / "sandbox.txt").read_text()
     assert "sleeping=0" in seen, seen
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []
 
 
 def test_healthcheck(tmp_path, python_image, run_label):
@@ -270,7 +258,7 @@ def test_healthcheck(tmp_path, python_image, run_label):
     assert reward(results["healthy"]) == 1.0
     assert results["unhealthy"]["exception_info"]["exception_type"] == "HealthcheckError", \
         results["unhealthy"]["exception_info"]
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []
 
 
 @pytest.mark.parametrize("mode", ["container", "cell"])
@@ -297,4 +285,4 @@ def test_environment_api(tmp_path, python_image, run_label, mode):
     assert seen["is_dir"] == [True, False] and seen["is_file"] == [True, False]
     assert seen["download_missing"] == "FileNotFound"
     assert "not started" in seen["after_stop"]
-    assert _leftovers(label) == []
+    assert leftover_containers(label) == []

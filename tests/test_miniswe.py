@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import yaml
 
 import minisweagent  # noqa: F401  (the frameworks extra must be installed: an ImportError fails, never skips)
 
-from conftest import TEST_LABELS
+from conftest import TEST_LABELS, leftover_containers
 
 pytestmark = pytest.mark.docker
 
@@ -41,19 +40,6 @@ def _hermetic_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "mswea-config"), "MSWEA_SILENT_STARTUP": "1",
             "MSWEA_CONFIGURED": "1", "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "NO_COLOR": "1"}
-
-
-def _leftovers(label: dict[str, str], wait: float = 20.0) -> list[str]:
-    """Containers with `label` still there after up to `wait` seconds (a removal at the
-    process's exit may still be finishing in the engine)."""
-    (key, value), = label.items()
-    deadline = time.monotonic() + wait
-    while True:
-        out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={key}={value}"], capture_output=True,
-                             text=True, timeout=60).stdout.split()
-        if not out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
 
 
 def test_mini_cli_runs_in_a_vf_sandbox(tmp_path, python_image):
@@ -81,7 +67,7 @@ def test_mini_cli_runs_in_a_vf_sandbox(tmp_path, python_image):
     observations = [m for m in traj["messages"] if m.get("role") == "tool"]
     assert observations and "root" in json.dumps(observations[0]) and "to-stderr" in json.dumps(observations[0])
     assert (tmp_path / "mswea-config").is_dir()  # its global config dir was the test's, not ~/.config
-    assert _leftovers(run_label) == []
+    assert leftover_containers(run_label) == []
 
 
 def test_environment_protocol_in_process(python_image, tmp_path):
