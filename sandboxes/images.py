@@ -252,6 +252,14 @@ def _update_with_file(h: Any, path: Path) -> None:
             h.update(chunk)
 
 
+def dockerfile_workdir(dockerfile: str) -> str | None:
+    """The working directory a Dockerfile's image starts in: its final stage's last absolute
+    WORKDIR, or None when that stage sets none (then the parent image's applies)."""
+    final = re.split(r"(?im)^\s*FROM\s", dockerfile)[-1]
+    found = re.findall(r"(?im)^\s*WORKDIR\s+(\S+)\s*$", final)
+    return found[-1] if found and found[-1].startswith("/") else None
+
+
 def log_tail(lines: Sequence[str], n: int = LOG_TAIL_LINES) -> str:
     """The last `n` non-empty lines of a build log."""
     text = "".join(lines)
