@@ -75,7 +75,7 @@ except ImportError as exc:  # pragma: no cover - only the Harbor venv has harbor
 from pydantic import Field
 
 from sandboxes import Sandbox, SandboxBackend, SandboxSpec, get_backend
-from sandboxes.images import ImageBuildRequest, image_builder
+from sandboxes.images import ImageBuildRequest, dockerfile_workdir, image_builder
 
 from ._choice import FRAMEWORK_LABEL, SandboxChoice
 from ._lifecycle import start_lifecycle
@@ -147,13 +147,6 @@ async def _close_when_idle(key: tuple[int, str], entry: _LoopBackend) -> None:
 
 
 # ---------------------------------------------------------------- the environment
-def _dockerfile_workdir(dockerfile: str) -> str | None:
-    """The final stage's last WORKDIR (absolute ones only), or None."""
-    stages = re.split(r"(?im)^\s*FROM\s", dockerfile)
-    found = re.findall(r"(?im)^\s*WORKDIR\s+(\S+)\s*$", stages[-1])
-    return found[-1] if found and found[-1].startswith("/") else None
-
-
 class VfHarborEnvironment(BaseEnvironment):
     """One Harbor trial's environment: a vf-sandbox sandbox (a container or a cell)."""
 
@@ -197,7 +190,7 @@ class VfHarborEnvironment(BaseEnvironment):
     def _dockerfile_workdir(self) -> str | None:
         if self._image_override() or self.task_env_config.docker_image or not self._dockerfile.is_file():
             return None
-        return _dockerfile_workdir(self._dockerfile.read_text())
+        return dockerfile_workdir(self._dockerfile.read_text())
 
     def _image_override(self) -> str | None:
         return self.options.image if "image" in self.options.model_fields_set else None
