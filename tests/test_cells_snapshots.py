@@ -20,14 +20,14 @@ import json
 
 import pytest
 
-from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker, require_gvisor
-from sandboxes import ConfigError, ImageNotFound, InfraError, SandboxNotRunning, SandboxSpec
+from conftest import DEFAULT_TEST_IMAGE, require_docker, require_gvisor
+from sandboxes import ConfigError, ImageNotFound, InfraError, SandboxNotRunning
 from sandboxes.labels import SNAPSHOT_OF
+from test_cells import RUNTIMES, backend, cell_spec  # noqa: F401  (backend: the cells suite's fixture, runc + gVisor)
 from test_hostile import assert_refused, attack, lines_b64
 
 pytestmark = pytest.mark.docker
 
-RUNTIMES = ["runc", "gvisor"]
 LAYERS = "/run/.vf-layers"
 
 
@@ -42,21 +42,6 @@ async def _backend(isolation: str):
     be = DockerBackend()
     be.test_isolation = isolation
     return be
-
-
-@pytest.fixture(params=RUNTIMES)
-async def backend(request):
-    be = await _backend(request.param)
-    try:
-        yield be
-    finally:
-        await be.close()
-
-
-def cell_spec(backend, **kw) -> SandboxSpec:
-    base = dict(image=DEFAULT_TEST_IMAGE, labels=dict(TEST_LABELS), rollout_isolation="namespace",
-                isolation=backend.test_isolation, memory_gb=0.5, timeout_minutes=10, pids_limit=128)
-    return SandboxSpec(**{**base, **kw})
 
 
 async def py(sb, code: str):

@@ -725,16 +725,21 @@ def _open_cell(req, fd, cgroups, cells):
             os.close(alive_r)
             cell_first_child(conf, fd, w, alive_w, cells)
         except BaseException as exc:
-            try:
-                os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
-            except OSError:
-                pass
+            report_failure(w, exc)
         finally:
             os._exit(1)
     os.close(w)
     os.close(alive_w)
     cells[cell] = (pid, conf["cgroups"])
     return {"watcher": pid, "handle": cell}, [r, alive_r]
+
+
+def report_failure(fd, exc):
+    """A forked child's last word on its report channel: "error <Type>: <message>"."""
+    try:
+        os.write(fd, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
+    except OSError:
+        pass
 
 
 def read_until_eof(fd, timeout, what):
@@ -1031,10 +1036,7 @@ def _layer_job(req, fd):
                 done = 0
             os.write(w, ("ok %d\n" % done).encode())
         except BaseException as exc:
-            try:
-                os.write(w, ("error %s: %s\n" % (type(exc).__name__, exc)).encode())
-            except OSError:
-                pass
+            report_failure(w, exc)
         finally:
             os._exit(0)
     os.close(w)
