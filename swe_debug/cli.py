@@ -118,7 +118,7 @@ def env_args(a: dict[str, Any]) -> dict[str, Any]:
         "run_tests": not a["no_tests"], "output_tail_chars": a["output_tail_chars"], "cpu_cores": a["cpu_cores"],
         "memory_gb": a["memory_gb"], "namespace": a["namespace"], "registry": a.get("registry"), "push_to": a["push_to"],
         "keep_images": a["keep_images"], "dataset_format": a.get("dataset_format"),
-        "rollout_isolation": a.get("rollout_isolation"),
+        "rollout_isolation": a.get("rollout_isolation"), "setup_scope": a.get("setup_scope"),
     }
     return {k: v for k, v in out.items() if v is not None}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -91,6 +91,10 @@ class SWEDebugOptions(BaseModel):
         "--rollout-isolation", help="Each instance in a new container (`container`) or in a cell of a pooled "
         "container of its image (`namespace`: private overlay, namespaces, cgroup limits; see README) "
         "\\[default: container].")] = None
+    setup_scope: Annotated[Optional[Literal["rollout", "group"]], _o(
+        "--setup-scope", help="`group`: an instance's image and setup once, then each attempt (--repeat, "
+        "--check-fails-before) in a fork of that prepared sandbox (cells: milliseconds; containers: an engine "
+        "commit); `rollout`: setup per attempt \\[default: rollout].")] = None
     isolation: Annotated[Optional[str], _o(
         "--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) "
         "\\[default: runc].")] = None
