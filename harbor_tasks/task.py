@@ -12,12 +12,12 @@ with the feature silently dropped.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from sandboxes.errors import UsageError
+from sandboxes.images import dockerfile_workdir
 
 from .config import TaskConfig
 
@@ -100,8 +100,7 @@ class HarborTask(BaseModel):
         """The WORKDIR the task's Dockerfile leaves (its last one), if it sets one."""
         if not self.dockerfile.is_file():
             return None
-        found = re.findall(r"(?im)^\s*WORKDIR\s+(\S+)\s*$", self.dockerfile.read_text(errors="replace"))
-        return found[-1] if found else None
+        return dockerfile_workdir(self.dockerfile.read_text(errors="replace"))
 
     def workdir(self) -> str | None:
         """Where commands run: `[environment].workdir`, else the image's WORKDIR."""
