@@ -230,7 +230,9 @@ async def test_bad_lines_end_only_their_sender(backend, compromised, mode, kind)
     assert_refused(await attack(attacker, "inject", agent_pid(attacker, mode), payload), "injection")
     if mode == "cell":  # as a compromised agent, on the cell's real channel (layer 2)
         done = await attack(attacker.host.sandbox, "inject", attacker.init_pid, payload)
-        assert done["ok"], done
+        # ESRCH: the host ended the cell for the injected lines before the injector had restored
+        # its agent (seen under parallel load); that the lines arrived is what the next check proves
+        assert done["ok"] or done.get("errno") == errno.ESRCH, done
         with pytest.raises(SandboxNotRunning, match="broke the agent protocol"):
             for _ in range(50):
                 await attacker.exec("true")
