@@ -35,17 +35,16 @@ import time
 from typing import Any, Literal
 
 from envs.decorators import teardown
-from envs.environment import Environment
+from envs.verdict_env import VERDICT, VerdictEnv
 from envs.rubrics.rubric import Rubric
-from envs.types import RolloutInput, SamplingArgs, State
-from sandboxes import Sandbox, SandboxSpec, UsageError, UserSwitchUnsupported, find_infra_error
+from envs.types import State
+from sandboxes import Sandbox, SandboxSpec, UsageError, UserSwitchUnsupported
 from sandboxes.rollouts import RolloutSandboxes
 
 from .phases import PhaseResult, VerifierOutcome, run_oracle, run_verifier
 from .sandbox import build_image, sandbox_spec
 from .task import HarborTask, TaskUnsupported
 
-VERDICT = "verdict"
 GateStep = Literal["oracle", "none"]
 
 
@@ -81,10 +80,10 @@ def judge(after: VerifierOutcome, oracle: PhaseResult | None, before: VerifierOu
     return True, "pass", ""
 
 
-class HarborGateEnv(Environment):
+class HarborGateEnv(VerdictEnv):
     """No-model gate over Harbor tasks (module docstring)."""
 
-    requires_model = False
+    item_kind = "task"
 
     def __init__(self, tasks: list[HarborTask], *, debug_step: GateStep = "oracle", input_errors: list[dict[str, Any]] | None = None,
                  rollout_isolation: str | None = None, isolation: str | None = None, output_tail_chars: int = 2000,
@@ -92,7 +91,7 @@ class HarborGateEnv(Environment):
         if debug_step not in ("oracle", "none"):
             raise UsageError(f"Harbor tasks have the debug steps 'oracle' (solve.sh, the default) and 'none' "
                              f"(the tests only); not {debug_step!r}")
-        self.tasks = {t.name: t for t in tasks}
+        self.tasks = self.items = {t.name: t for t in tasks}
         self.debug_step = debug_step
         self.input_errors = list(input_errors or [])
         self.rollout_isolation = rollout_isolation
@@ -114,36 +113,6 @@ class HarborGateEnv(Environment):
 
     def isolation_in_use(self) -> str | None:
         return self.isolation_name or "runc"
-
-    # ------------------------------------------------------------------ the rollout
-    async def rollout(self, input: RolloutInput, client: Any, model: str,
-                      sampling_args: SamplingArgs | None = None) -> State:
-        state = await self.init_state(input, client, model, sampling_args)
-        timing = state["timing"]
-        timing.generation.start = timing.setup.start = timing.setup.end = time.time()
-        info = dict(state.get("info") or {})
-        state["info"] = info
-        t0 = time.perf_counter()
-        name = info.get("instance_id")
-        try:
-            if name not in self.tasks:
-                raise UsageError(f"task {name!r} is not in this run's tasks")
-            verdict = await self.verify(self.tasks[name])
-        except Exception as exc:  # InfraError: the runner retries the rollout; else a bug of ours
-            state["error"] = exc
-            infra = find_infra_error(exc)
-            detail = str(infra) if infra else f"internal error: {type(exc).__name__}: {exc}"
-            verdict = {"instance_id": name, "valid": False, "reason": "sandbox_error", "detail": detail[:2000],
-                       "timings": {"total_s": round(time.perf_counter() - t0, 4)}}
-        info[VERDICT] = verdict
-        for k, v in (verdict.get("timings") or {}).items():
-            self.record_metric(state, k, v)
-        state["completion"] = []
-        state["is_completed"] = True
-        state["stop_condition"] = "verdict"
-        timing.generation.end = time.time()
-        await self.cleanup(state)
-        return state
 
     async def verify(self, task: HarborTask) -> dict[str, Any]:
         """The verdict on one task. Raises InfraError (sandbox trouble) only."""

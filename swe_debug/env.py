@@ -38,10 +38,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from envs.decorators import teardown
-from envs.environment import EnvSettings, Environment
+from envs.environment import EnvSettings
+from envs.verdict_env import VERDICT, VerdictEnv
 from envs.rubrics.rubric import Rubric
 from envs.types import RolloutInput, SamplingArgs, State
-from sandboxes import UsageError, find_infra_error
+from sandboxes import UsageError
 from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.spec import RolloutIsolation, SandboxSpec
 
@@ -50,7 +51,6 @@ from sandboxes.group_setup import PreparedGroup
 from .debug import DebugOptions, DebugOutcome, debug_spec, group_setup, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
 
-VERDICT = "verdict"  # the key of a row's `info` holding the verdict
 log = logging.getLogger("swe_debug.env")
 
 _GROUP: contextvars.ContextVar[tuple[str, PreparedGroup] | None] = contextvars.ContextVar("vf_swe_group", default=None)
@@ -85,12 +85,11 @@ class SWEDebugSettings(EnvSettings):
         "rollout", description="An instance's setup per attempt, or once per group of attempts (-r k) with a fork each.")
 
 
-class SWEDebugEnv(Environment):
+class SWEDebugEnv(VerdictEnv):
     """No-agent debugger for SWE-style SandboxTaskSet instances. Per rollout it creates
     the task sandbox, optionally runs task setup, runs one debug step (none,
     gold_patch, command, or script), and optionally runs tests and grades them."""
 
-    requires_model = False  # for runners: no model endpoint is needed (nothing is ever sent to one)
 
     def __init__(
         self,
@@ -139,7 +138,7 @@ class SWEDebugEnv(Environment):
         # created per rollout (no warm pool), held until deleted, what is left deleted at teardown
         self.sandboxes = RolloutSandboxes(SandboxSpec(name="swe-debug"), pool_size=0)
         self._backend_seen: Any = None  # the backend the taskset was told about
-        self._by_id = {taskset.instance_id(i): i for i in taskset.instances()}
+        self._by_id = self.items = {taskset.instance_id(i): i for i in taskset.instances()}
         if dataset is None:
             dataset = [self._row(i) for i in taskset.instances()]
         super().__init__(dataset=dataset, rubric=SWEDebugRubric(), **kwargs)
@@ -242,37 +241,6 @@ class SWEDebugEnv(Environment):
                 await asyncio.shield(group.close())
             if prepared is not None:
                 await asyncio.shield(self.taskset.release(inst, prepared))
-
-    # ------------------------------------------------------------------ the rollout
-    async def rollout(
-        self, input: RolloutInput, client: Any, model: str, sampling_args: SamplingArgs | None = None
-    ) -> State:
-        state = await self.init_state(input, client, model, sampling_args)
-        timing = state["timing"]
-        timing.generation.start = timing.setup.start = timing.setup.end = time.time()
-        info = dict(state.get("info") or {})  # the input's dict is shared by retries: copy before writing
-        state["info"] = info
-        t0 = time.perf_counter()
-        try:
-            iid = info.get("instance_id")
-            if iid not in self._by_id:
-                raise UsageError(f"instance {iid!r} is not in the taskset")
-            verdict = await self.verify(self._by_id[iid])
-        except Exception as exc:  # an InfraError left by the sandbox (retried by the runner) or a bug of ours
-            state["error"] = exc
-            infra = find_infra_error(exc)
-            detail = str(infra) if infra else f"internal error: {type(exc).__name__}: {exc}"
-            verdict = {"instance_id": iid, "valid": False, "reason": "sandbox_error", "detail": detail[:2000],
-                       "timings": {"total_s": round(time.perf_counter() - t0, 4)}}
-        info[VERDICT] = verdict
-        for k, v in (verdict.get("timings") or {}).items():
-            self.record_metric(state, k, v)
-        state["completion"] = []
-        state["is_completed"] = True
-        state["stop_condition"] = "verdict"
-        timing.generation.end = time.time()
-        await self.cleanup(state)
-        return state
 
     async def verify(self, inst: Any) -> dict[str, Any]:
         """The verdict on one instance: image, optional run without the patch, then
