@@ -464,3 +464,31 @@ def test_worker_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, clust
     assert Counter(r["example_id"] for r in rows) == {i: 2 for i in range(20)}  # 0 lost, 0 duplicated
     assert meta["status"] == "completed" and not any(r.get("error") for r in rows)
 
+
+
+def test_hosted_group_setup_once_per_group_every_rollout_a_fork(tmp_path, cluster, python_image):
+    """Issue 28 on a Ray cluster: `-x setup_scope=group` in a hosted run sets each example
+    up once (on whichever node runs its group) and every rollout is a fork of it."""
+    from test_sandbox_env import wait_gone
+
+    env_dir = ROOT / "tests" / "data" / "group_setup_env"
+    sys.path.insert(0, str(env_dir))
+    import group_setup_env
+
+    label = uuid.uuid4().hex[:12]
+    counter = tmp_path / "setups.txt"  # the nodes are processes of this machine: one file for all
+    args = {"counter_path": str(counter), "num_examples": 3, "docker_image": python_image,
+            "labels": {"vf-sandbox.test": "1", "vf-test-case": label}}
+    with ModelServer(group_setup_env.scripted_policy()).run_in_thread() as srv:
+        p = vf(tmp_path, cluster, "eval", "group-setup-env", "-p", str(env_dir.parent), "-m", "test-model",
+               "-b", srv.base_url, "-k", "VF_TEST_KEY", "-o", "out", "--hosted", "--follow", "--poll-interval", "0.5",
+               "--allow-sandbox-access", "-n", "3", "-r", "3", "-c", "6", "-a", json.dumps(args),
+               "-x", "setup_scope=group")
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
+    rows, meta = saved(tmp_path)
+    assert meta["status"] == "completed" and len(rows) == 9
+    assert [r["reward"] for r in rows] == [1.0] * 9
+    assert [r["metrics"]["sandbox_forked"] for r in rows] == [1.0] * 9  # every rollout a fork
+    lines = counter.read_text().splitlines()
+    assert sorted(line.split()[1] for line in lines) == ["0", "1", "2"]  # one setup per group
+    assert wait_gone({"vf-test-case": label}) == []
