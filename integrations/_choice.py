@@ -41,6 +41,7 @@ class SandboxChoice(BaseModel):
     network: bool = _default("network")
     workdir: str = _default("workdir")
     user: str | None = _default("user")
+    user_switch: bool = _default("user_switch")
     environment_vars: dict[str, str] = Field(default_factory=dict, description=_SPEC["environment_vars"].description)
     labels: dict[str, str] = Field(default_factory=dict, description=_SPEC["labels"].description)
 

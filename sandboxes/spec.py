@@ -4,6 +4,14 @@ Defaults follow the reference `SandboxEnv` (python:3.11-slim, 1 core, 2 GB,
 5 GB disk, 60 min lifetime, 30 s per command) and are secure by default:
 networking off, every capability dropped, no-new-privileges, a pids limit.
 
+`user_switch` (off by default) lets `exec(user=...)` run a command as another
+user: the sandbox keeps exactly CAP_SETUID, CAP_SETGID and CAP_SETPCAP for its
+agent alone (no-new-privileges stays on); every command the agent starts loses
+them before it runs (a switched user by the kernel's uid change plus a dropped
+bounding set, a root command by dropping them from all its capability sets),
+so the sandboxed code itself never holds a capability. Docker containers only;
+other backends and cells refuse it with a ConfigError.
+
 `isolation` picks the kernel boundary: "runc" (namespaces + cgroups on the
 host kernel) or "gvisor" (a user-space kernel between the sandbox and the
 host: Docker's `runsc` runtime, Kubernetes' gVisor RuntimeClass). Backends
@@ -53,6 +61,9 @@ class SandboxSpec(BaseModel):
         "container", description='What each sandbox is: "container" (a new container / pod) or "namespace" (a cell '
         'of a pooled host container: private overlay, PID/IPC/UTS/network namespaces, cgroup limits; made in '
         'milliseconds; see sandboxes/cells.py).')
+    user_switch: bool = Field(
+        False, description="Let exec(user=...) switch users: the agent (never the commands) keeps CAP_SETUID/"
+        "CAP_SETGID/CAP_SETPCAP. Off by default (every capability dropped); Docker containers only.")
     pids_limit: int = Field(1024, gt=0, description="Max processes inside the sandbox.")
     output_limit_bytes: int = Field(DEFAULT_OUTPUT_LIMIT, gt=0, description="Bytes kept per output stream of one exec.")
 
@@ -81,3 +92,10 @@ def refuse_gvisor(spec: SandboxSpec, backend: str, instead: str) -> None:
     (never silently run weaker); `instead` says which backend can."""
     if spec.isolation == "gvisor":
         raise ConfigError(f"isolation='gvisor' is not available on the {backend} backend; {instead}")
+
+
+def refuse_user_switch(spec: SandboxSpec, backend: str) -> None:
+    """Raise ConfigError when `spec` asks for user switching from a backend that cannot give it."""
+    if spec.user_switch:
+        raise ConfigError(f"user_switch=True is not available on the {backend} backend: only the docker backend's "
+                          "containers (rollout_isolation='container') can switch users")
