@@ -158,16 +158,23 @@ def setup_cgroups():
     return paths
 
 
-def make_cgroup(cgroups, name, conf):
-    """The cell's cgroup in each controller, with its limits; returns the dirs made."""
-    made = []
+def make_cgroup(cgroups, name):
+    """The cell's cgroup in each controller, no limit yet (`limit_cgroup`): {controller: dir}."""
+    made = {}
     for ctl, base in cgroups.items():
         path = os.path.join(base, name)
         try:
             os.mkdir(path)
         except FileExistsError:  # controllers co-mounted (cpu,cpuacct): one directory
             pass
-        made.append(path)
+        made[ctl] = path
+    return made
+
+
+def limit_cgroup(made, conf):
+    """Write the cell's limits into its cgroup dirs (`make_cgroup`), before any code of the
+    cell runs."""
+    for ctl, path in made.items():
         if ctl == "pids":
             write_text(path + "/pids.max", str(int(conf["pids_limit"])))
         elif ctl == "memory":
@@ -184,7 +191,6 @@ def make_cgroup(cgroups, name, conf):
                 write_text(path + "/cpu.cfs_quota_us", str(max(1000, int(conf["cpu_cores"] * 100000))))
             except OSError:
                 pass  # gVisor's cpu controller has no CFS files
-    return made
 
 
 def join_cgroups(paths):
@@ -463,16 +469,34 @@ def keep_only_fds(keep):
         os.closerange(lo + 1, hi)
 
 
-def cell_first_child(conf, sock_fd, report, alive, inherited):
-    """Runs in a fresh child of the zygote: cgroup, namespaces, filesystem; then forks
-    the cell's PID 1 and reports its pid (as seen by the host agent) with a descriptor of
-    the cell's upper layer (what `cell_snapshot` freezes; the cell's tmpfs lives in the
-    cell's mount namespace only). It holds `alive` open until the cell is gone (EOF there
-    tells the host agent so). `inherited`: the zygote's bookkeeping of the other live
-    cells, forgotten at once (not the cell's)."""
+def spare_child(paths, stage, ctl, report, alive, inherited):
+    """A cell's first child forked before its request (`_make_spare`): it forgets the
+    zygote's bookkeeping of the live cells (`inherited`), joins the cell's cgroup (its
+    limits are written by the zygote before the request reaches it: no code of the cell
+    runs before), then waits on `ctl` for the cell's limits and socket. Joining a cgroup
+    waits for an RCU grace period on cgroup v1 (~10 ms on a quiet machine): done here, it
+    is off the path of the next `cell_open`. EOF on `ctl`: no cell for it, it exits."""
     inherited.clear()
+    keep_only_fds([ctl, report, alive])
+    join_cgroups(paths)
+    chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, ctl)
+    try:
+        conf, fds = _recv(chan)
+    finally:
+        chan.close()
+    if conf is None or len(fds) != 1:
+        os._exit(0)
+    conf["cgroups"], conf["stage"] = paths, stage
+    cell_first_child(conf, fds[0], report, alive)
+
+
+def cell_first_child(conf, sock_fd, report, alive):
+    """Runs in the cell's spare child of the zygote, in the cell's cgroup: namespaces,
+    filesystem; then forks the cell's PID 1 and reports its pid (as seen by the host agent)
+    with a descriptor of the cell's upper layer (what `cell_snapshot` freezes; the cell's
+    tmpfs lives in the cell's mount namespace only). It holds `alive` open until the cell is
+    gone (EOF there tells the host agent so)."""
     keep_only_fds([sock_fd, report, alive])
-    join_cgroups(conf["cgroups"])
     unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET)
     make_private()
     root = build_root(conf)
@@ -622,8 +646,9 @@ def _send(sock, msg, fds=()):
         sock.sendall(data)
 
 
-def _reap(cells):
-    """Reap watchers whose cell ended by itself (lifetime, agent exit) and free their cgroups."""
+def _reap(cells, spares):
+    """Reap watchers whose cell ended by itself (lifetime, agent exit) and free their cgroups;
+    a spare that died is marked so (its pid is never signalled again)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -631,6 +656,9 @@ def _reap(cells):
             return
         if pid == 0:
             return
+        for spare in spares:
+            if spare["pid"] == pid:
+                spare["pid"] = None
         for cell, (watcher, paths) in list(cells.items()):
             if watcher == pid:
                 del cells[cell]
@@ -655,9 +683,12 @@ def zygote_main(sock):
     except OSError as exc:
         problem = "cannot prepare cells: %s (the host sandbox needs CAP_SYS_ADMIN)" % exc
     cells = {}  # the zygote's serial of a live cell -> (watcher pid, cgroup dirs): nothing else
+    spares = []  # at most one `_make_spare` while cells are live (none left once all are closed)
     while True:
         ready, _, _ = select.select([sock], [], [], 0.1)
-        _reap(cells)
+        _reap(cells, spares)
+        if spares and not cells:
+            _discard(spares.pop())
         if not ready:
             continue
         try:
@@ -672,7 +703,7 @@ def zygote_main(sock):
             if req["op"] == "open":
                 if problem:
                     raise CellsUnsupported(problem)
-                reply, out_fds = _open_cell(req, fd, cgroups, cells)
+                reply, out_fds = _open_cell(req, fd, cgroups, cells, spares)
             elif req["op"] in ("freeze", "drop"):
                 reply, out_fds = _layer_job(req, fd)
             else:
@@ -685,6 +716,13 @@ def zygote_main(sock):
         _send(sock, reply, out_fds)
         for out_fd in out_fds:
             os.close(out_fd)
+        if not problem and cells and not spares:  # the next open's first child, ahead of its request
+            try:
+                spares.append(_make_spare(cgroups, cells, spares))
+            except Exception as exc:
+                log("cells: no spare cell child (%r)" % exc)
+    while spares:
+        _discard(spares.pop())
     for cell, (watcher, paths) in list(cells.items()):  # the host agent is gone: so are its cells
         _kill_wait(watcher)
         _free(cell, paths)
@@ -694,44 +732,79 @@ def zygote_main(sock):
 _serial = [0]
 
 
-def _open_cell(req, fd, cgroups, cells):
-    """Fork the cell's watcher and return at once: ({"watcher": pid, "handle": serial},
-    [the read end of its report pipe, the read end of a pipe the watcher holds until the
-    cell is gone]). The host agent's request threads read them (cells are built and torn
-    down in parallel; the zygote only forks and signals). `req` holds the cell's limits
-    only (ZYGOTE_KEYS); the cell is named by the zygote's own serial."""
-    conf = {k: req["conf"][k] for k in ZYGOTE_KEYS}
-    conf["lower"] = [str(d) for d in req["conf"].get("lower") or []]
-    for d in conf["lower"]:
-        if os.path.dirname(d) != LAYERS or not os.path.basename(d).isalnum():
-            raise CellSetupError("not a layer directory: %r" % d)
+def _make_spare(cgroups, cells, spares):
+    """Fork a cell's first child ahead of its request (`spare_child`): its serial, cgroup
+    dirs (no limit yet) and stage, and the zygote's ends of its channels."""
     _serial[0] += 1
     cell = _serial[0]
-    conf["cgroups"] = make_cgroup(cgroups, "vf-cell-%d" % cell, conf)
-    conf["stage"] = "%s/%d" % (STAGE, cell)
-    os.makedirs(conf["stage"], exist_ok=True)
+    made = make_cgroup(cgroups, "vf-cell-%d" % cell)
+    stage = "%s/%d" % (STAGE, cell)
+    os.makedirs(stage, exist_ok=True)
+    ctl, ctl_child = socket.socketpair()
     r, w = (s.detach() for s in socket.socketpair())  # a socket: the watcher passes the upper layer's fd on it
     alive_r, alive_w = os.pipe()
     try:
         pid = os.fork()
     except OSError:
-        for x in (r, w, alive_r, alive_w):
+        ctl.close()
+        for x in (ctl_child.detach(), r, w, alive_r, alive_w):
             os.close(x)
-        remove_cgroups(conf["cgroups"])
+        _free(cell, list(made.values()))
         raise
     if pid == 0:
         try:
+            ctl.close()
             os.close(r)
             os.close(alive_r)
-            cell_first_child(conf, fd, w, alive_w, cells)
+            del spares[:]
+            spare_child(list(made.values()), stage, ctl_child.detach(), w, alive_w, cells)
         except BaseException as exc:
             report_failure(w, exc)
         finally:
             os._exit(1)
+    ctl_child.close()
     os.close(w)
     os.close(alive_w)
-    cells[cell] = (pid, conf["cgroups"])
-    return {"watcher": pid, "handle": cell}, [r, alive_r]
+    return {"serial": cell, "pid": pid, "made": made, "ctl": ctl, "report": r, "alive": alive_r}
+
+
+def _discard(spare):
+    """End a spare no cell took (SIGKILL: it runs no code of a cell) and free what it held."""
+    spare["ctl"].close()
+    os.close(spare["report"])
+    os.close(spare["alive"])
+    if spare["pid"] is not None:
+        _kill_wait(spare["pid"], signal.SIGKILL)
+    _free(spare["serial"], list(spare["made"].values()))
+
+
+def _open_cell(req, fd, cgroups, cells, spares):
+    """Hand the cell to a spare first child (`_make_spare`: made now when none is ready)
+    and return at once: ({"watcher": pid, "handle": serial}, [the read end of its report
+    socket, the read end of a pipe the watcher holds until the cell is gone]). The host
+    agent's request threads read them (cells are built and torn down in parallel; the
+    zygote only forks and signals). `req` holds the cell's limits only (ZYGOTE_KEYS); the
+    cell is named by the zygote's own serial."""
+    conf = {k: req["conf"][k] for k in ZYGOTE_KEYS}
+    conf["lower"] = [str(d) for d in req["conf"].get("lower") or []]
+    for d in conf["lower"]:
+        if os.path.dirname(d) != LAYERS or not os.path.basename(d).isalnum():
+            raise CellSetupError("not a layer directory: %r" % d)
+    spare = spares.pop() if spares else None
+    if spare is None or spare["pid"] is None:  # none ready, or it died: a fresh one
+        if spare is not None:
+            _discard(spare)
+        spare = _make_spare(cgroups, cells, spares)
+    try:
+        limit_cgroup(spare["made"], conf)  # before the child reads its request: no code of the cell ran yet
+        _send(spare["ctl"], conf, [fd])
+    except BaseException:
+        _discard(spare)
+        raise
+    spare["ctl"].close()
+    paths = list(spare["made"].values())
+    cells[spare["serial"]] = (spare["pid"], paths)
+    return {"watcher": spare["pid"], "handle": spare["serial"]}, [spare["report"], spare["alive"]]
 
 
 def report_failure(fd, exc):
@@ -787,11 +860,11 @@ def read_report(fd, timeout):
     return next((int(x.split()[1]) for x in lines if x.startswith("pid ")), None), fds[0]
 
 
-def _kill_wait(watcher):
+def _kill_wait(watcher, sig=signal.SIGTERM):
     """Take a cell down through its watcher (the zygote's own child: no pid reuse race);
     the watcher returns once the cell's init, and with it every process of the cell, is gone."""
     try:
-        os.kill(watcher, signal.SIGTERM)
+        os.kill(watcher, sig)
         os.waitpid(watcher, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
