@@ -26,7 +26,10 @@ How the contract maps (inspect's `SandboxEnvironment` docstrings):
   returncode 128 + signal, output past inspect's limit raises
   OutputLimitExceededError; `user=` another user than the sandbox's raises
   SandboxUserUnsupportedError where the sandbox cannot switch users (capabilities
-  dropped), an unknown user is a failed result naming it (as `docker exec` reports it);
+  dropped: the default); `user_switch=True` in the config (Docker containers only) lets
+  it switch, the sandbox's agent alone holding CAP_SETUID/SETGID/SETPCAP (a sample
+  declares no users up front, so it is the config's choice, off by default); an
+  unknown user is a failed result naming it (as `docker exec` reports it);
   a sandbox that is gone raises SandboxUnavailableError.
 * read_file / write_file: FileNotFoundError, IsADirectoryError, PermissionError from
   our typed PathErrors; a file past inspect's read limit raises OutputLimitExceededError.

@@ -39,7 +39,9 @@ MODES = {
 }
 
 _NO_CAPS = ("SandboxSpec drops every capability (the secure default): root in the sandbox cannot chown, so "
-            "adduser fails, and the agent cannot switch users (exec(user=) raises UserSwitchUnsupported)")
+            "adduser fails, and the agent cannot switch users (exec(user=) raises UserSwitchUnsupported); "
+            "user_switch=True lets exec(user=) switch (test_exec_as_another_user) but keeps root's commands "
+            "capability-free, so the check's adduser still cannot write /etc/gshadow")
 XFAIL: dict[str, dict[str, str]] = {
     "test_exec_as_user": {
         "container": _NO_CAPS,
@@ -76,6 +78,23 @@ def sandbox_env(vf_env, request):
 
 
 # ------------------------------------------------------------------ registration
+
+
+async def test_exec_as_another_user(python_image):
+    """user_switch=True in the config: inspect's exec(user=) runs as that user, and the
+    command holds no capability (the default config refuses: see XFAIL)."""
+    cfg = VfSandboxConfig(image=python_image, labels=dict(TEST_LABELS), timeout_minutes=15, user_switch=True)
+    task = "exec-as-user"
+    await VfSandboxEnvironment.task_init(task, cfg)
+    envs = await VfSandboxEnvironment.sample_init(task, cfg, {})
+    try:
+        env = envs["default"]
+        r = await env.exec(["sh", "-c", "id -un; grep CapEff /proc/self/status"], user="nobody")
+        assert r.success and r.stdout.split() == ["nobody", "CapEff:", "0000000000000000"], r
+        assert (await env.exec(["whoami"], user="root")).stdout.strip() == "root"
+    finally:
+        await VfSandboxEnvironment.sample_cleanup(task, cfg, envs, False)
+        await VfSandboxEnvironment.task_cleanup(task, cfg, True)
 
 
 async def test_config_defaults_are_the_spec_defaults():

@@ -4,7 +4,9 @@ attached exec per sandbox.
 
 Each container runs with networking off (unless `spec.network`: then on the
 project's egress-only bridge, see network.py; never host networking), every
-capability dropped, no-new-privileges, pids/memory(+swap)/CPU limits, an init
+capability dropped (`spec.user_switch`: all but SETUID/SETGID/SETPCAP, which the
+agent alone keeps and every command sheds; containers with the agent only),
+no-new-privileges, pids/memory(+swap)/CPU limits, an init
 process, AutoRemove, and PID 1 wrapped in `timeout -s KILL <lifetime>`: it is
 gone after `timeout_minutes` even if its owner was SIGKILLed. That timer is
 within reach of the container's root code (it can SIGSTOP `timeout`), so the
@@ -241,6 +243,17 @@ class DockerSandbox(AgentSandbox):
 # emptying the cell's capability bounding set (SETPCAP); the overlay acts on its upper layer with
 # the mounter's credentials, so a chmod / copy-up of a file of the cell's user needs FOWNER / CHOWN;
 # the watcher kills a cell's init running as another user (delete, lifetime): KILL
+USER_SWITCH_CAPS = ["SETUID", "SETGID", "SETPCAP"]  # spec.user_switch: the agent's, never a command's
+
+
+def check_user_switch(spec: SandboxSpec) -> None:
+    """ConfigError unless the agent of a user_switch container starts as root (only root's
+    agent holds the capabilities; commands still default to the image's user)."""
+    if spec.user not in (None, "", "0", "root") and not str(spec.user).startswith(("0:", "root:")):
+        raise ConfigError(f"user_switch=True needs the sandbox's agent to run as root, but spec.user={spec.user!r}: "
+                          "leave spec.user unset (or root) and pass exec(user=...) per command")
+
+
 CELL_HOST_CAPS = ["SYS_ADMIN", "DAC_OVERRIDE", "MKNOD", "SYS_CHROOT", "NET_ADMIN", "SETUID", "SETGID", "SETPCAP",
                   "FOWNER", "CHOWN", "KILL"]
 
@@ -498,6 +511,9 @@ class DockerBackend:
             "Init": True,
             "AutoRemove": True,
         }
+        if spec.user_switch and not cell_host:
+            check_user_switch(spec)
+            host["CapAdd"] = list(USER_SWITCH_CAPS)  # the agent's alone: dropped in every command it starts
         if cell_host:
             host["CapAdd"] = list(CELL_HOST_CAPS)
             if spec.isolation == "gvisor":
@@ -524,6 +540,9 @@ class DockerBackend:
 
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> AgentSandbox:
         if spec.rollout_isolation == "namespace":
+            if spec.user_switch:
+                raise ConfigError("user_switch=True is not available in cells (rollout_isolation='namespace': "
+                                  "their processes hold no capability); use rollout_isolation='container'")
             cell = await self.cells.create(spec)
             cell.snapshot_backend = self
             return cell
@@ -577,7 +596,7 @@ class DockerBackend:
         spec's cell host (the first rollouts' need it anyway) and finds an engine whose
         cgroups cannot be divided or an image without python3; and only where the cell
         host's agent has the hardening `sandboxes.cells.AUTO_HARDENING` requires."""
-        why = ("isolation='gvisor'" if spec.isolation != "runc"
+        why = ("isolation='gvisor'" if spec.isolation != "runc" else "user_switch=True" if spec.user_switch
                else "no python3 in the image" if spec.image in self._no_agent else "")
         if not why:
             try:  # network / GPUs are refused by the cells' own check before any host starts
@@ -782,6 +801,10 @@ class DockerBackend:
 
     async def _fallback(self, container, spec: SandboxSpec, name: str) -> AgentSandbox:
         from .fallback import ExecSandbox
+
+        if spec.user_switch:  # its commands are `docker exec`s: as root they would hold the capabilities
+            raise ConfigError(f"user_switch=True needs the in-sandbox agent (python3 >= 3.7 in the image); "
+                              f"{spec.image} has none")
 
         return ExecSandbox(container, backend=self, id=container.id, name=name, spec=spec)
 

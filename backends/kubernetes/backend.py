@@ -48,7 +48,7 @@ from sandboxes.errors import AgentError, BackendUnavailable, InfraError, Sandbox
 from sandboxes.images import RegistryAuth
 from sandboxes.results import SandboxInfo
 from sandboxes.snapshots import Snapshot, image_spec, in_registry, restore_tmp
-from sandboxes.spec import SandboxSpec, refuse_namespace
+from sandboxes.spec import SandboxSpec, refuse_namespace, refuse_user_switch
 
 from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
 from . import manifest as mf
@@ -202,6 +202,7 @@ class KubernetesBackend:
     # -- create
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> KubeSandbox:
         refuse_namespace(spec, "kubernetes")
+        refuse_user_switch(spec, "kubernetes")
         api = await self.connect()
         labels = {**spec.labels, **lc.lifecycle_labels(spec)}
         name = mf.pod_name(spec)

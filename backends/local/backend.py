@@ -43,7 +43,7 @@ from sandboxes.errors import SandboxCreateError, SandboxNotRunning, SnapshotUnsu
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent
 from sandboxes.settings import ProcessSettings
-from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace
+from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace, refuse_user_switch
 
 from .isolation import Isolation, find_bwrap, prepare_root, warn_unconfined_once
 
@@ -169,6 +169,7 @@ class LocalBackend:
     @idempotent
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> LocalSandbox:
         refuse_namespace(spec, "local")
+        refuse_user_switch(spec, "local")
         refuse_gvisor(spec, "local", "its commands are host processes (not a security boundary): use the "
                       "docker backend (runsc runtime) or kubernetes (a gVisor RuntimeClass)")
         if idempotency_key and idempotency_key in self._keys:

@@ -46,7 +46,7 @@ from sandboxes.errors import AgentError, ConfigError, Error, SandboxNotRunning, 
 from sandboxes.ratelimit import RateLimiter
 from sandboxes.retry import RetryPolicy, retry_op
 from sandboxes.results import SandboxInfo
-from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace
+from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace, refuse_user_switch
 
 from .._remote import RemoteAgentSandbox, shielded_create, start_bootstrapped, started_or_deleted
 from .errors import is_not_found, map_error
@@ -243,6 +243,7 @@ class PrimeBackend:
 
     async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> PrimeSandbox:
         refuse_namespace(spec, "prime")
+        refuse_user_switch(spec, "prime")
         refuse_gvisor(spec, "prime", "Prime does not let us choose the sandbox runtime: use the docker backend "
                       "(runsc runtime) or kubernetes (a gVisor RuntimeClass)")
         request = self._request(spec, idempotency_key or uuid.uuid4().hex)

@@ -9,6 +9,9 @@ slow command never blocks another. Every command runs in its own session
 (setsid): a timeout kills its whole process group and the agent lives on.
 Output buffers are bounded (head + tail kept, dropped bytes counted).
 On stdin EOF the agent kills every process group it started and exits.
+Where it holds CAP_SETUID/SETGID/SETPCAP (`SandboxSpec.user_switch`) every command
+sheds them in its child before exec (`prepare_shed`, `spawn`): the agent switches
+users, the sandboxed code never holds a capability.
 """
 
 import base64
@@ -99,7 +102,66 @@ class AgentUserError(Exception):
         self.kind = kind
 
 
-CAP_SETGID, CAP_SETUID = 6, 7
+CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
+SWITCH_CAPS = (CAP_SETGID, CAP_SETUID, CAP_SETPCAP)  # what a user_switch sandbox gives its agent alone
+PR_CAPBSET_DROP = 24
+CAP_VERSION_3 = 0x20080522
+_shed = []  # [libc] once the agent holds SWITCH_CAPS (user_switch): every command sheds them
+
+
+def _cap_sets():
+    """(effective, permitted, bounding) capability masks of this process, from /proc/self/status."""
+    caps = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("CapEff:", "CapPrm:", "CapBnd:")):
+                caps[line[:6]] = int(line.split()[1], 16)
+    return caps.get("CapEff", 0), caps.get("CapPrm", 0), caps.get("CapBnd", 0)
+
+
+def prepare_shed():
+    """Arm shedding when the agent (root, spec.user_switch) holds SWITCH_CAPS: ctypes and the
+    libc are loaded now, before any command runs, so the forked child only makes calls."""
+    try:
+        eff = _cap_sets()[0]
+    except (OSError, ValueError, IndexError):
+        return
+    if not any(eff & (1 << c) for c in SWITCH_CAPS):
+        return
+    import ctypes
+    import grp  # noqa: F401  (every module the agent imports late, imported before any
+    import pwd  # noqa: F401   command could plant a replacement where the agent holds these)
+    import stat  # noqa: F401
+    import tarfile  # noqa: F401
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _shed.append((libc, header, data))
+
+
+def drop_bounding():
+    """In a command's child before exec: drop SWITCH_CAPS from the bounding set (needs
+    CAP_SETPCAP, so before the sets are cleared). Raising fails the start."""
+    libc = _shed[0][0]
+    for cap in SWITCH_CAPS:
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError("PR_CAPBSET_DROP %d failed" % cap)
+
+
+def clear_sets():
+    """In a command's child, last: remove SWITCH_CAPS from its effective, permitted and
+    inheritable sets, so the sandboxed code never holds them. Raising fails the start."""
+    libc, header, data = _shed[0]
+    header[0], header[1] = CAP_VERSION_3, 0
+    if libc.capget(header, data) != 0:
+        raise OSError("capget failed")
+    mask = ~sum(1 << c for c in SWITCH_CAPS) & 0xFFFFFFFF
+    for i in (0, 1, 2, 3, 4, 5):  # effective, permitted, inheritable of caps 0-31 and 32-63
+        data[i] &= mask if i < 3 else 0xFFFFFFFF
+    header[0], header[1] = CAP_VERSION_3, 0
+    if libc.capset(header, data) != 0:
+        raise OSError("capset failed")
 
 
 def _can_switch_users():
@@ -107,14 +169,10 @@ def _can_switch_users():
     if os.geteuid() != 0:
         return False
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    eff = int(line.split()[1], 16)
-                    return bool(eff & (1 << CAP_SETUID)) and bool(eff & (1 << CAP_SETGID))
+        eff = _cap_sets()[0]
     except (OSError, ValueError, IndexError):
-        pass
-    return False
+        return False
+    return bool(eff & (1 << CAP_SETUID)) and bool(eff & (1 << CAP_SETGID))
 
 
 def user_switch(user):
@@ -147,6 +205,8 @@ def user_switch(user):
     env = {"HOME": home or "/"}
     if uname:
         env.update(USER=uname, LOGNAME=uname)
+    if _shed:  # the switch and the shedding in one child hook (spawn)
+        return {"_become": (groups, gid, uid), "_env": env}
     if sys.version_info >= (3, 9):
         return {"user": uid, "group": gid, "extra_groups": groups, "_env": env}
 
@@ -353,6 +413,17 @@ def spawn(req, stdin_pipe, switch=None):
         env = dict(env if env is not None else os.environ)
         env.update(switch.pop("_env"))
         env.update(req.get("env") or {})
+    become = switch.pop("_become", None)
+    if _shed:
+        def child():
+            if become is not None:
+                os.setgroups(become[0])
+                os.setgid(become[1])
+            drop_bounding()  # while CAP_SETPCAP is held
+            if become is not None:
+                os.setuid(become[2])  # 0 -> non-zero uid: the kernel clears permitted and effective
+            clear_sets()  # a root command (or uid 0 with another group): nothing of SWITCH_CAPS left
+        switch["preexec_fn"] = child
     return subprocess.Popen(
         command_argv(req),
         stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
@@ -1002,6 +1073,7 @@ def main():
 
 
 if __name__ == "__main__" and "--cells" not in sys.argv and "--cell-agent" not in sys.argv:
+    prepare_shed()
     try:
         main()
     except KeyboardInterrupt:
