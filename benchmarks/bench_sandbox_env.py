@@ -195,9 +195,12 @@ async def exec_p50(args, isolation: str = "runc") -> dict:
     base = dict(labels={**LABELS, "vf-bench-run": uuid.uuid4().hex[:8]}, memory_gb=0.5,  # the env's image
                 isolation=isolation)
     samples: dict[str, list[float]] = {"cell": [], "container": []}
+    made = []
     try:
         cell = await backend.create(SandboxSpec(**base, rollout_isolation="namespace"))
+        made.append(cell)
         container = await backend.create(SandboxSpec(**base, rollout_isolation="container"))
+        made.append(container)
         for sb in (cell, container):
             await sb.exec(["true"])
         rounds = 10
@@ -208,6 +211,8 @@ async def exec_p50(args, isolation: str = "runc") -> dict:
                     await sb.exec(["true"])
                     samples[name].append(time.perf_counter() - t0)
     finally:
+        for sb in made:  # backend.close() ends its cell hosts, not the containers it made
+            await sb.delete()
         await backend.close()
     return {name: {"p50_ms": pct(s, 0.5), "p95_ms": pct(s, 0.95), "n": len(s)} for name, s in samples.items()}
 
