@@ -5,6 +5,8 @@ The inspect_ai and mini-swe-agent configs both extend it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,3 +54,9 @@ class SandboxChoice(BaseModel):
         return SandboxSpec(**fields, labels={**self.labels, **(labels or {})},
                            rollout_isolation="namespace" if self.rollout_isolation == "cell" else "container",
                            **overrides)
+
+    def backend_key(self) -> tuple[int, str]:
+        """Which backend instance serves this choice: one per event loop and backend
+        (name + options), so the samples / trials of one run share it (and its cell hosts)."""
+        choice = json.dumps([self.backend, self.backend_options], sort_keys=True, default=str)
+        return id(asyncio.get_running_loop()), choice

@@ -59,7 +59,6 @@ per backend) and `atexit` cover a killed or interrupted Harbor.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 from pathlib import Path
@@ -111,13 +110,8 @@ class _LoopBackend:
 _backends: dict[tuple[int, str], _LoopBackend] = {}
 
 
-def _key(opts: VfHarborOptions) -> tuple[int, str]:
-    choice = json.dumps([opts.backend, opts.backend_options], sort_keys=True, default=str)
-    return id(asyncio.get_running_loop()), choice
-
-
 def _acquire(opts: VfHarborOptions) -> SandboxBackend:
-    key = _key(opts)
+    key = opts.backend_key()
     entry = _backends.get(key)
     if entry is None:
         entry = _backends[key] = _LoopBackend(get_backend(opts.backend, **opts.backend_options))
@@ -131,7 +125,7 @@ def _acquire(opts: VfHarborOptions) -> SandboxBackend:
 def _release(opts: VfHarborOptions) -> None:
     """The environment is done with its backend: close it once no other uses it for a while
     (also when the loop ends first: asyncio.run cancels the closer, which then closes)."""
-    key = _key(opts)
+    key = opts.backend_key()
     entry = _backends.get(key)
     if entry is None:
         return

@@ -119,13 +119,8 @@ _backends: dict[tuple[int, str], SandboxBackend] = {}
 _sandboxes: dict[str, set[Sandbox]] = {}  # task name -> live sandboxes of its samples
 
 
-def _backend_key(cfg: VfSandboxConfig) -> tuple[int, str]:
-    choice = json.dumps([cfg.backend, cfg.backend_options], sort_keys=True, default=str)
-    return id(asyncio.get_running_loop()), choice
-
-
 def _backend(cfg: VfSandboxConfig) -> SandboxBackend:
-    key = _backend_key(cfg)
+    key = cfg.backend_key()
     backend = _backends.get(key)
     if backend is None:
         backend = _backends[key] = get_backend(cfg.backend, **cfg.backend_options)
