@@ -609,17 +609,20 @@ def reap_orphans(interval=0.2):
     taken from the code that waits for it)."""
     while True:
         time.sleep(interval)
-        while True:
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                break
-            if info is None or info.si_pid in agent_children():
-                break  # none, or the agent's own: reaped where it is waited for
-            try:
-                os.waitpid(info.si_pid, 0)
-            except ChildProcessError:
-                pass
+        with _spawn_lock:  # a command between its fork and its registration: next round (program.py)
+            if _spawning[0]:
+                continue
+            while True:
+                try:
+                    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:
+                    break
+                if info is None or info.si_pid in agent_children():
+                    break  # none, or the agent's own: reaped where it is waited for
+                try:
+                    os.waitpid(info.si_pid, 0)
+                except ChildProcessError:
+                    pass
 
 
 # ------------------------------------------------------------------ zygote

@@ -38,6 +38,26 @@ _requests_lock = threading.Lock()
 _procs = {}  # pid -> Background
 _procs_lock = threading.Lock()
 _groups = set()  # pgids of running execs (killed on exit)
+# commands between their fork and the registration of their pid above: a cell's PID 1 reaps
+# orphans (cells_program.reap_orphans) and must never take the status of a child not yet
+# registered (subprocess then reads ECHILD as exit code 0: a failed command reported as
+# passed), so it reaps only while none is in that window (counted under _spawn_lock; the
+# spawns themselves run concurrently)
+_spawning = [0]
+_spawn_lock = threading.Lock()
+
+
+def spawn_registered(register, req, **kw):
+    """spawn(req, **kw), then register(proc), inside the window reap_orphans waits out."""
+    with _spawn_lock:
+        _spawning[0] += 1
+    try:
+        proc = spawn(req, **kw)
+        register(proc)
+        return proc
+    finally:
+        with _spawn_lock:
+            _spawning[0] -= 1
 _jobs = queue.SimpleQueue()  # work for idle worker threads
 _idle = [0]  # idle workers waiting on _jobs
 _idle_lock = threading.Lock()
@@ -513,10 +533,9 @@ def op_exec(req, ctx):
     oom_before = oom_kills()
     switch = user_switch(req.get("user"))
     try:
-        proc = spawn(req, stdin_pipe=bool(stdin_data), switch=switch)
+        proc = spawn_registered(lambda p: _groups.add(p.pid), req, stdin_pipe=bool(stdin_data), switch=switch)
     except (OSError, ValueError, TypeError) as exc:
         return failed_start(exc, started)
-    _groups.add(proc.pid)
     if stdin_data:
         def feed():
             try:
@@ -721,13 +740,15 @@ def op_start(req, ctx):
     keep = req.get("keep") or "newest"
     if keep not in ("newest", "head_tail"):
         raise AgentUsageError("keep must be newest or head_tail, not %r" % (keep,))
+    def register(proc):
+        bg = Background(proc, limit, keep)
+        with _procs_lock:
+            _procs[proc.pid] = bg
+
     try:
-        proc = spawn(req, stdin_pipe=True)
+        proc = spawn_registered(register, req, stdin_pipe=True)
     except (OSError, ValueError, TypeError) as exc:
         raise AgentUsageError("cannot start process: %s" % exc) from None
-    bg = Background(proc, limit, keep)
-    with _procs_lock:
-        _procs[proc.pid] = bg
     return {"pid": proc.pid}
 
 
