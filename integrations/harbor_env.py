@@ -34,13 +34,13 @@ declares wins over them:
   from our capabilities: no backend here filters egress by host.
 * workdir: the task's `workdir`, else the Dockerfile's last WORKDIR, else "/".
 * users: commands run as the image's user. A task whose agent or verifier (or a
-  step's) runs as a user other than root gets `user_switch=True` (SandboxSpec): the
-  container's agent alone keeps CAP_SETUID/SETGID/SETPCAP, every command sheds them, so
-  `exec(user=...)` switches while no task code holds a capability; `--ek
-  user_switch=true` asks for it for every task. Docker containers only: cells and
-  other backends refuse such a task (ConfigError). Without it another user fails loudly
-  with `UserSwitchUnsupported` (Harbor itself runs its bookkeeping as "root": images
-  must run as root).
+  step's) runs as another user needs the operator's consent, `--ek user_switch=true`
+  (SandboxSpec.user_switch; secure by default, as for the network): the container's
+  agent alone keeps CAP_SETUID/SETGID/SETPCAP, every command sheds them, so
+  `exec(user=...)` switches while no task code holds a capability. Docker containers
+  only: cells and other backends refuse it (ConfigError). Without it another user fails
+  loudly with `UserSwitchUnsupported` (Harbor itself runs its bookkeeping as "root":
+  images must run as root).
 
 exec runs `bash -c command` (as Harbor's Docker environment does) with the merged
 env (task env, trial env, per-exec env), cwd and timeout; a command past its timeout
@@ -200,23 +200,6 @@ class VfHarborEnvironment(BaseEnvironment):
         if not (self._image_override() or self.task_env_config.docker_image or self._dockerfile.is_file()):
             raise FileNotFoundError(f"{self._dockerfile} not found, and the task names no docker_image")
 
-    def _task_users(self) -> set[str]:
-        """Users other than root that the task's agent or verifier (or a step's) run as, from
-        its task.toml: a task naming one gets a sandbox that can switch users (user_switch)."""
-        import tomllib
-
-        path = self.environment_dir.parent / "task.toml"
-        try:
-            config = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError):
-            return set()
-        sections = [config.get("agent"), config.get("verifier")]
-        for step in config.get("steps") or []:
-            if isinstance(step, dict):
-                sections += [step.get("agent"), step.get("verifier")]
-        users = {str(s["user"]) for s in sections if isinstance(s, dict) and s.get("user") is not None}
-        return users - {"root", "0"}
-
     async def _image(self, backend: SandboxBackend, force_build: bool) -> str:
         """The image to run: the option's, the task's prebuilt one, or its Dockerfile built offline."""
         if (image := self._image_override() or self.task_env_config.docker_image):
@@ -232,7 +215,7 @@ class VfHarborEnvironment(BaseEnvironment):
 
     def _spec(self, image: str) -> SandboxSpec:
         overrides: dict[str, Any] = {"image": image, "workdir": self._workdir, "network": self._network,
-                                     "user_switch": self.options.user_switch or bool(self._task_users())}
+                                     "user_switch": self.options.user_switch}
         cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
         memory_mb = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
         if cpus is not None:

@@ -180,18 +180,25 @@ def test_wrong_oracle_fails(tmp_path, python_image, run_label):
 
 def test_other_user_runs_as_that_user(tmp_path, python_image, run_label):
     """user-owned-notes runs its agent and verifier as `worker`, the image as root (Harbor's
-    own bookkeeping runs as root): the task names a user, so the provider asks for
-    user_switch (the agent alone keeps CAP_SETUID/SETGID/SETPCAP) and the oracle's file is
-    made by worker, as Harbor's own run makes it. In cells (no capability at all) the same
-    task is refused before it starts, never run as the wrong user."""
+    own bookkeeping runs as root). Without consent the provider refuses the switch
+    (UserSwitchUnsupported: secure by default); with `--ek user_switch=true` (the agent alone
+    keeps CAP_SETUID/SETGID/SETPCAP) the oracle's file is made by worker, as Harbor's own run
+    makes it. In cells (no capability at all) the same task is refused before it starts,
+    never run as the wrong user."""
     label = run_label
-    job = harbor_run(_tasks_dir(tmp_path, ["user-owned-notes"], own=False), tmp_path / "jobs", label=label)
+    (tmp_path / "plain").mkdir()
+    plain = harbor_run(_tasks_dir(tmp_path / "plain", ["user-owned-notes"], own=False), tmp_path / "jobs-plain",
+                       label=label)
+    trial = trials(plain)["user-owned-notes"]
+    assert trial["exception_info"]["exception_type"] == "UserSwitchUnsupported", trial["exception_info"]
+    job = harbor_run(_tasks_dir(tmp_path, ["user-owned-notes"], own=False), tmp_path / "jobs", "user_switch=true",
+                     label=label)
     trial = trials(job)["user-owned-notes"]
     assert trial["exception_info"] is None, trial["exception_info"]
     assert reward(trial) == 1.0, (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()[-2000:]
     (tmp_path / "cells").mkdir()
     cells = harbor_run(_tasks_dir(tmp_path / "cells", ["user-owned-notes"], own=False), tmp_path / "jobs-cells",
-                       "rollout_isolation=cell", label=label)
+                       "rollout_isolation=cell", "user_switch=true", label=label)
     trial = trials(cells)["user-owned-notes"]
     assert trial["exception_info"]["exception_type"] == "ConfigError", trial["exception_info"]
     assert "not available in cells" in trial["exception_info"]["exception_message"]
