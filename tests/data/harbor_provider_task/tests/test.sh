@@ -9,5 +9,16 @@ echo "answer: $(cat /app/answer.txt 2>/dev/null || echo missing)"
   echo "user=$(id -un)"
   echo "memory_max=$(cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null | head -1)"
   echo "interfaces=$(ls /sys/class/net 2>/dev/null | tr '\n' ' ')"
-  echo "sleeping=$(cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$')"
+  # live sleep processes (a zombie is dead: it waits only to be reaped); the timed-out
+  # command's group is killed by the agent as the timeout's cancel reaches it, which can
+  # land just after this script starts on a loaded machine: look for up to 5 s
+  for _ in $(seq 50); do
+    n=0
+    for p in /proc/[0-9]*; do
+      [ "$(cat "$p/comm" 2>/dev/null)" = sleep ] && ! grep -q '^State:[[:space:]]*Z' "$p/status" 2>/dev/null && n=$((n + 1))
+    done
+    [ "$n" -eq 0 ] && break
+    sleep 0.1
+  done
+  echo "sleeping=$n"
 } > /logs/verifier/sandbox.txt
