@@ -17,9 +17,27 @@ from typing import Any
 from sandboxes import UsageError, find_infra_error
 
 from .environment import Environment
+from .rubrics.rubric import Rubric
 from .types import RolloutInput, SamplingArgs, State
 
 VERDICT = "verdict"  # the key of a row's `info` holding the verdict
+
+
+def verdict_of_state(state: State) -> dict[str, Any]:
+    """The verdict a rollout's state holds ({} before `rollout` wrote one)."""
+    return (state.get("info") or {}).get(VERDICT) or {}
+
+
+class VerdictRubric(Rubric):
+    """Reward 1 for a valid verdict, else 0."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+
+        def valid(state: State) -> float:
+            return 1.0 if verdict_of_state(state).get("valid") else 0.0
+
+        self.add_reward_func(valid, weight=1.0)
 
 
 class VerdictEnv(Environment):

@@ -35,9 +35,7 @@ import time
 from typing import Any, Literal
 
 from envs.decorators import teardown
-from envs.verdict_env import VERDICT, VerdictEnv
-from envs.rubrics.rubric import Rubric
-from envs.types import State
+from envs.verdict_env import VerdictEnv, VerdictRubric
 from sandboxes import Sandbox, SandboxSpec, UsageError, UserSwitchUnsupported
 from sandboxes.rollouts import RolloutSandboxes
 
@@ -46,22 +44,6 @@ from .sandbox import build_image, sandbox_spec
 from .task import HarborTask, TaskUnsupported
 
 GateStep = Literal["oracle", "none"]
-
-
-def verdict_of(state: State) -> dict[str, Any]:
-    return (state.get("info") or {}).get(VERDICT) or {}
-
-
-class GateRubric(Rubric):
-    """Reward 1 for a valid task."""
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
-
-        def valid(state: State) -> float:
-            return 1.0 if verdict_of(state).get("valid") else 0.0
-
-        self.add_reward_func(valid, weight=1.0)
 
 
 def judge(after: VerifierOutcome, oracle: PhaseResult | None, before: VerifierOutcome | None) -> tuple[bool, str, str]:
@@ -100,7 +82,7 @@ class HarborGateEnv(VerdictEnv):
         self.sandboxes = RolloutSandboxes(SandboxSpec(name="harbor-gate"), pool_size=0)
         dataset = [{"prompt": [{"role": "user", "content": t.instruction}], "answer": "", "task": "harbor-gate",
                     "info": {"instance_id": t.name, "repo": "harbor", "task_path": str(t.path)}} for t in tasks]
-        super().__init__(dataset=dataset, rubric=GateRubric(), **kwargs)
+        super().__init__(dataset=dataset, rubric=VerdictRubric(), **kwargs)
         self.set_backend(backend, backend_options)
 
     def set_backend(self, name: Any, options: dict[str, Any] | None = None) -> None:

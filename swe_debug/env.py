@@ -39,9 +39,8 @@ from pydantic import Field
 
 from envs.decorators import teardown
 from envs.environment import EnvSettings
-from envs.verdict_env import VERDICT, VerdictEnv
-from envs.rubrics.rubric import Rubric
-from envs.types import RolloutInput, SamplingArgs, State
+from envs.verdict_env import VerdictEnv, VerdictRubric
+from envs.types import RolloutInput, SamplingArgs
 from sandboxes import UsageError
 from sandboxes.rollouts import RolloutSandboxes
 from sandboxes.spec import RolloutIsolation, SandboxSpec
@@ -56,20 +55,8 @@ log = logging.getLogger("swe_debug.env")
 _GROUP: contextvars.ContextVar[tuple[str, PreparedGroup] | None] = contextvars.ContextVar("vf_swe_group", default=None)
 
 
-def verdict_of(state: State) -> dict[str, Any]:
-    return (state.get("info") or {}).get(VERDICT) or {}
-
-
-class SWEDebugRubric(Rubric):
-    """Reward 1 for a valid instance."""
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
-
-        def valid(state: State) -> float:
-            return 1.0 if verdict_of(state).get("valid") else 0.0
-
-        self.add_reward_func(valid, weight=1.0)
+class SWEDebugRubric(VerdictRubric):
+    """Reward 1 for a valid instance (the reference's name)."""
 
 
 class SWEDebugSettings(EnvSettings):
