@@ -196,6 +196,33 @@ _RETRY_KNOBS = {"base_delay": "initial_delay", "backoff_factor": "exp_base",
                 "max_backoff_seconds": "max_delay", "jitter": "jitter"}
 
 
+def _pop_reference_knobs(kwargs: dict[str, Any]) -> RetryPolicy | None:
+    """Drop the reference's HTTP-client knobs from kwargs and pop its retry knobs into a policy (None: none given)."""
+    for name in _REFERENCE_ONLY:
+        kwargs.pop(name, None)
+    return _operation_retry(kwargs)
+
+
+def _refuse_advanced_configs(advanced_configs: Any | None) -> None:
+    """`advanced_configs` is a Prime SDK setting: refused with a ConfigError naming what to use instead."""
+    if advanced_configs is not None:
+        raise ConfigError("SandboxEnv(advanced_configs=...) is a Prime SDK setting vf-sandbox does not support; "
+                          "use the sandbox spec arguments (cpu_cores, memory_gb, ...) or backend options")
+
+
+def _with_operation_retry(backend: str | SandboxBackend | None, backend_options: dict[str, Any] | None,
+                          operation_retry: RetryPolicy | None) -> dict[str, Any]:
+    """A copy of the backend options with the reference knobs' retry policy as `retry` (unless one is set);
+    a backend instance passed in keeps its own policy (warned)."""
+    backend_options = dict(backend_options or {})
+    if operation_retry is not None:
+        if backend is not None and not isinstance(backend, str):
+            log.warning("max_retries/base_delay/... apply to backends the env creates; the backend "
+                        "instance passed in keeps its own retry policy")
+        backend_options.setdefault("retry", operation_retry)
+    return backend_options
+
+
 def _operation_retry(kwargs: dict[str, Any]) -> RetryPolicy | None:
     """The sandbox-operation retry policy from the reference's knobs (popped from kwargs), if any was given."""
     max_retries = kwargs.pop("max_retries", None)
@@ -245,78 +272,41 @@ class SandboxEnv(StatefulToolEnv):
         sandbox_name: str = "sandbox-env",
         docker_image: str = _SPEC.image,
         start_command: str = _SPEC.start_command,
-        cpu_cores: float = _SPEC.cpu_cores,
-        memory_gb: float = _SPEC.memory_gb,
-        disk_size_gb: float = _SPEC.disk_size_gb,
-        gpu_count: int = _SPEC.gpu_count,
+        cpu_cores: float = _SPEC.cpu_cores, memory_gb: float = _SPEC.memory_gb,
+        disk_size_gb: float = _SPEC.disk_size_gb, gpu_count: int = _SPEC.gpu_count,
         timeout_minutes: float = _SPEC.timeout_minutes,
         timeout_per_command_seconds: float = _SPEC.timeout_per_command_seconds,
-        environment_vars: dict[str, str] | None = None,
-        team_id: str | None = None,
-        advanced_configs: Any | None = None,
+        environment_vars: dict[str, str] | None = None, team_id: str | None = None, advanced_configs: Any | None = None,
         labels: list[str] | dict[str, str] | None = None,
         *,
-        backend: str | SandboxBackend | None = None,
-        backend_options: dict[str, Any] | None = None,
-        pool_size: int | None = None,
-        persistent_shell: bool = True,
-        output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
-        workdir: str | None = None,
-        network: bool = _SPEC.network,
-        isolation: str = _SPEC.isolation,
-        rollout_isolation: str = "auto",
-        setup_scope: str = "rollout",
-        keep_sandbox_for_scoring: bool = False,
+        backend: str | SandboxBackend | None = None, backend_options: dict[str, Any] | None = None,
+        pool_size: int | None = None, persistent_shell: bool = True, output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
+        workdir: str | None = None, network: bool = _SPEC.network, isolation: str = _SPEC.isolation,
+        rollout_isolation: str = "auto", setup_scope: str = "rollout", keep_sandbox_for_scoring: bool = False,
         stop_errors: list[type[Exception]] | None = None,
         **kwargs: Any,
     ):
-        for name in _REFERENCE_ONLY:
-            kwargs.pop(name, None)
-        operation_retry = _operation_retry(kwargs)
+        """Check the settings, build the env's sandbox spec and hand it to the run's one lifecycle. The positional
+        arguments are the reference's (`team_id`: the prime backend's option; `advanced_configs`: refused)."""
+        operation_retry = _pop_reference_knobs(kwargs)
         _check_rollout_isolation(rollout_isolation)
         self.setup_scope = check_setup_scope(setup_scope)
         super().__init__(tools=[], stop_errors=stop_errors, **kwargs)
-        spec_fields: dict[str, Any] = dict(
-            name=sandbox_name,
-            image=docker_image,
-            start_command=start_command,
-            cpu_cores=cpu_cores,
-            memory_gb=memory_gb,
-            disk_size_gb=disk_size_gb,
-            gpu_count=gpu_count,
-            timeout_minutes=timeout_minutes,
-            timeout_per_command_seconds=timeout_per_command_seconds,
-            environment_vars=dict(environment_vars or {}),
-            labels=labels if labels is not None else {sandbox_name: "true"},
-            network=network,
-            isolation=isolation,
+        spec = self._sandbox_spec(dict(
+            name=sandbox_name, image=docker_image, start_command=start_command, cpu_cores=cpu_cores,
+            memory_gb=memory_gb, disk_size_gb=disk_size_gb, gpu_count=gpu_count, timeout_minutes=timeout_minutes,
+            timeout_per_command_seconds=timeout_per_command_seconds, environment_vars=dict(environment_vars or {}),
+            labels=labels if labels is not None else {sandbox_name: "true"}, network=network, isolation=isolation,
             rollout_isolation="container" if rollout_isolation == "auto" else rollout_isolation,
-        )
-        if workdir:
-            spec_fields["workdir"] = workdir
-        try:
-            spec = SandboxSpec(**spec_fields)
-        except ValidationError as exc:
-            raise ConfigError(f"invalid sandbox settings for {type(self).__name__}: {exc}") from exc
-        if advanced_configs is not None:
-            raise ConfigError("SandboxEnv(advanced_configs=...) is a Prime SDK setting vf-sandbox does not support; "
-                              "use the sandbox spec arguments (cpu_cores, memory_gb, ...) or backend options")
+        ), workdir)
+        _refuse_advanced_configs(advanced_configs)
         self.team_id = team_id  # the Prime team: becomes the prime backend's team_id option
         self.advanced_configs = None
         self.timeout_per_command_seconds = float(timeout_per_command_seconds)
         self.persistent_shell = persistent_shell
         self.output_limit_bytes = int(output_limit_bytes)
-        backend_options = dict(backend_options or {})
-        if operation_retry is not None:
-            if backend is not None and not isinstance(backend, str):
-                log.warning("max_retries/base_delay/... apply to backends the env creates; the backend "
-                            "instance passed in keeps its own retry policy")
-            backend_options.setdefault("retry", operation_retry)
-        # the run's sandboxes: backend, rollout isolation and warm pool live in the one lifecycle
-        self.sandboxes = RolloutSandboxes(spec, backend, backend_options,
-                                          rollout_isolation=rollout_isolation, pool_size=pool_size,
-                                          resolve=self.resolve_spec, backend_options_for=self._with_team)
-        self.sandboxes.set_forks_per_group(self.setup_scope == "group")
+        backend_options = _with_operation_retry(backend, backend_options, operation_retry)
+        self.sandboxes = self._rollout_sandboxes(spec, backend, backend_options, rollout_isolation, pool_size)
         self._rollouts: dict[str, SandboxRollout] = {}  # sandbox id -> live resources
         self.active_sandboxes: set[str] = set()
         self.keep_sandbox_for_scoring = keep_sandbox_for_scoring
@@ -324,6 +314,27 @@ class SandboxEnv(StatefulToolEnv):
             self.add_rubric(_ReleaseAfterScoring(self))
         self.add_tool(self.bash, args_to_skip=["sandbox_id"])
         self._register_atexit()
+
+    def _rollout_sandboxes(self, spec: SandboxSpec, backend: str | SandboxBackend | None,
+                           backend_options: dict[str, Any], rollout_isolation: str,
+                           pool_size: int | None) -> RolloutSandboxes:
+        """The run's sandboxes: backend, rollout isolation and warm pool live in the one lifecycle
+        (forks of a group's prepared sandbox under `setup_scope="group"`)."""
+        sandboxes = RolloutSandboxes(spec, backend, backend_options,
+                                     rollout_isolation=rollout_isolation, pool_size=pool_size,
+                                     resolve=self.resolve_spec, backend_options_for=self._with_team)
+        sandboxes.set_forks_per_group(self.setup_scope == "group")
+        return sandboxes
+
+    def _sandbox_spec(self, fields: dict[str, Any], workdir: str | None) -> SandboxSpec:
+        """The env's SandboxSpec from the constructor's sandbox arguments (`workdir` only when given);
+        invalid values are a ConfigError naming the env class."""
+        if workdir:
+            fields["workdir"] = workdir
+        try:
+            return SandboxSpec(**fields)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid sandbox settings for {type(self).__name__}: {exc}") from exc
 
     # ------------------------------------------------------------------ tools
     def add_tool(self, tool: Any, args_to_skip: list[str] | None = None) -> None:
