@@ -319,59 +319,18 @@ class Harness:
 
     # ---- running
     async def run(self, task: Task | Mapping[str, Any], state: State | None = None) -> State:
+        """Run one rollout of `task` (in `state`, a fresh one by default): bind the model and the
+        interception endpoint, take the group's fork if there is one, resolve the tools, run the
+        setups and the program. A crash of any of them is the rollout's error and the run goes
+        on; a failed model call the program never recovered from is too. Returns the final state."""
         task = task if isinstance(task, Task) else Task(task)
         state = state if state is not None else State.for_task(task)
-        rt = state.runtime
-        rt["task"] = task
-        rt.setdefault("model", self.model)
-        if self.client is not None and "client" not in rt:
-            rt["client"] = self._own_client()
-        if not rt.get("client") or not rt.get("model"):
-            raise UsageError("Harness.run needs a client and a model (Harness(client=, model=) or an Env run)")
-        rt["sampling_args"] = {**self.sampling_args, **(rt.get("sampling_args") or {})}
-        base_url = await self.endpoint.start()
-        key = self.endpoint.register(Registration(state=state, client=rt["client"], model=rt["model"],
-                                                  sampling_args=rt["sampling_args"]))
-        rt["endpoint"] = {"base_url": base_url, "api_key": key}
-
-        async def sandbox_for() -> Any:  # a toolset with sandbox="program" runs its tools here
-            if rt.get("sandbox") is not None:
-                return rt["sandbox"]
-            if self.sandbox is None:
-                raise ConfigError('a toolset with sandbox="program" needs a harness with a sandbox')
-            return await self._sandbox_for(state, task)
-
-        rt["sandbox_for"] = sandbox_for
-        # a sandboxed toolset's own sandbox: created (never from the pool), deleted by the toolset
-        rt["new_sandbox"] = lambda config: self.sandboxes.acquire(self.sandbox_spec(task, config), hold=False,
-                                                                  warm=False)
+        key = await self._bind_model(task, state)
+        self._offer_sandboxes(task, state)
         state["timing"].generation.start = state["timing"].generation.start or time.time()
-        skip_setups = False
         try:
-            group = _GROUP.get() if self.sandbox is not None and rt.get("sandbox") is None else None
-            if group is not None and group[1] == self.sandbox_spec(task):
-                sandbox, prepared = await group[0].acquire(key=state["trajectory_id"])
-                rt["sandbox"] = sandbox
-                self._owned_sandboxes[state["trajectory_id"]] = sandbox
-                metrics = state.get("metrics")
-                if not isinstance(metrics, dict):
-                    metrics = state["metrics"] = {}
-                metrics["sandbox_forked"] = float(prepared and group[0].mode == "fork")
-                if prepared:  # the group's setups ran in the sandbox this one is a fork of
-                    state.update(group[2])
-                    skip_setups = True
-            tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}
-            defs = list(rt.get("tool_defs") or []) if tools else []
-            for ts in self.toolsets:
-                callables, tdefs = await ts.resolve(task, state)
-                tools.update(callables)
-                defs.extend(tdefs)
-            if self.kind == "base" and self.sandbox is not None:  # the base loop with a sandbox: a bash tool in it
-                bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox)
-                tools["bash"] = bash
-                defs.append(convert_func_to_tool_def(bash))
-            rt["tools"], rt["tool_defs"] = tools, defs
-            state["tool_defs"] = [d.model_dump() for d in defs] or None
+            skip_setups = await self._take_group_fork(task, state)
+            await self._resolve_tools(task, state)
             for fn in (() if skip_setups else self.setups):
                 await call_user(self.sync_pool, fn, task, state)
             for ts in self.toolsets:
@@ -384,7 +343,7 @@ class Harness:
                 log.debug("v1 program failed", exc_info=True)
             state._set("error", rollout_error(state, exc))
         else:
-            pending = rt.get("model_error")
+            pending = state.runtime.get("model_error")
             if pending is not None:  # the program survived a failed model call it never recovered from
                 state._set("error", pending)
         finally:
@@ -393,6 +352,77 @@ class Harness:
         if not state.get("is_completed"):
             state.stop("has_error" if state.get("error") is not None else "program_done")
         return state.finalize()
+
+    async def _bind_model(self, task: Task, state: State) -> str:
+        """Put the task, model, client and sampling args in the state's runtime and register the
+        rollout with the interception endpoint (`rt["endpoint"]`); returns its key."""
+        rt = state.runtime
+        rt["task"] = task
+        rt.setdefault("model", self.model)
+        if self.client is not None and "client" not in rt:
+            rt["client"] = self._own_client()
+        if not rt.get("client") or not rt.get("model"):
+            raise UsageError("Harness.run needs a client and a model (Harness(client=, model=) or an Env run)")
+        rt["sampling_args"] = {**self.sampling_args, **(rt.get("sampling_args") or {})}
+        base_url = await self.endpoint.start()
+        key = self.endpoint.register(Registration(state=state, client=rt["client"], model=rt["model"],
+                                                  sampling_args=rt["sampling_args"]))
+        rt["endpoint"] = {"base_url": base_url, "api_key": key}
+        return key
+
+    def _offer_sandboxes(self, task: Task, state: State) -> None:
+        """The sandboxes toolsets may ask for: the program's (`rt["sandbox_for"]`, made on first use)
+        and a sandboxed toolset's own (`rt["new_sandbox"]`)."""
+        rt = state.runtime
+
+        async def sandbox_for() -> Any:  # a toolset with sandbox="program" runs its tools here
+            if rt.get("sandbox") is not None:
+                return rt["sandbox"]
+            if self.sandbox is None:
+                raise ConfigError('a toolset with sandbox="program" needs a harness with a sandbox')
+            return await self._sandbox_for(state, task)
+
+        rt["sandbox_for"] = sandbox_for
+        # a sandboxed toolset's own sandbox: created (never from the pool), deleted by the toolset
+        rt["new_sandbox"] = lambda config: self.sandboxes.acquire(self.sandbox_spec(task, config), hold=False,
+                                                                  warm=False)
+
+    async def _take_group_fork(self, task: Task, state: State) -> bool:
+        """In a group with `setup_scope="group"` whose spec is this task's, take the rollout's
+        sandbox from the prepared group (`sandbox_forked` metric); True when it is a fork of the
+        sandbox the group's setups ran in (their state updates copied: the setups are skipped)."""
+        rt = state.runtime
+        group = _GROUP.get() if self.sandbox is not None and rt.get("sandbox") is None else None
+        if group is None or group[1] != self.sandbox_spec(task):
+            return False
+        sandbox, prepared = await group[0].acquire(key=state["trajectory_id"])
+        rt["sandbox"] = sandbox
+        self._owned_sandboxes[state["trajectory_id"]] = sandbox
+        metrics = state.get("metrics")
+        if not isinstance(metrics, dict):
+            metrics = state["metrics"] = {}
+        metrics["sandbox_forked"] = float(prepared and group[0].mode == "fork")
+        if prepared:  # the group's setups ran in the sandbox this one is a fork of
+            state.update(group[2])
+        return bool(prepared)
+
+    async def _resolve_tools(self, task: Task, state: State) -> None:
+        """The rollout's tools and their definitions (`rt["tools"]`, `rt["tool_defs"]`,
+        `state["tool_defs"]`): borrowed ones, each toolset's, and a bash tool in the sandbox
+        for the base loop with a sandbox."""
+        rt = state.runtime
+        tools = dict(rt.get("tools") or {}) if "tools" in rt.get("borrowed", []) else {}
+        defs = list(rt.get("tool_defs") or []) if tools else []
+        for ts in self.toolsets:
+            callables, tdefs = await ts.resolve(task, state)
+            tools.update(callables)
+            defs.extend(tdefs)
+        if self.kind == "base" and self.sandbox is not None:  # the base loop with a sandbox: a bash tool in it
+            bash = sandbox_bash(await self._sandbox_for(state, task), self.sandbox)
+            tools["bash"] = bash
+            defs.append(convert_func_to_tool_def(bash))
+        rt["tools"], rt["tool_defs"] = tools, defs
+        state["tool_defs"] = [d.model_dump() for d in defs] or None
 
     async def _run_program(self, task: Task, state: State) -> None:
         if self.kind == "base":
