@@ -16,14 +16,15 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from envs.sandbox_env import _spec_field
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
 from sandboxes.group_setup import PreparedGroup
 from sandboxes.rollouts import RolloutSandboxes
-from sandboxes.spec import Isolation, RolloutIsolation, SandboxSpec
+from sandboxes.spec import SandboxSpec
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
@@ -35,8 +36,9 @@ SCRIPT_PATH = "/tmp/sandbox_debug_script.sh"
 DEFAULT_OUTPUT_LIMIT = 32 * 1024 * 1024  # bytes of test log kept per stream (head+tail)
 
 
-class DebugOptions(BaseModel):
-    """The knobs of a debug run (the reference SWEDebugEnv signature, minus the taskset)."""
+class DebugKnobs(BaseModel):
+    """The debug run's own knobs (what runs, and for how long); `DebugOptions` adds the
+    sandbox settings a run may override."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -48,17 +50,12 @@ class DebugOptions(BaseModel):
     debug_script_path: str | None = None
     debug_timeout: float | None = Field(None, description="Seconds for the command/script; default test_timeout.")
     test_timeout: float = 900
-    cpu_cores: float | None = None
-    memory_gb: float | None = None
-    disk_size_gb: float | None = None
-    isolation: Isolation | None = None  # None: the task set's spec (runc)
-    rollout_isolation: RolloutIsolation | None = None  # None: the task set's spec (container)
-    labels: list[str] | dict[str, str] | None = None
-    timeout_seconds: float = 1800.0
+    timeout_seconds: float = Field(1800.0, gt=0, description="Seconds for one debug run of an instance (its "
+                                   "sandbox's lifetime is that plus 10 minutes).")
     output_tail_chars: int = 2000
     setup_timeout: float = 600
-    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
-    setup_scope: Literal["rollout", "group"] = "rollout"
+    setup_scope: Literal["rollout", "group"] = Field(
+        "rollout", description="An instance's setup per attempt, or once per group of attempts (-r k) with a fork each.")
     """"group": an instance's setup (and install) runs once per group of rollouts (`-r k`
     pass@k runs) in one sandbox; each attempt gets a fork of it (`sandboxes.group_setup`)."""
 
@@ -79,9 +76,52 @@ class DebugOptions(BaseModel):
             raise UsageError(f"debug script not found: {self.debug_script_path}")
 
     def label_dict(self) -> dict[str, str]:
-        if isinstance(self.labels, dict):
-            return dict(self.labels)
-        return {str(x): "true" for x in (self.labels or ["sandbox-debug"])}
+        """The sandbox's labels (`DebugOptions.labels`; none given: `sandbox-debug`)."""
+        labels = self.labels  # type: ignore[attr-defined]
+        return dict(labels) if labels is not None else {"sandbox-debug": "true"}
+
+
+SANDBOX_OVERRIDES = ("cpu_cores", "memory_gb", "disk_size_gb", "isolation", "rollout_isolation", "labels")
+"""The `SandboxSpec` fields a debug run may override; None (the default) keeps the task
+set's value for the instance (`SWETaskSet.sandbox_spec`; no labels: `sandbox-debug`)."""
+
+
+def _spec_override(field: str) -> tuple[Any, Any]:
+    """SandboxSpec's `field` (type, constraints, description: `_spec_field`, as
+    SandboxEnvSettings takes them) as an override: None keeps the task set's value."""
+    annotation, info = _spec_field(field)
+    return Optional[annotation], Field(None, description=info.description)
+
+
+def _spec_typed(field: str, default: Any, description: str) -> tuple[Any, Any]:
+    """SandboxSpec's `field` (type and constraints) with a default and meaning of the debug run's."""
+    annotation, _ = _spec_field(field)
+    return annotation, Field(default, description=description)
+
+
+def _spec_validators(fields: tuple[str, ...]) -> dict[str, Any]:
+    """SandboxSpec's own field validators (e.g. labels given as a list) for those of `fields` they check."""
+    out = {}
+    for name, dec in SandboxSpec.__pydantic_decorators__.field_validators.items():
+        mine = [f for f in dec.info.fields if f in fields]
+        if mine:
+            out[name] = field_validator(*mine, mode=dec.info.mode)(dec.func.__func__)
+    return out
+
+
+DebugOptions = create_model(
+    "DebugOptions",
+    __base__=DebugKnobs,
+    __module__=__name__,
+    __validators__=_spec_validators(SANDBOX_OVERRIDES),
+    __doc__="The knobs of a debug run (the reference SWEDebugEnv signature, minus the taskset): the run's own "
+            "(`DebugKnobs`) and a view onto `SandboxSpec` (`SANDBOX_OVERRIDES`, typed and constrained as there; "
+            "None = the task set's spec).",
+    output_limit_bytes=_spec_typed("output_limit_bytes", DEFAULT_OUTPUT_LIMIT, "Bytes of the debug step's and the "
+                                   "tests' output kept per stream (head+tail): a whole test log, more than a "
+                                   "sandbox command's default."),
+    **{name: _spec_override(name) for name in SANDBOX_OVERRIDES},
+)
 
 
 class Timings(BaseModel):

@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import create_model
 
 from envs.decorators import teardown
 from envs.environment import EnvSettings
@@ -43,7 +43,7 @@ from envs.verdict_env import VerdictEnv, VerdictRubric
 from envs.types import RolloutInput, SamplingArgs
 from sandboxes import UsageError
 from sandboxes.rollouts import RolloutSandboxes
-from sandboxes.spec import RolloutIsolation, SandboxSpec
+from sandboxes.spec import SandboxSpec
 
 from sandboxes.group_setup import PreparedGroup
 
@@ -59,17 +59,17 @@ class SWEDebugRubric(VerdictRubric):
     """Reward 1 for a valid instance (the reference's name)."""
 
 
-class SWEDebugSettings(EnvSettings):
-    """SWEDebugEnv's `-x` keys: every env's and the sandbox settings of its DebugOptions
-    (typed as there; the image is the instance's own)."""
+SETTINGS = ("cpu_cores", "memory_gb", "disk_size_gb", "rollout_isolation", "timeout_seconds", "setup_scope")
+"""The `DebugOptions` fields `-x` reaches (beside every env's keys; `isolation` is one of those)."""
 
-    cpu_cores: float | None = Field(None, gt=0)
-    memory_gb: float | None = Field(None, gt=0)
-    disk_size_gb: float | None = Field(None, gt=0)
-    rollout_isolation: RolloutIsolation | None = None
-    timeout_seconds: float = Field(1800.0, gt=0)
-    setup_scope: Literal["rollout", "group"] = Field(
-        "rollout", description="An instance's setup per attempt, or once per group of attempts (-r k) with a fork each.")
+SWEDebugSettings = create_model(
+    "SWEDebugSettings",
+    __base__=EnvSettings,
+    __module__=__name__,
+    __doc__="SWEDebugEnv's `-x` keys: every env's and the `SETTINGS` of its DebugOptions, declared there "
+            "(the sandbox ones SandboxSpec's, None = the instance's; the image is the instance's own).",
+    **{name: (DebugOptions.model_fields[name].annotation, DebugOptions.model_fields[name]) for name in SETTINGS},
+)
 
 
 class SWEDebugEnv(VerdictEnv):
@@ -156,42 +156,22 @@ class SWEDebugEnv(VerdictEnv):
     Settings = SWEDebugSettings
 
     def apply_settings(self, values: dict[str, Any]) -> None:
-        values = dict(values)
-        own = {k: values.pop(k) for k in list(values) if k not in EnvSettings.model_fields}
+        """The `SETTINGS` given (validated by set_kwargs) are applied to the options as one
+        change, validated again by DebugOptions; every env's keys go to their setters."""
+        own = {k: v for k, v in values.items() if k in SETTINGS}
         if own:
-            self._set_option(**own)
-        super().apply_settings(values)
+            self._update_options(own)
+        super().apply_settings({k: v for k, v in values.items() if k not in SETTINGS})
 
-    def _set_option(self, **update: Any) -> None:
+    def _update_options(self, update: dict[str, Any]) -> None:
         self.options = DebugOptions.model_validate({**self.options.model_dump(), **update})
-
-    def set_cpu_cores(self, cpu_cores: float) -> None:
-        self._set_option(cpu_cores=cpu_cores)
-
-    def set_memory_gb(self, memory_gb: float) -> None:
-        self._set_option(memory_gb=memory_gb)
-
-    def set_disk_size_gb(self, disk_size_gb: float) -> None:
-        self._set_option(disk_size_gb=disk_size_gb)
 
     def set_isolation(self, isolation: str) -> None:
         super().set_isolation(isolation)
-        self._set_option(isolation=isolation)
-
-    def set_rollout_isolation(self, rollout_isolation: str) -> None:
-        """-x rollout_isolation=namespace: each instance runs in a cell of a pooled container
-        of its image (sandboxes/cells.py) instead of a new container."""
-        self._set_option(rollout_isolation=rollout_isolation)
+        self._update_options({"isolation": isolation})
 
     def isolation_in_use(self) -> str | None:
         return self.options.isolation or "runc"
-
-    def set_timeout_seconds(self, timeout_seconds: float) -> None:
-        self._set_option(timeout_seconds=timeout_seconds)
-
-    def set_setup_scope(self, setup_scope: str) -> None:
-        """-x setup_scope=group: an instance's setup once per group of attempts, a fork each."""
-        self._set_option(setup_scope=setup_scope)
 
     # ------------------------------------------------------------------ group setup (pass@k)
     @contextlib.asynccontextmanager
