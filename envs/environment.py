@@ -136,6 +136,11 @@ class EnvSettings(BaseModel):
     message_type: Literal["chat", "completion"] = Field("chat", description="Chat messages or a completion prompt.")
 
 
+# what a rollout ended by --rollout-timeout becomes, by what it was doing (`_phase_at_timeout`)
+_TIMEOUT_PHASE_NOTES = {"model": "waiting on the model: a model error", "setup": "in setup: a sandbox error",
+                        "unknown": "an env error", "task": "in a tool call / the sandbox: scored, sandbox_timeout"}
+
+
 class Environment(ABC):
     """Abstract base of every environment."""
 
@@ -156,24 +161,12 @@ class Environment(ABC):
     group runs whole or not at all). Rollouts in flight are never stopped by it."""
 
     def __init__(
-        self,
-        dataset: Any = None,
-        eval_dataset: Any = None,
-        system_prompt: str | None = None,
-        few_shot: list[dict[str, Any]] | None = None,
-        parser: Parser | None = None,
-        rubric: Rubric | None = None,
-        sampling_args: SamplingArgs | None = None,
-        message_type: str = "chat",
-        max_workers: int = 512,
-        env_id: str | None = None,
-        env_args: dict | None = None,
-        max_seq_len: int | None = None,
-        score_rollouts: bool = True,
-        pass_threshold: float = 0.5,
-        tool_defs: list[Tool] | list[dict[str, Any]] | None = None,
-        client: Any = None,
-        model: str | None = None,
+        self, dataset: Any = None, eval_dataset: Any = None, system_prompt: str | None = None,
+        few_shot: list[dict[str, Any]] | None = None, parser: Parser | None = None, rubric: Rubric | None = None,
+        sampling_args: SamplingArgs | None = None, message_type: str = "chat", max_workers: int = 512,
+        env_id: str | None = None, env_args: dict | None = None, max_seq_len: int | None = None,
+        score_rollouts: bool = True, pass_threshold: float = 0.5,
+        tool_defs: list[Tool] | list[dict[str, Any]] | None = None, client: Any = None, model: str | None = None,
         **kwargs: Any,
     ):
         """`tool_defs`: provider-agnostic tool definitions (vf.Tool or its dicts), as
@@ -181,29 +174,14 @@ class Environment(ABC):
         call gives none (the reference stores them from its `**kwargs`).
         Any other keyword argument is an error (the reference stores it as an
         attribute nobody reads; `oai_tools` is refused as the reference does)."""
-        if "oai_tools" in kwargs:
-            raise ValueError(
-                "`oai_tools` is no longer supported. Use `tool_defs` with provider-agnostic "
-                "tool definitions: [{'name': ..., 'description': ..., 'parameters': {...}}]."
-            )
-        if kwargs:
-            raise TypeError(
-                f"{type(self).__name__}() got unexpected keyword argument(s) {', '.join(map(repr, sorted(kwargs)))}; "
-                f"settings after construction go through set_kwargs (settable: {', '.join(self.settable_kwargs())})"
-            )
+        self._refuse_unknown_kwargs(kwargs)
         self.logger = logging.getLogger(f"envs.{type(self).__name__}")  # under the package logger
         self.message_type = message_type
         if hasattr(system_prompt, "content") and not isinstance(system_prompt, str):  # vf.SystemMessage
             system_prompt = system_prompt.content  # type: ignore[union-attr]
         self.system_prompt = system_prompt
         self.few_shot = few_shot
-        self.parser = parser or Parser()
-        self.rubric = rubric or Rubric(parser=self.parser)
-        if rubric is not None and parser is None and getattr(rubric, "parser", None) is not None:
-            self.parser = rubric.parser
-        rubric_parser = getattr(self.rubric, "parser", None)
-        if rubric_parser is not None and type(rubric_parser) is not type(self.parser):
-            self.logger.warning("The parser and rubric parser are different. This may cause unexpected behavior.")
+        self._adopt_parser_and_rubric(parser, rubric)
         self.sampling_args = dict(sampling_args or {})
         self.max_workers = max_workers
         self.concurrency = max_workers
@@ -219,6 +197,36 @@ class Environment(ABC):
         )
         self.client = client
         self.model = model
+        self._init_bookkeeping(dataset, eval_dataset)
+
+    def _refuse_unknown_kwargs(self, kwargs: dict[str, Any]) -> None:
+        """A keyword argument the constructor does not take is an error naming what to do
+        instead (`oai_tools`: `tool_defs`; a setting: `set_kwargs`)."""
+        if "oai_tools" in kwargs:
+            raise ValueError(
+                "`oai_tools` is no longer supported. Use `tool_defs` with provider-agnostic "
+                "tool definitions: [{'name': ..., 'description': ..., 'parameters': {...}}]."
+            )
+        if kwargs:
+            raise TypeError(
+                f"{type(self).__name__}() got unexpected keyword argument(s) {', '.join(map(repr, sorted(kwargs)))}; "
+                f"settings after construction go through set_kwargs (settable: {', '.join(self.settable_kwargs())})"
+            )
+
+    def _adopt_parser_and_rubric(self, parser: Parser | None, rubric: Rubric | None) -> None:
+        """The env's parser and rubric (defaults: a plain Parser, a Rubric using it); a rubric
+        given without a parser lends its own; a rubric parser of another type is warned about."""
+        self.parser = parser or Parser()
+        self.rubric = rubric or Rubric(parser=self.parser)
+        if rubric is not None and parser is None and getattr(rubric, "parser", None) is not None:
+            self.parser = rubric.parser
+        rubric_parser = getattr(self.rubric, "parser", None)
+        if rubric_parser is not None and type(rubric_parser) is not type(self.parser):
+            self.logger.warning("The parser and rubric parser are different. This may cause unexpected behavior.")
+
+    def _init_bookkeeping(self, dataset: Any, eval_dataset: Any) -> None:
+        """The env's private bookkeeping: the dataset sources (rows formatted on first use),
+        teardown and atexit flags, the cleanup handlers and stop conditions (found on first use)."""
         self._dataset_src = dataset
         self._eval_dataset_src = eval_dataset
         self._dataset_rows: list[dict[str, Any]] | None = None
@@ -695,17 +703,7 @@ class Environment(ABC):
         def expire() -> None:
             if not inside[0] or task is None:
                 return
-            st = states[-1] if states else None
-            if st is None:  # an env that builds its state without init_state: it cannot say
-                phase.append("unknown")
-            elif id(st) in self.__dict__.get("_model_waits", {}):
-                phase.append("model")
-            elif not st["timing"].setup.end:
-                phase.append("setup")
-            else:  # in a tool call, the sandbox's command or the env's own code: the task ran out of time
-                phase.append("task")
-                st["sandbox_timeout"] = True
-                st["timed_out"] = True
+            phase.append(self._phase_at_timeout(states))
             task.cancel()
 
         handle = asyncio.get_running_loop().call_later(timeout, expire)
@@ -714,26 +712,7 @@ class Environment(ABC):
         except asyncio.CancelledError:
             if not phase or task is None or task.uncancel() > 0:  # not ours, or Ctrl-C as well
                 raise
-            state = states[-1] if states else self._escaped(input, model, Exception())
-            state["timed_out"] = True
-            if phase[0] == "model":
-                state["error"] = RolloutModelTimeout(
-                    f"model request timed out after {timeout:g}s (--rollout-timeout): no answer within the rollout's time")
-            elif phase[0] == "setup":
-                state["error"] = SandboxError(f"rollout setup timed out after {timeout:g}s (--rollout-timeout)")
-            elif phase[0] == "unknown":
-                state["error"] = Error(f"rollout timed out after {timeout:g}s (--rollout-timeout; this environment "
-                                       "does not say whether it waited on the model or the sandbox)")
-            else:
-                state["error"] = None
-                state["is_completed"] = True
-                state["stop_condition"] = "rollout_timeout"
-                self.record_metric(state, "sandbox_timeout", 1.0)
-            log.warning("rollout example_id=%s: --rollout-timeout %gs reached (%s)", input.get("example_id"), timeout,
-                        {"model": "waiting on the model: a model error", "setup": "in setup: a sandbox error",
-                         "unknown": "an env error",
-                         "task": "in a tool call / the sandbox: scored, sandbox_timeout"}[phase[0]])
-            return state
+            return self._timed_out_state(input, model, states, phase[0], timeout)
         except ModelAuthError:
             raise
         except Exception as exc:  # an env that let an error escape: record it, keep the run going
@@ -742,6 +721,46 @@ class Environment(ABC):
             inside[0] = False
             handle.cancel()
             _ROLLOUT_STATES.reset(token)
+
+    def _phase_at_timeout(self, states: list[State]) -> str:
+        """What a rollout reaching its --rollout-timeout was doing (its newest state in `states`):
+        "model" (waiting on it), "setup", "task" (a tool call, the sandbox's command or the env's
+        own code: the task ran out of time, its state is marked so here) or "unknown" (an env
+        that builds its state without init_state cannot say)."""
+        st = states[-1] if states else None
+        if st is None:
+            return "unknown"
+        if id(st) in self.__dict__.get("_model_waits", {}):
+            return "model"
+        if not st["timing"].setup.end:
+            return "setup"
+        st["sandbox_timeout"] = True
+        st["timed_out"] = True
+        return "task"
+
+    def _timed_out_state(self, input: RolloutInput, model: str, states: list[State], phase: str,
+                         timeout: float) -> State:
+        """The state of a rollout cancelled by its --rollout-timeout in `phase` (`_phase_at_timeout`):
+        a model, sandbox or env error, or in the task the rollout's result (scored, stop
+        `rollout_timeout`, `sandbox_timeout` 1); logged."""
+        state = states[-1] if states else self._escaped(input, model, Exception())
+        state["timed_out"] = True
+        if phase == "model":
+            state["error"] = RolloutModelTimeout(
+                f"model request timed out after {timeout:g}s (--rollout-timeout): no answer within the rollout's time")
+        elif phase == "setup":
+            state["error"] = SandboxError(f"rollout setup timed out after {timeout:g}s (--rollout-timeout)")
+        elif phase == "unknown":
+            state["error"] = Error(f"rollout timed out after {timeout:g}s (--rollout-timeout; this environment "
+                                   "does not say whether it waited on the model or the sandbox)")
+        else:
+            state["error"] = None
+            state["is_completed"] = True
+            state["stop_condition"] = "rollout_timeout"
+            self.record_metric(state, "sandbox_timeout", 1.0)
+        log.warning("rollout example_id=%s: --rollout-timeout %gs reached (%s)", input.get("example_id"), timeout,
+                    _TIMEOUT_PHASE_NOTES[phase])
+        return state
 
     async def run_rollout(
         self,
@@ -891,42 +910,25 @@ class Environment(ABC):
         return contextlib.nullcontext()
 
     async def generate(
-        self,
-        inputs: Any,
-        client: Any = None,
-        model: str | None = None,
-        sampling_args: SamplingArgs | None = None,
-        max_concurrent: int = -1,
-        results_path: Any = None,
-        state_columns: list[str] | None = None,
-        save_results: bool = False,
-        push_to_hf_hub: bool = False,
-        hf_hub_dataset_name: str | None = None,
-        independent_scoring: bool = False,
-        max_retries: int | None = None,
-        shuffle: bool = False,
-        shuffle_seed: int | None = None,
-        on_start: Callable[..., Any] | None = None,
+        self, inputs: Any, client: Any = None, model: str | None = None, sampling_args: SamplingArgs | None = None,
+        max_concurrent: int = -1, results_path: Any = None, state_columns: list[str] | None = None,
+        save_results: bool = False, push_to_hf_hub: bool = False, hf_hub_dataset_name: str | None = None,
+        independent_scoring: bool = False, max_retries: int | None = None, shuffle: bool = False,
+        shuffle_seed: int | None = None, on_start: Callable[..., Any] | None = None,
         on_progress: Callable[..., Any] | list[Callable[..., Any]] | None = None,
-        on_log: Callable[..., Any] | None = None,
-        on_group: GroupCallback | None = None,
-        interleave_scoring: bool = True,
-        max_concurrent_scoring: int = -1,
+        on_log: Callable[..., Any] | None = None, on_group: GroupCallback | None = None,
+        interleave_scoring: bool = True, max_concurrent_scoring: int = -1,
     ) -> GenerateOutputs:
         """Run rollouts for `inputs` (rows repeated per rollout; grouped by example_id).
 
-        `client` is a Client, a ClientConfig or a list of Clients (replicas
-        are used round-robin per group) or a raw AsyncOpenAI / AsyncAnthropic.
-        `on_group(rows)` is awaited after each completed group (results
-        writing hooks in here); `on_progress(done_rows, total)` likewise.
-        `max_retries` (extra tries of a rollout after the first) overrides the
-        env's own policy for this call; None keeps it (`set_max_retries`).
-        `client` / `model` default to the constructor's. `shuffle` /
-        `shuffle_seed` say how `inputs` were drawn (recorded in the metadata;
-        `evaluate` does the shuffling). `on_log(message)` gets the saving
-        messages (default: the env's logger). `push_to_hf_hub` (with
-        `save_results`) pushes the rows to the Hugging Face Hub dataset
-        `hf_hub_dataset_name`."""
+        `client` is a Client, a ClientConfig or a list of Clients (replicas are used round-robin
+        per group) or a raw AsyncOpenAI / AsyncAnthropic. `on_group(rows)` is awaited after each
+        completed group (results writing hooks in here); `on_progress(done_rows, total)` likewise.
+        `max_retries` (extra tries of a rollout after the first) overrides the env's own policy for
+        this call; None keeps it (`set_max_retries`). `client` / `model` default to the constructor's.
+        `shuffle` / `shuffle_seed` say how `inputs` were drawn (recorded in the metadata; `evaluate`
+        does the shuffling). `on_log(message)` gets the saving messages (default: the env's logger).
+        `push_to_hf_hub` (with `save_results`) pushes the rows to the Hub dataset `hf_hub_dataset_name`."""
         client = client if client is not None else self.client
         model = model if model is not None else self.model
         self._check_generate_args(client, model, push_to_hf_hub, hf_hub_dataset_name)
@@ -934,9 +936,7 @@ class Environment(ABC):
         self._register_atexit()
         rows = self._rollout_inputs(inputs)
         clients, owned_clients = _clients_of(client)
-        groups: dict[Any, list[RolloutInput]] = {}
-        for r in rows:
-            groups.setdefault(r["example_id"], []).append(r)  # type: ignore[index]
+        groups = _groups_by_example(rows)
         writer = _open_results_file(results_path, log_message) if save_results and results_path is not None else None
         if on_start is not None:
             on_start(len(rows))
@@ -945,26 +945,27 @@ class Environment(ABC):
                          max_retries=max_retries, independent_scoring=independent_scoring,
                          interleave_scoring=interleave_scoring, state_columns=state_columns, on_group=on_group,
                          on_progress=on_progress)
-        t0 = time.time()
-        try:
-            await gather_or_cancel(run.group(i, g) for i, g in enumerate(groups.values()))
-        finally:
-            if writer is not None:
-                writer.close()
-            await _close_quietly(owned_clients)
+        seconds = await run.run_all(list(groups.values()), owned_clients)
         metadata = self.build_metadata(
             run.outputs, model=model, base_url=",".join(c.base_url for c in clients), num_examples=len(groups),
             rollouts_per_example=(len(rows) // len(groups)) if groups else 0, sampling_args=sampling_args or {},
-            time_ms=(time.time() - t0) * 1000, state_columns=state_columns or [], path_to_save=str(results_path or ""),
+            time_ms=seconds * 1000, state_columns=state_columns or [], path_to_save=str(results_path or ""),
             shuffle=shuffle, shuffle_seed=((0 if shuffle_seed is None else shuffle_seed) if shuffle else None),
         )
+        self._save_outputs(run.outputs, metadata, writer, results_path, log_message,
+                           hf_hub_dataset_name if push_to_hf_hub and save_results else None)
+        return {"outputs": run.outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+
+    def _save_outputs(self, outputs: list[RolloutOutput], metadata: dict[str, Any], writer: Any, results_path: Any,
+                      log_message: Callable[[str], Any], hub_dataset: str | None) -> None:
+        """After the run: the metadata into the results file (when one is written) and the rows
+        to the Hugging Face Hub dataset `hub_dataset` (when one is named)."""
         if writer is not None:
             writer.write_metadata(metadata)
             log_message(f"Saved final results to {results_path}")
-        if push_to_hf_hub and save_results:
-            self._push_to_hf_hub(run.outputs, hf_hub_dataset_name)  # type: ignore[arg-type]
-            log_message(f"Pushed {len(run.outputs)} rows to the Hugging Face Hub dataset {hf_hub_dataset_name}")
-        return {"outputs": run.outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+        if hub_dataset is not None:
+            self._push_to_hf_hub(outputs, hub_dataset)
+            log_message(f"Pushed {len(outputs)} rows to the Hugging Face Hub dataset {hub_dataset}")
 
     def _check_generate_args(self, client: Any, model: str | None, push_to_hf_hub: bool,
                              hf_hub_dataset_name: str | None) -> None:
@@ -1086,6 +1087,14 @@ async def _close_quietly(clients: list[Client]) -> None:
             pass
 
 
+def _groups_by_example(rows: list[RolloutInput]) -> dict[Any, list[RolloutInput]]:
+    """The rollout inputs grouped by example_id, in order of first appearance."""
+    groups: dict[Any, list[RolloutInput]] = {}
+    for r in rows:
+        groups.setdefault(r["example_id"], []).append(r)  # type: ignore[index]
+    return groups
+
+
 def _open_results_file(results_path: Any, log_message: Callable[[str], Any]) -> Any:
     from .results_file import ResultsWriter
 
@@ -1119,6 +1128,18 @@ class _GroupsRun:
             self.generation_done.set()
         self.progress_cbs = on_progress if isinstance(on_progress, list) else ([on_progress] if on_progress else [])
         self.outputs: list[RolloutOutput] = []
+
+    async def run_all(self, groups: list[list[RolloutInput]], owned_clients: list[Client]) -> float:
+        """Run every group (group `i` on client `i` round-robin); the results file and the
+        clients made for this call are closed however it ends. Returns the seconds it took."""
+        t0 = time.time()
+        try:
+            await gather_or_cancel(self.group(i, g) for i, g in enumerate(groups))
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            await _close_quietly(owned_clients)
+        return time.time() - t0
 
     async def group(self, i: int, group: list[RolloutInput]) -> None:
         """Run, score and deliver group number `i` (on client `i` round-robin)."""
