@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-from sandboxes.settings import ProcessSettings
+from sandboxes import settings
 
 LOGGER = "envs"
 RUN_LOG_ONLY = {"run_log_only": True}
@@ -57,11 +57,11 @@ def setup_logging(
     """Configure the package logger (`envs`), as the reference's `setup_logging`:
     its handlers are replaced (calling twice does not duplicate lines), it stops
     propagating to the root logger, `level=None` silences it. Level defaults to
-    $VF_LOG_LEVEL or INFO. `json_logging` emits one JSON object per line and also
+    the running settings' $VF_LOG_LEVEL (`sandboxes.settings.current()`) or INFO. `json_logging` emits one JSON object per line and also
     sets up the root logger (so an env's own `logging.getLogger(__name__)` is JSON
     too). `file_logging` needs `log_file`."""
     if level is _UNSET:
-        level = ProcessSettings.from_env().log_level or "INFO"
+        level = settings.current().log_level or "INFO"
     if file_logging and log_file is None:
         raise ValueError("log_file must be specified when file_logging is True")
     formatter: logging.Formatter = (

@@ -18,9 +18,12 @@ The results go to `<Ray logs dir of the head node>/vf-sandbox/<job id>/`,
 the one place Ray serves files from over its HTTP API: the submitting
 machine (`--follow`, `vf-sandbox runs pull`) fetches them from there.
 
-Secrets (`--custom-secrets`, the model API key) arrive as environment
-variables of the job's runtime environment; nothing here prints or records
-their values.
+Secrets (`--custom-secrets`, the model API key, the registry credentials)
+arrive as environment variables of the job's runtime environment; nothing
+here prints or records their values. Every other process setting is the
+submitter's, in the run definition (`EvalConfig.settings`): `main` runs the
+job in that settings scope (`sandboxes.settings.use`), with only the
+credentials taken from the job's environment.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pydantic import BaseModel
 from sandboxes.errors import ConfigError, UsageError
 
 from hosted.jobs import RESULTS_SUBDIR, sandbox_label  # RESULTS_SUBDIR: under the head node's Ray logs directory; pulled back from there
-from runner.config import EvalConfig
+from runner.config import RUN_IDS, EvalConfig
 from runner.writer import ResultsWriter, env_model_dir
 
 SPEC_FILE = ".vf-run.json"
@@ -114,14 +117,21 @@ def main() -> int:
     import ray
 
     ray.init(log_to_driver=True)
+    from sandboxes import settings
+
+    from runner.group_runner import run_settings
+
     try:
-        return _run(spec, Path(ray._private.worker._global_node.get_logs_dir_path()))  # the dir Ray's log API serves
+        cfg = prepare(spec, Path(ray._private.worker._global_node.get_logs_dir_path()) / RESULTS_SUBDIR)  # the dir Ray's log API serves
+        if cfg.settings is None:  # a definition staged without settings: this job's environment says them
+            cfg = cfg.model_copy(update={"settings": settings.ProcessSettings.from_env().model_copy(update=RUN_IDS)})
+        with settings.use(run_settings(cfg, settings.ProcessSettings.from_env())):  # credentials: the job's env
+            return _run(spec, cfg)
     finally:
         ray.shutdown()  # now: at interpreter exit Ray first sleeps 0.5 s for log lines (the actors are gone by then)
 
 
-def _run(spec: HostedJobSpec, logs: Path) -> int:
-    cfg = prepare(spec, logs / RESULTS_SUBDIR)
+def _run(spec: HostedJobSpec, cfg: EvalConfig) -> int:
     log.info("hosted run %s (Ray job %s): %s, model %s, results in %s", spec.run_id, spec.job_id, cfg.env_id,
              cfg.model, cfg.output_dir)
     try:

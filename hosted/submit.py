@@ -99,14 +99,16 @@ def stage(cfg: EvalConfig, run_id: str, jid: str, resume_dir: Path | None) -> Pa
 
 
 def job_env_vars(cfg: EvalConfig, secrets: dict[str, str]) -> dict[str, str]:
-    """The job's environment: the secrets and the model key(s) set here (the run's ids
-    travel in the run definition, `.vf-run.json`)."""
+    """The job's environment: the secrets, the model key(s) and the registry credentials
+    set here (the run's ids and other process settings travel in the run definition,
+    `.vf-run.json`, which never holds a credential)."""
     keys = {}
     for replica in cfg.client_config.replicas():
         var = replica.api_key_var
         if var and var != "EMPTY" and var in os.environ:
             keys[var] = os.environ[var]
-    return {**keys, **secrets, "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "PYTHONUNBUFFERED": "1"}
+    creds = cfg.settings.credential_variables() if cfg.settings is not None else {}
+    return {**keys, **creds, **secrets, "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "PYTHONUNBUFFERED": "1"}
 
 
 def submit(cfg: EvalConfig, secrets: dict[str, str]) -> Any:

@@ -26,6 +26,8 @@ from pydantic import BaseModel, Field
 from sandboxes.errors import ConfigError
 from sandboxes.registry import DEFAULT_BACKEND, backend_names
 from sandboxes.retry import RetryPolicy
+from sandboxes.settings import ProcessSettings
+from sandboxes.settings import current as current_settings
 from sandboxes.spec import ISOLATIONS, Isolation
 
 from envs import clients as _clients
@@ -299,8 +301,22 @@ class EvalConfig(BaseModel):
     runs_db: str | None = Field(None, description="The run registry file this run is recorded in; None: the "
                                 "default registry (`runs.registry.db_path()`). A hosted job: its own file beside "
                                 "its results. Never recorded, never carried over.")
+    settings: ProcessSettings | None = Field(None, description="What the process environment said where the run was "
+                                             "started (`sandboxes.settings.ProcessSettings`, read once by the "
+                                             "command's entry; the run's ids are the fields above): the run, its -w "
+                                             "workers and Ray actors use these, whatever their own environment says. "
+                                             "The registry credentials are never serialised with them (each process "
+                                             "reads its own). Never recorded, never carried over; None: the running "
+                                             "settings, filled in when the run starts.")
 
     model_config = {"extra": "forbid"}
+
+    def process_settings(self) -> ProcessSettings:
+        """The settings this run's code runs with (`sandboxes.settings.use`): the
+        definition's (None: the running ones) with the run's own ids."""
+        base = self.settings if self.settings is not None else current_settings()
+        return base.model_copy(update={"sandbox_run_id": self.sandbox_run_id or base.sandbox_run_id,
+                                       "runs_db": self.runs_db or base.runs_db, "run_id": self.run_id})
 
     def retry_policy(self) -> RetryPolicy:
         """The run's one retry policy: `max_retries` extra tries after the first."""
@@ -337,9 +353,12 @@ class EvalConfig(BaseModel):
         return data
 
 
-PROCESS_FIELDS = frozenset({"sandbox_run_id", "runs_db"})
+PROCESS_FIELDS = frozenset({"sandbox_run_id", "runs_db", "settings"})
 """Fields of the run definition that say where this process runs it (its sandboxes' label, its
-registry file): handed down to workers and actors, never recorded (`public_args` leaves them out)."""
+registry file, the process settings): handed down to workers and actors, never recorded
+(`public_args` leaves them out), compared (`definition_diff`) or carried over (--from-run)."""
+RUN_IDS = {"run_id": None, "sandbox_run_id": None, "runs_db": None}
+"""The ids a definition keeps in its own fields, not in its `settings`."""
 SETTING_MODELS = (EvalConfig, ClientSettings, ConsoleOptions)
 """Where the settings are declared: every flag of `vf-sandbox eval` and every TOML key."""
 BUILTIN_DEFAULTS: dict[str, Any] = _options.defaults(EvalConfig, ClientSettings)
@@ -1013,14 +1032,29 @@ def config_from_run(source: str, overrides: dict[str, Any] | None = None, flag: 
         raise ConfigError(f"{flag} {source}: the recorded definition is not valid here: {exc}") from None
 
 
-def with_process_settings(configs: list[EvalConfig], settings: Any) -> list[EvalConfig]:
+def with_running_settings(cfg: EvalConfig) -> EvalConfig:
+    """The definition with its sandboxes' label and its process settings filled in from
+    the running settings (`sandboxes.settings.current()`: the entry's scope) where it names
+    none, as the runner, its -w workers and Ray actors run it."""
+    running = current_settings()
+    update: dict[str, Any] = {}
+    if cfg.sandbox_run_id is None:
+        update["sandbox_run_id"] = running.sandbox_run_id
+    if cfg.settings is None:
+        update["settings"] = running.model_copy(update=RUN_IDS)
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def with_process_settings(configs: list[EvalConfig], settings: ProcessSettings) -> list[EvalConfig]:
     """The definitions as this process runs them: what the process environment said
     (`sandboxes.settings.ProcessSettings`, read once by the command's entry) goes into
-    the definitions, which carry it down (workers, Ray actors); nothing below reads it
-    again. `$VF_RUN_ID` (the dashboard's chosen id) is the first new run's id."""
+    the definitions (`settings`, the ids into their own fields), which carry it down
+    (workers, Ray actors); nothing below reads it again. `$VF_RUN_ID` (the dashboard's
+    chosen id) is the first new run's id."""
     out, run_id = [], settings.run_id
+    carried = settings.model_copy(update=RUN_IDS)
     for cfg in configs:
-        update: dict[str, Any] = {}
+        update: dict[str, Any] = {} if cfg.settings is not None else {"settings": carried}
         if cfg.runs_db is None and settings.runs_db:
             update["runs_db"] = settings.runs_db
         if cfg.sandbox_run_id is None and settings.sandbox_run_id:

@@ -19,6 +19,16 @@ from typing import Any
 
 from runner.config import EvalConfig
 from runner.dispatch import per_worker_concurrency
+from sandboxes import settings
+
+
+def run_settings(cfg: EvalConfig, own: settings.ProcessSettings) -> settings.ProcessSettings:
+    """A worker's settings (a `-w` process or a Ray actor): the definition's, with the
+    registry credentials of `own`, what the worker's entry read from its environment
+    (credentials never travel in a definition)."""
+    if cfg.settings is None:
+        raise ValueError("a worker's run definition carries no process settings (filled in when the run starts)")
+    return cfg.process_settings().with_credentials(own)
 
 
 class GroupRunner:
@@ -32,16 +42,17 @@ class GroupRunner:
 
     @classmethod
     def build(cls, cfg: EvalConfig, workers: int) -> "GroupRunner":
-        """A worker's own environment and clients, made from the run definition (its
-        sandboxes carry the run's label, `cfg.sandbox_run_id`: from the definition, never
-        from this process's environment)."""
-        from sandboxes import labels
-
+        """A worker's own environment and clients, made from the run definition, in the run's
+        settings scope (`sandboxes.settings.use(cfg.process_settings())`, entered by the
+        worker's entry): its sandboxes carry the run's label, `cfg.sandbox_run_id`, and its
+        settings are the definition's, never this process's environment."""
         from runner.setup import load_run_env, make_run_clients
 
-        if not cfg.sandbox_run_id:
-            raise ValueError("a worker's run definition names no sandbox label (sandbox_run_id)")
-        labels.set_run_id(cfg.sandbox_run_id)
+        if not cfg.sandbox_run_id or cfg.settings is None:
+            raise ValueError("a worker's run definition names no sandbox label or process settings "
+                             "(sandbox_run_id, settings: filled in when the run starts)")
+        if settings.current().sandbox_run_id != cfg.sandbox_run_id:
+            raise RuntimeError("GroupRunner.build outside its run's settings scope (sandboxes.settings.use)")
         share = per_worker_concurrency(cfg, workers)
         env = load_run_env(cfg, concurrency=share if share > 0 else None)
         clients = make_run_clients(cfg, env, check=False)  # the runner checked the endpoints once

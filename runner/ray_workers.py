@@ -39,9 +39,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from runner.config import EvalConfig
+from runner.config import EvalConfig, with_running_settings
 from runner.dispatch import GroupDispatcher, WorkerFailed, per_worker_concurrency
-from runner.group_runner import GroupRunner
+from runner.group_runner import GroupRunner, run_settings
+from sandboxes import settings
 
 log = logging.getLogger("envs.runner.ray_workers")
 
@@ -54,11 +55,17 @@ class GroupWorker:
     on its node."""
 
     def __init__(self, cfg_json: str, workers: int):
+        """The actor's entry: the definition's settings (its registry credentials from the
+        job's environment, `run_settings`) are the scope of every call (each runs in a
+        context of its own: the scope is entered per call)."""
         import socket
 
         import ray
 
-        self.runner = GroupRunner.build(EvalConfig.model_validate_json(cfg_json), workers)
+        cfg = EvalConfig.model_validate_json(cfg_json)
+        self.settings = run_settings(cfg, settings.ProcessSettings.from_env())  # its credentials only
+        with settings.use(self.settings):
+            self.runner = GroupRunner.build(cfg, workers)
         self.where = f"{socket.gethostname()} (node {ray.get_runtime_context().get_node_id()[:12]})"
 
     def ready(self) -> str:
@@ -66,11 +73,13 @@ class GroupWorker:
         return self.where
 
     async def run_group(self, gid: int, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return await self.runner.run(gid, inputs)
+        with settings.use(self.settings):
+            return await self.runner.run(gid, inputs)
 
     async def shutdown(self) -> None:
         """Cancel the rollouts in flight and delete this worker's sandboxes."""
-        await self.runner.close()
+        with settings.use(self.settings):
+            await self.runner.close()
 
 
 def _actor_class() -> Any:
@@ -97,7 +106,7 @@ def start_actors(cfg: EvalConfig) -> list[Any]:
     nodes = alive_nodes()
     n = max(cfg.num_workers, len(nodes))
     Actor = _actor_class()
-    cfg_json = cfg.model_dump_json()
+    cfg_json = cfg.model_dump_json()  # the settings travel in the definition
     # hard affinity: Ray 2.60 places soft-affinity 0-CPU actors on any node; an actor whose node is gone
     # before it is placed fails like a dead one (its groups go to the others)
     return [Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=False))
@@ -111,7 +120,9 @@ async def generate_on_ray(cfg: EvalConfig, inputs: list[dict[str, Any]], on_grou
                           local: GroupRunner | None = None) -> None:
     """Run `inputs` (grouped by example_id) on Ray actors over the cluster's nodes,
     awaiting `on_group(rows)` here for every finished group; `local` (the runner's
-    environment) runs groups in this process until every actor is ready."""
+    environment) runs groups in this process until every actor is ready. The actors run
+    with the definition's label and settings (the running ones where it names none)."""
+    cfg = with_running_settings(cfg)
     started = start_actors(cfg)  # they start in the background, while `local` runs groups
     share = per_worker_concurrency(cfg, len(started))
     run = _RayRun(started, GroupDispatcher(inputs, share), share, local)

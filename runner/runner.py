@@ -254,7 +254,18 @@ async def heartbeat(url: str, interval: float = 30.0) -> None:
 
 async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int, loaded_env: Any = None) -> EvalResult:
     """Run one eval to completion (or until cancelled); never raises except CancelledError.
-    `loaded_env`: the run's environment when the caller already loaded it (`load_run_env`)."""
+    `loaded_env`: the run's environment when the caller already loaded it (`load_run_env`).
+    Its code runs in the run's settings scope (`sandboxes.settings.use`): its sandboxes
+    carry its label, its environment finds its wheelhouse, ... as its definition says."""
+    from runner.config import with_running_settings
+    from sandboxes import settings
+
+    cfg = with_running_settings(cfg)
+    with settings.use(cfg.process_settings()):
+        return await _run_eval(cfg, display, idx, loaded_env)
+
+
+async def _run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int, loaded_env: Any) -> EvalResult:
     run = _EvalRun(cfg, display, idx)
     try:
         run.plan()
@@ -278,24 +289,11 @@ async def run_eval(cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: in
     return run.result
 
 
-def with_sandbox_label(cfg: EvalConfig) -> EvalConfig:
-    """The definition with its sandboxes' label filled in (the process's own when it names
-    none), and this process labelling its sandboxes with it: the workers and Ray actors it
-    is handed to label theirs the same (`GroupRunner.build`)."""
-    from sandboxes import labels
-
-    if cfg.sandbox_run_id is None:
-        return cfg.model_copy(update={"sandbox_run_id": labels.run_id()})
-    labels.set_run_id(cfg.sandbox_run_id)
-    return cfg
-
-
 class _EvalRun:
     """One eval while `run_eval` drives it: the state its steps share (plan, load, inputs,
     open, generate, settle, finish)."""
 
     def __init__(self, cfg: EvalConfig, display: PlainDisplay | RichDisplay, idx: int):
-        cfg = with_sandbox_label(cfg)
         self.cfg, self.display, self.idx = cfg, display, idx
         self.result = EvalResult(config=cfg)
         self.progress = display.evals[idx]

@@ -44,8 +44,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from envs.results_file import dumps
-from runner.config import EvalConfig
+from runner.config import EvalConfig, with_running_settings
 from runner.dispatch import GroupDispatcher, WorkerFailed, per_worker_concurrency
+from runner.group_runner import run_settings
+from sandboxes import settings
 
 __all__ = ["WorkerFailed", "generate_in_workers", "per_worker_concurrency", "worker_main"]
 
@@ -99,7 +101,10 @@ def relay_log(fields: dict[str, Any]) -> None:
 
 def worker_main(cfg_json: str, conn: Connection) -> None:
     """Entry point of a worker process (spawned: nothing inherited but the arguments; the
-    run definition carries everything it needs, its sandboxes' label included)."""
+    run definition carries everything it needs, its sandboxes' label and process settings
+    included). Its code runs in the definition's settings scope; only the registry
+    credentials, never serialised in a definition, come from this process's environment
+    (the runner's, inherited through the fork server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the runner decides
     send_lock = threading.Lock()  # one writer at a time on the pipe (log records come from any thread)
     root = logging.getLogger()
@@ -108,7 +113,10 @@ def worker_main(cfg_json: str, conn: Connection) -> None:
     root.addHandler(_LogToRunner(conn, send_lock))
     root.setLevel(logging.INFO)
     try:
-        asyncio.run(_serve(EvalConfig.model_validate_json(cfg_json), conn, send_lock))
+        cfg = EvalConfig.model_validate_json(cfg_json)
+        # this entry's own environment: only its registry credentials are used
+        with settings.use(run_settings(cfg, settings.ProcessSettings.from_env())):
+            asyncio.run(_serve(cfg, conn, send_lock))
     except BaseException:  # noqa: BLE001 - report, then exit non-zero
         try:
             with send_lock:
@@ -207,7 +215,9 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     """Run `inputs` (grouped by example_id) on `cfg.num_workers` worker processes,
     awaiting `on_group(rows)` in this process for every finished group. Once
     `stop_starting()` is true (the model endpoint is down) no group is sent any more: the
-    groups the workers hold finish, and the run ends with the rest not run."""
+    groups the workers hold finish, and the run ends with the rest not run. The workers
+    run with the definition's label and settings (the running ones where it names none)."""
+    cfg = with_running_settings(cfg)
     stopping = stop_starting or (lambda: False)
     groups = GroupDispatcher(inputs, per_worker_concurrency(cfg))
     if not groups.remaining:
@@ -259,7 +269,7 @@ def _start_workers(cfg: EvalConfig, groups: GroupDispatcher,
     ctx = worker_context(cfg)
     loop = asyncio.get_running_loop()
     workers: list[_Worker] = []
-    cfg_json = cfg.model_dump_json()
+    cfg_json = cfg.model_dump_json()  # the settings travel in the definition
     for i in range(cfg.num_workers):
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=worker_main, args=(cfg_json, child), name=f"vf-eval-worker-{i}",

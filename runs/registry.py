@@ -55,7 +55,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from sandboxes.labels import pid_exists, process_start_time, run_id as sandbox_run_id
-from sandboxes.settings import ProcessSettings
+from sandboxes.settings import current as current_settings
 
 log = logging.getLogger("envs." + __name__)  # under the package logger `envs`
 
@@ -166,9 +166,10 @@ class RunRecord(BaseModel):
 
 
 def state_dir() -> Path:
-    """The user's vf-sandbox state directory: `$VF_STATE_DIR`, else
-    `$XDG_STATE_HOME/vf-sandbox`, else `~/.local/state/vf-sandbox`."""
-    configured = ProcessSettings.from_env().state_dir
+    """The user's vf-sandbox state directory: the running settings' `$VF_STATE_DIR`
+    (`sandboxes.settings.current()`), else `$XDG_STATE_HOME/vf-sandbox`, else
+    `~/.local/state/vf-sandbox`."""
+    configured = current_settings().state_dir
     if configured:
         return Path(configured).expanduser()
     xdg = os.environ.get("XDG_STATE_HOME")
@@ -176,8 +177,10 @@ def state_dir() -> Path:
 
 
 def db_path(path: str | os.PathLike[str] | None = None) -> Path:
-    """The registry file: `path`, else `$VF_RUNS_DB`, else `runs.db` in `state_dir()`."""
-    return Path(path or ProcessSettings.from_env().runs_db or state_dir() / "runs.db").expanduser().resolve()
+    """The registry file: `path` (a run's: its definition's `runs_db`), else the running
+    settings' `$VF_RUNS_DB` (`vf-sandbox runs --db` sets it for its command), else
+    `runs.db` in `state_dir()`."""
+    return Path(path or current_settings().runs_db or state_dir() / "runs.db").expanduser().resolve()
 
 
 def connect(path: str | os.PathLike[str] | None = None) -> sqlite3.Connection:

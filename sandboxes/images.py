@@ -23,7 +23,8 @@ the SWE-bench-style names and wheel platform tags are derived from it.
 Registries: `pull_image` / `push_image` take an optional `RegistryAuth`
 (username + password as a SecretStr, never serialised in clear); without
 one the engine's own credential sources apply (the Docker config file).
-`RegistryAuth.from_env()` reads `VF_REGISTRY_USERNAME` / `VF_REGISTRY_PASSWORD`.
+`RegistryAuth.from_settings()` takes them from the settings (`VF_REGISTRY_USERNAME` /
+`VF_REGISTRY_PASSWORD`, `sandboxes.settings.current()` when none are given).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from typing import Any, TypedDict, TypeVar
 from pydantic import BaseModel, Field, SecretStr, computed_field
 
 from .errors import UsageError
+from .settings import ProcessSettings
+from .settings import current as current_settings
 
 KEY_LABEL = "vf-sandbox.build-key"
 KEY_VERSION = "1"  # bump to invalidate every content key
@@ -73,13 +76,18 @@ class RegistryAuth(BaseModel):
     password: SecretStr
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RegistryAuth | None:
-        """From VF_REGISTRY_USERNAME / VF_REGISTRY_PASSWORD; None when either is unset."""
-        from .settings import ProcessSettings
-
-        settings = ProcessSettings.from_env(environ)
+    def from_settings(cls, settings: ProcessSettings | None = None) -> RegistryAuth | None:
+        """From the settings' registry_username / registry_password (default: the running
+        ones, `sandboxes.settings.current()`); None when either is unset."""
+        settings = settings or current_settings()
         user, password = settings.registry_username, settings.registry_password
         return cls(username=user, password=password) if user and password else None
+
+    @classmethod
+    def from_env(cls) -> RegistryAuth | None:
+        """Old name of `from_settings()` (the running settings, not the environment);
+        goes once swe_debug/env.py stops calling it."""
+        return cls.from_settings()
 
     def engine_config(self) -> dict[str, str]:
         """The Engine API's auth config (sent to the engine only)."""

@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 
-from .settings import ProcessSettings
+from . import settings
 from .spec import SandboxSpec
 
 PREFIX = "vf-sandbox"
@@ -31,24 +30,13 @@ SNAPSHOT_KIND = f"{PREFIX}.snapshot-kind"  # "image" | "layer"
 SNAPSHOT_KEEP = f"{PREFIX}.snapshot-keep"  # "true": outlives its run, never reaped
 SNAPSHOT_SPEC = f"{PREFIX}.snapshot-spec"  # the source's SandboxSpec as JSON (forks are made with it)
 
-_RUN_ID: str | None = None  # decided on first use (never at import): $VF_SANDBOX_RUN_ID or a fresh id
-
-
 def run_id() -> str:
-    """This process's run id (inherit one with $VF_SANDBOX_RUN_ID, read on first use)."""
-    global _RUN_ID
-    if _RUN_ID is None:
-        _RUN_ID = ProcessSettings.from_env().sandbox_run_id or uuid.uuid4().hex[:12]
-    return _RUN_ID
-
-
-def set_run_id(value: str) -> None:
-    """Adopt a run id handed over explicitly (a worker process of a run labels its
-    sandboxes with its run's id, so `runs stop` and the reaper find them all)."""
-    global _RUN_ID
-    if not value:
-        raise ValueError("empty run id")
-    _RUN_ID = value
+    """The run label this code's sandboxes carry: the running settings scope's
+    (`sandboxes.settings.use`, entered by a run with its definition's `sandbox_run_id`);
+    outside any scope `$VF_SANDBOX_RUN_ID`, else one fresh id per process."""
+    label = settings.current().sandbox_run_id
+    assert label  # current() always names one
+    return label
 
 
 def process_start_time(pid: int) -> str:

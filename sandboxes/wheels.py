@@ -5,8 +5,9 @@ wheels fetched here first: derived Python images and image recipes
 (`backends/docker/images.py`), OpenEnv dependency images
 (`envs/openenv/build.py`) and SWE environment layers (`swe_debug/images.py`).
 They all call `fetch_wheels`, which keeps one directory per request under one
-root (`ProcessSettings.wheelhouse_root()`: $VF_SANDBOX_WHEELHOUSE, else
-$VF_SANDBOX_CACHE/wheelhouse, else ~/.cache/vf-sandbox/wheelhouse):
+root (the running settings' `wheelhouse_root()`, `sandboxes.settings.current()`:
+$VF_SANDBOX_WHEELHOUSE, else $VF_SANDBOX_CACHE/wheelhouse, else
+~/.cache/vf-sandbox/wheelhouse):
 
     <root>/<key>/            the wheels of one request, `.complete` once whole
 
@@ -30,7 +31,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .settings import ProcessSettings
+from . import settings
 
 COMPLETE = ".complete"
 _locks: dict[str, threading.Lock] = {}
@@ -45,14 +46,14 @@ class WheelDownloadError(Exception):
 
 
 def wheelhouse_root() -> Path:
-    """The one wheelhouse directory (read from the environment now, never at import)."""
-    return ProcessSettings.from_env().wheelhouse_root()
+    """The one wheelhouse directory (of the running settings, `sandboxes.settings.current()`)."""
+    return settings.current().wheelhouse_root()
 
 
 def find_pip() -> list[str]:
     """A host pip to download wheels with: $VF_SWE_PIP, this interpreter's, python3's or
     python's, pip3 / pip on PATH, else `uvx pip` (a uv-made venv has no pip of its own)."""
-    configured = ProcessSettings.from_env().swe_pip
+    configured = settings.current().swe_pip
     return configured.split() if configured else list(_discover_pip())
 
 

@@ -155,6 +155,15 @@ def eval_config(a: dict[str, Any]):
 
 
 def _main(**a: Any) -> int:
+    """The entry of vf-swe-debug: the process environment, read once, is the settings
+    scope of the run (`sandboxes.settings.use`), carried by its definition."""
+    from sandboxes import settings
+
+    with settings.use(settings.ProcessSettings.from_env()):
+        return _run_main(**a)
+
+
+def _run_main(**a: Any) -> int:
     import asyncio
 
     from rich.console import Console
@@ -162,7 +171,7 @@ def _main(**a: Any) -> int:
     from runner.config import with_process_settings
     from runner.runner import run_evals
     from sandboxes import ConfigError, UsageError
-    from sandboxes.settings import ProcessSettings
+    from sandboxes.settings import current as current_settings
     from sandboxes.lifecycle import reap_in_background
 
     from .env import load_environment
@@ -170,9 +179,8 @@ def _main(**a: Any) -> int:
     if _is_harbor(a["dataset"]):
         from harbor_tasks import load_environment
     console = Console(stderr=True)
-    settings = ProcessSettings.from_env()  # the process environment, read once here and carried by the definition
     try:
-        (cfg,) = with_process_settings([eval_config(a)], settings)
+        (cfg,) = with_process_settings([eval_config(a)], current_settings())  # the entry's (`_main`)
         # load once here so that bad usage (a missing file, unknown ids, a step without its
         # command) exits 2 before any run is recorded; the runner loads it again
         probe = load_environment(**cfg.env_args)

@@ -43,6 +43,7 @@ from sandboxes.errors import ConfigError, ImageNotFound, InfraError, UsageError
 from sandboxes.images import BuiltImage, ImageBuildRequest, PullProgress, RegistryAuth, hash_tree, host_arch, image_builder
 from sandboxes import wheels
 from sandboxes.settings import ProcessSettings
+from sandboxes.settings import current as current_settings
 
 from .instances import EnvironmentSpec, SWEInstance
 
@@ -208,6 +209,7 @@ class ImageBuilder:
         auth: RegistryAuth | None = None,
         pull_concurrency: int = 2,
         keep_images: int | None = None,
+        settings: ProcessSettings | None = None,
     ):
         # disk policy: of the images THIS builder pulled or built (never others), keep the
         # `keep_images` most recently used ones that no rollout holds; None = keep all
@@ -217,13 +219,16 @@ class ImageBuilder:
         # rows without an image field: the SWE-bench name under `registry/namespace`
         self.namespace = image_namespace(registry, namespace)
         self.push_to = push_to  # built instance images are pushed to `push_to/<repository>:<tag>`
-        self.auth = auth  # registry credentials (else the engine's Docker config)
+        # `settings`: the process settings this builder uses (None: the running ones,
+        # `sandboxes.settings.current()`): base image, wheel cache and registry credentials
+        settings = settings or current_settings()
+        # registry credentials: `auth`, else the settings' (VF_REGISTRY_*), else the engine's Docker config
+        self.auth = auth if auth is not None else RegistryAuth.from_settings(settings)
         self.pull_concurrency = max(1, pull_concurrency)
         self._pulls: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._pushed: set[str] = set()
         self.no_cache = no_cache  # do not reuse the engine's layer cache: a truly cold build
         self.salt = salt  # mixed into every key: a separate set of tags (benchmarks' cold builds)
-        settings = ProcessSettings.from_env()  # None: $VF_SWE_BASE_IMAGE / $VF_SWE_CACHE, else the defaults
         self.base_image = base_image or settings.swe_base_image or DEFAULT_BASE_IMAGE
         # wheels: `cache_dir/wheels` when one is given (or $VF_SWE_CACHE), else the one wheelhouse
         cache_dir = cache_dir or settings.swe_cache

@@ -1,6 +1,12 @@
 """The `vf-sandbox` typer app: the composition root that mounts each area's
 sub-commands. Each mounted module must stay cheap to import (heavy imports
-inside the command functions)."""
+inside the command functions).
+
+It is the entry of every `vf-sandbox` command: `_entry` reads the process
+environment once (`sandboxes.settings.ProcessSettings.from_env()`) and runs the
+command in that settings scope (`sandboxes.settings.use`); below it, code takes
+them from the scope (`current()`) or from the run definition, never from
+`os.environ`."""
 
 from __future__ import annotations
 
@@ -24,6 +30,16 @@ _MOUNTS: list[tuple[str, str, str | None]] = [
     ("vfcli.runs_cmd", "app", None),              # vf-sandbox runs ..., vf-sandbox dashboard
     ("vfcli.openenv_cmd", "app", "openenv"),      # vf-sandbox openenv build
 ]
+
+
+
+@app.callback()
+def _entry(ctx: typer.Context) -> None:
+    from sandboxes import settings
+
+    # the process environment, read once, is the settings of whatever the command runs
+    ctx.with_resource(settings.use(settings.ProcessSettings.from_env()))
+
 
 for _module, _attr, _name in _MOUNTS:
     try:

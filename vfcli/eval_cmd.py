@@ -207,7 +207,7 @@ def eval_command(**o: Any) -> None:
 
     from sandboxes.errors import ConfigError, UsageError
 
-    from sandboxes.settings import ProcessSettings
+    from sandboxes import settings
 
     from envs.errors import MissingKeyError
     from envs.logging_utils import setup_logging
@@ -218,10 +218,10 @@ def eval_command(**o: Any) -> None:
     # the run's log file (runs.registry) is a root handler: the CLI's records propagate to it
     logging.getLogger("envs").propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    settings = ProcessSettings.from_env()  # the process environment, read once here and carried by the definitions
     try:
         configs, secrets = _resolve(o)
-        configs = with_process_settings(configs, settings)
+        # what the entry (vfcli.app) read from the process environment, carried by the definitions
+        configs = with_process_settings(configs, settings.current())
         _hosted_or_refused(o, configs, secrets)
     except (ConfigError, UsageError, MissingKeyError) as exc:
         _fail(str(exc))

@@ -8,7 +8,6 @@ the commands.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Optional
@@ -33,9 +32,20 @@ app.add_typer(runs_app, name="runs")
 DbOpt = typer.Option(None, "--db", help="Run registry file \\[default: $VF_RUNS_DB, else runs.db in $VF_STATE_DIR or ~/.local/state/vf-sandbox]")
 
 
-def _use_db(db: Optional[str]) -> None:
+def _use_db(ctx: typer.Context, db: Optional[str]) -> None:
+    """`--db`: the registry file of this command, passed down in its settings scope (the
+    registry, dashboard/stop, hosted.jobs and the dashboard server take it from there:
+    `sandboxes.settings.current().runs_db`); never written to os.environ."""
     if db:
-        os.environ["VF_RUNS_DB"] = db
+        from sandboxes import settings
+
+        ctx.with_resource(settings.use(settings.current().model_copy(update={"runs_db": db})))  # until the command ends
+
+
+@runs_app.callback()
+def _runs(ctx: typer.Context, db: Optional[str] = DbOpt) -> None:
+    """List, inspect, follow and stop eval / swe-debug runs (`--db` here or on the command)."""
+    _use_db(ctx, db)
 
 
 def _get(run_id: str) -> "RunRecord":
@@ -81,6 +91,7 @@ def _dur(seconds: float) -> str:
 
 @runs_app.command("list")
 def list_cmd(
+    ctx: typer.Context,
     status: Optional[str] = typer.Option(None, "--status", "-s", help="running|completed|failed|stopped"),
     env: Optional[str] = typer.Option(None, "--env", "-e", help="Env id (substring)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (substring)."),
@@ -94,7 +105,7 @@ def list_cmd(
         if value is not None and value not in allowed:
             typer.echo(f"error: {flag}: unknown value {value!r}; one of {', '.join(allowed)}", err=True)
             raise typer.Exit(2)
-    _use_db(db)
+    _use_db(ctx, db)
     from runs.registry import list_runs
     from runs.results import outputs_state
 
@@ -134,12 +145,13 @@ def _status_text(rec: "RunRecord", outputs: str) -> str:
 
 @runs_app.command("show")
 def show_cmd(
+    ctx: typer.Context,
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix), or its results directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Config, progress, aggregate metrics, pass@k, errors by type and timing of a run."""
-    _use_db(db)
+    _use_db(ctx, db)
     from runs.diagnose import diagnose
     from runs.results import outputs_state, summarize_run
 
@@ -217,6 +229,7 @@ def _print_summary(c, s: dict, rec: "RunRecord", outputs: str) -> None:
 
 @runs_app.command("logs")
 def logs_cmd(
+    ctx: typer.Context,
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix), or its results directory."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
     tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
@@ -226,7 +239,7 @@ def logs_cmd(
     db: Optional[str] = DbOpt,
 ) -> None:
     """Print a run's log; with --follow, stream it until the run ends."""
-    _use_db(db)
+    _use_db(ctx, db)
     rec = _get(run_id)
     out = sys.stdout
     if is_hosted(rec):
@@ -281,6 +294,7 @@ def follow_log(run_id: str, *, follow: bool, tail: int = 0, poll: float = 0.3):
 
 @runs_app.command("stop")
 def stop_cmd(
+    ctx: typer.Context,
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix), or its results directory."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for a graceful stop."),
     force: bool = typer.Option(False, "--force", help="SIGKILL the run if it has not stopped in time."),
@@ -292,7 +306,7 @@ def stop_cmd(
     its sandboxes and records `stopped`), wait, verify."""
     from dashboard.stop import StopError, stop_run
 
-    _use_db(db)
+    _use_db(ctx, db)
     rec = _get(run_id)
     finished = rec.status != "running"
     if is_hosted(rec) and not finished:
@@ -363,11 +377,12 @@ def _job_id(rec: "RunRecord") -> str:
 
 @runs_app.command("pull")
 def pull_cmd(
+    ctx: typer.Context,
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix) of a hosted run."),
     db: Optional[str] = DbOpt,
 ) -> None:
     """Copy a hosted run's results and log from the cluster into its local output dir."""
-    _use_db(db)
+    _use_db(ctx, db)
     from hosted.jobs import pull
 
     rec = _get(run_id)
@@ -382,6 +397,7 @@ def pull_cmd(
 
 @app.command("dashboard")
 def dashboard_cmd(
+    ctx: typer.Context,
     port: int = typer.Option(8787, "--port", "-p", help="TCP port to serve on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
     endpoints: str = typer.Option("configs/endpoints.toml", "--endpoints-path",
@@ -391,7 +407,7 @@ def dashboard_cmd(
     db: Optional[str] = DbOpt,
 ) -> None:
     """Serve the local results dashboard (runs, metrics, samples, logs)."""
-    _use_db(db)
+    _use_db(ctx, db)
     from dashboard.server import serve
 
     try:

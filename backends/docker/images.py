@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field
 from sandboxes.errors import BackendUnavailable, ImageNotFound
 from sandboxes.images import BuiltImage, ImageBuildFailed, ImageBuildRequest, RecipeStatus, hash_tree, host_arch
 from sandboxes import wheels
-from sandboxes.settings import ProcessSettings
+from sandboxes import settings
 
 from .build import EngineImages, split_name
 
@@ -56,8 +56,9 @@ _derive_locks_guard = threading.Lock()
 
 
 def images_root() -> Path:
-    """The image recipes' directory: $VF_SANDBOX_IMAGES, else the repository's images/ (read per call)."""
-    configured = ProcessSettings.from_env().sandbox_images
+    """The image recipes' directory: the running settings' (`sandboxes.settings.current()`)
+    $VF_SANDBOX_IMAGES, else the repository's images/."""
+    configured = settings.current().sandbox_images
     return Path(configured) if configured else REPO_IMAGES
 
 

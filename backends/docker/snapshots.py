@@ -222,8 +222,8 @@ class DockerSnapshots:
             if image == local_image(snap.id):
                 raise ImageNotFound(f"snapshot {snap.id} is gone (no image {image}): it was deleted, or its run ended")
             # a pushed snapshot: pulled with the credentials this backend pushed it with, else
-            # $VF_REGISTRY_USERNAME / _PASSWORD, else anonymously; ImageNotFound when it cannot be
-            auth = self._auth.get(registry_host(image)) or RegistryAuth.from_env()
+            # the running settings' (VF_REGISTRY_USERNAME / _PASSWORD), else anonymously; ImageNotFound when it cannot be
+            auth = self._auth.get(registry_host(image)) or RegistryAuth.from_settings()
             await self.backend.pull_image(image, auth)
         sandbox = await self.backend._create(image_spec(snap, image), None)
         self._users.setdefault(snap.id, set()).add(sandbox.id)

@@ -7,19 +7,22 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.retry import RetryPolicy
-from sandboxes.settings import ProcessSettings
+from sandboxes import settings
 
 
 def _env(name: str) -> str | None:
-    """A VF_K8S_* setting, read when a config is made (sandboxes.settings lists them)."""
-    return getattr(ProcessSettings.from_env(), name.removeprefix("VF_").lower())
+    """A VF_K8S_* setting of the running settings (`sandboxes.settings.current()`), taken
+    when a config is made: the backend is made in the run's scope, so an option the run
+    definition gives wins and the process settings fill the rest."""
+    return getattr(settings.current(), name.removeprefix("VF_").lower())
 
 
 class KubernetesConfig(BaseModel):
     """Where and how sandbox pods are created. Pass as keyword arguments to
     `get_backend("kubernetes", ...)` or `KubernetesBackend(...)`; CLIs that only
     name the backend get the defaults, with context, namespace and runtime class
-    read from $VF_K8S_CONTEXT, $VF_K8S_NAMESPACE and $VF_K8S_RUNTIME_CLASS."""
+    from the running settings ($VF_K8S_CONTEXT, $VF_K8S_NAMESPACE, $VF_K8S_RUNTIME_CLASS
+    as the process's entry read them)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -42,7 +42,7 @@ from sandboxes.agent.channels import ProcessChannel
 from sandboxes.errors import SandboxCreateError, SandboxNotRunning, SnapshotUnsupported
 from sandboxes.results import SandboxInfo
 from sandboxes.retry import RetryPolicy, idempotent
-from sandboxes.settings import ProcessSettings
+from sandboxes import settings
 from sandboxes.spec import SandboxSpec, refuse_gvisor, refuse_namespace, refuse_user_switch
 
 from .isolation import Isolation, find_bwrap, prepare_root, warn_unconfined_once
@@ -107,9 +107,10 @@ class LocalBackend:
 
     def __init__(self, **options) -> None:
         self.config = LocalConfig(**options)
-        base = self.config.base_dir or ProcessSettings.from_env().local_sandbox_dir or os.path.join(tempfile.gettempdir(), "vf-sandbox-local")
+        process = settings.current()  # the running settings fill what the options leave open
+        base = self.config.base_dir or process.local_sandbox_dir or os.path.join(tempfile.gettempdir(), "vf-sandbox-local")
         self.base = Path(base)
-        self.bwrap = find_bwrap() if self.config.use_bwrap else None
+        self.bwrap = find_bwrap() if self.config.use_bwrap and process.local_no_bwrap != "1" else None
         self._keys: dict[str, str] = {}  # idempotency key -> sandbox id (this process)
 
     @property

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from sandboxes.settings import ProcessSettings
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +61,8 @@ class Isolation(BaseModel):
 def find_bwrap() -> str | None:
     """The bwrap binary when it exists AND can create namespaces here; None otherwise.
 
-    Set VF_LOCAL_NO_BWRAP=1 to force plain processes.
+    (VF_LOCAL_NO_BWRAP=1 makes the backend not ask: `LocalBackend`.)
     """
-    if ProcessSettings.from_env().local_no_bwrap == "1":
-        return None
     path = shutil.which("bwrap")
     if not path:
         return None

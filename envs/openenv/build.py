@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 from sandboxes.errors import BackendUnavailable, ConfigError, ImageNotFound, InfraError
 from sandboxes.images import ImageBuildRequest, image_builder, run_sync
-from sandboxes.settings import ProcessSettings
+from sandboxes import settings
 from sandboxes.wheels import WheelDownloadError, copy_wheels, fetch_wheels
 
 from .contract import app_source_path
@@ -74,14 +74,14 @@ class BuildResult(BaseModel):
 
 
 def base_image() -> str:
-    """$VF_OPENENV_BASE_IMAGE (read per call) or vf-sandbox/base:bookworm."""
-    return ProcessSettings.from_env().openenv_base_image or DEFAULT_BASE_IMAGE
+    """The running settings' $VF_OPENENV_BASE_IMAGE (`sandboxes.settings.current()`) or vf-sandbox/base:bookworm."""
+    return settings.current().openenv_base_image or DEFAULT_BASE_IMAGE
 
 
 def wheelhouse_dir() -> Path:
-    """The one wheelhouse (sandboxes.settings): $VF_SANDBOX_WHEELHOUSE, else $VF_SANDBOX_CACHE/wheelhouse,
-    else ~/.cache/vf-sandbox/wheelhouse."""
-    return ProcessSettings.from_env().wheelhouse_root()
+    """The one wheelhouse of the running settings (`sandboxes.settings.current()`): $VF_SANDBOX_WHEELHOUSE,
+    else $VF_SANDBOX_CACHE/wheelhouse, else ~/.cache/vf-sandbox/wheelhouse."""
+    return settings.current().wheelhouse_root()
 
 
 def _project_files(project: Path) -> list[Path]:

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxes.settings import ProcessSettings
+from sandboxes.settings import current as current_settings
 
 from ..images import ROOT, ImageBuilder, find_pip, materialize_source
 from ..instances import EnvironmentSpec, SourceSpec, SWEInstance
@@ -26,8 +26,9 @@ REPO_OUT = ROOT / ".cache" / "swe-examples"
 
 
 def default_out() -> Path:
-    """Where the example taskset goes: $VF_SWE_EXAMPLES (read per call), else .cache/swe-examples."""
-    configured = ProcessSettings.from_env().swe_examples
+    """Where the example taskset goes: the running settings' $VF_SWE_EXAMPLES
+    (`sandboxes.settings.current()`), else .cache/swe-examples."""
+    configured = current_settings().swe_examples
     return Path(configured) if configured else REPO_OUT
 
 METADATA = HERE / "metadata.json"
