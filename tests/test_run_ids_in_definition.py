@@ -109,10 +109,11 @@ def test_the_entry_puts_the_process_environment_into_the_definitions():
     assert {c.runs_db for c in (first, second, third)} == {"/r/runs.db"}
     assert {c.sandbox_run_id for c in (first, second, third)} == {"lbl"}
     # where a process runs it is not part of the recorded definition, nor of resume's comparison
-    assert not {"runs_db", "sandbox_run_id"} & set(second.public_args())
+    assert not {"runs_db", "sandbox_run_id", "settings"} & set(second.public_args())
     assert second.definition_diff(base) == []
-    # an empty environment changes nothing
-    assert C.with_process_settings([base], ProcessSettings.from_env({})) == [base]
+    # an empty environment changes nothing but the settings the definition carries
+    (same,) = C.with_process_settings([base], ProcessSettings.from_env({}))
+    assert same.model_copy(update={"settings": None}) == base and same.settings == ProcessSettings()
 
 
 def test_the_runner_records_the_run_in_the_definitions_registry(tmp_path, monkeypatch):
@@ -135,11 +136,9 @@ def test_the_runner_records_the_run_in_the_definitions_registry(tmp_path, monkey
     cfg = cfg.model_copy(update={"runs_db": str(tmp_path / "def.db"), "run_id": "abcabcabcabc",
                                  "sandbox_run_id": label})
     own = labels.run_id()
-    try:
-        with make_display(True, False) as display:
-            (res,) = asyncio.run(run_evals([cfg], display))
-    finally:
-        labels.set_run_id(own)  # this test process's sandboxes keep their own label
+    with make_display(True, False) as display:
+        (res,) = asyncio.run(run_evals([cfg], display))
+    assert labels.run_id() == own  # the run's label lived in the run's scope only
     assert res.status == "completed", res.error
     (rec,) = registry.list_runs(path=tmp_path / "def.db")
     assert (rec.id, rec.sandbox_run_id, rec.status) == ("abcabcabcabc", label, "completed")

@@ -40,7 +40,8 @@ def test_every_toml_key_is_declared_exactly_once():
     assert C.SETTING_KEYS == frozenset(names)
     # the run definition's own fields are all declared, except the resolved / derived ones
     undeclared = set(C.EvalConfig.model_fields) - {d.name for d in declared(C.EvalConfig)}
-    assert undeclared == {"env_id", "client_config", "kind", "custom_secret_names", "run_id", "sandbox_run_id", "runs_db"}
+    assert undeclared == {"env_id", "client_config", "kind", "custom_secret_names", "run_id", "sandbox_run_id", "runs_db",
+                          "settings"}
     # the built-in defaults are the declared fields' defaults
     assert C.BUILTIN_DEFAULTS["num_examples"] == C.EvalConfig.model_fields["num_examples"].default == 5
     assert C.BUILTIN_DEFAULTS["api_key_var"] == "PRIME_API_KEY"

@@ -203,18 +203,19 @@ async def test_a_worker_that_does_not_stop_is_killed_and_the_runner_deletes_its_
     worker = _Worker(0, proc, parent)
     groups = GroupDispatcher([{"example_id": 0}], 1)
     groups.add(worker)
-    old, rid = labels.run_id(), "w-" + uuid.uuid4().hex[:10]
-    labels.set_run_id(rid)  # what a worker does: its sandboxes carry the run's id
+    from sandboxes import settings
+
+    rid = "w-" + uuid.uuid4().hex[:10]
     be = get_backend("docker")
     try:
-        sb = await be.create(SandboxSpec(image=DEFAULT_TEST_IMAGE, labels={"vf-sandbox.test": "1"}))
+        with settings.use(settings.ProcessSettings(sandbox_run_id=rid)):  # a worker's scope: the run's label
+            sb = await be.create(SandboxSpec(image=DEFAULT_TEST_IMAGE, labels={"vf-sandbox.test": "1"}))
         assert (await be.list({labels.RUN_ID: rid}))[0].id == sb.id
         killed = await _shut_down([worker], groups, asyncio.Queue(), None, stopping=True, stop_seconds=1)
         assert killed and not proc.is_alive()
         await _delete_left_behind(types.SimpleNamespace(backend="docker", backend_options={}, sandbox_run_id=rid))
         assert await be.list({labels.RUN_ID: rid}) == []
     finally:
-        labels.set_run_id(old)
         await be.delete_many(labels={labels.RUN_ID: rid})
         await be.close()
         if proc.is_alive():
