@@ -62,6 +62,14 @@ def judge(after: VerifierOutcome, oracle: PhaseResult | None, before: VerifierOu
     return True, "pass", ""
 
 
+class _Decided(Exception):
+    """A verdict reached before the tests could run (`HarborGateEnv.verify`): its reason and detail."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
 class HarborGateEnv(VerdictEnv):
     """No-model gate over Harbor tasks (module docstring)."""
 
@@ -99,52 +107,68 @@ class HarborGateEnv(VerdictEnv):
     async def verify(self, task: HarborTask) -> dict[str, Any]:
         """The verdict on one task. Raises InfraError (sandbox trouble) only."""
         t0 = time.perf_counter()
-        n = self.output_tail_chars
         out: dict[str, Any] = {"instance_id": task.name, "task_path": str(task.path), "step": self.debug_step,
                                "valid": False, "timings": {}}
+        try:
+            spec = await self._spec_with_image(task, out)
+            before, after, oracle = await self._runs(task, spec)
+        except _Decided as decided:
+            reason, detail = decided.reason, decided.detail
+        else:
+            out["valid"], reason, detail = judge(after, oracle, before)
+            self._record(out, before, after, oracle)
+        out.update(reason=reason, detail=detail[:4000])
+        out["timings"]["total_s"] = round(time.perf_counter() - t0, 4)
+        return out
 
-        def done(reason: str, detail: str) -> dict[str, Any]:
-            out.update(reason=reason, detail=detail[:4000])
-            out["timings"]["total_s"] = round(time.perf_counter() - t0, 4)
-            return out
-
+    async def _spec_with_image(self, task: HarborTask, out: dict[str, Any]) -> SandboxSpec:
+        """The task's sandbox spec, its image built (`image`, `timings.image_s` in `out`).
+        _Decided: the task is unsupported here, or its spec or image cannot be made."""
         why = task.unsupported()
         if why:
-            return done("unsupported", why)
+            raise _Decided("unsupported", why)
         backend = self.sandboxes.backend
         backend_name = getattr(backend, "name", type(backend).__name__)
         try:  # the spec first (its image filled in below): a refused task costs no image build
             spec = sandbox_spec(task, "pending", backend_name, rollout_isolation=self.rollout_isolation,
                                 isolation=self.isolation_name)
         except TaskUnsupported as exc:
-            return done("unsupported", str(exc))
+            raise _Decided("unsupported", str(exc)) from None
         except ValueError as exc:  # a ${VAR} the host does not set, a bad limit
-            return done("setup_failed", f"sandbox: {exc}")
+            raise _Decided("setup_failed", f"sandbox: {exc}") from None
         t_img = time.perf_counter()
         try:
             image = await build_image(task, backend)
         except UsageError as exc:
+            raise _Decided("setup_failed", f"image: {exc}") from None
+        finally:
             out["timings"]["image_s"] = round(time.perf_counter() - t_img, 4)
-            return done("setup_failed", f"image: {exc}")
-        out["timings"]["image_s"] = round(time.perf_counter() - t_img, 4)
         out["image"] = image.name
-        spec = spec.model_copy(update={"image": image.name})
+        return spec.model_copy(update={"image": image.name})
+
+    async def _runs(self, task: HarborTask, spec: SandboxSpec
+                    ) -> tuple[VerifierOutcome | None, VerifierOutcome, PhaseResult | None]:
+        """(before, after, oracle): the untouched run and the oracle run at once (step `oracle`),
+        or the tests only (step `none`). _Decided: this sandbox cannot run the task."""
         try:
             if self.debug_step == "oracle":
                 (before, _), (after, oracle) = await asyncio.gather(self._run(task, spec, oracle=False),
                                                                     self._run(task, spec, oracle=True))
-            else:
-                before, oracle = None, None
-                after, _ = await self._run(task, spec, oracle=False)
+                return before, after, oracle
+            after, _ = await self._run(task, spec, oracle=False)
+            return None, after, None
         except UserSwitchUnsupported as exc:
-            return done("unsupported", f"task {task.name}: agent user {task.config.agent.user!r}, verifier user "
-                                       f"{task.config.verifier.user!r}: {exc}")
+            raise _Decided("unsupported", f"task {task.name}: agent user {task.config.agent.user!r}, verifier user "
+                                          f"{task.config.verifier.user!r}: {exc}") from None
         except (TaskUnsupported, FileNotFoundError) as exc:
-            return done("unsupported" if isinstance(exc, TaskUnsupported) else "setup_failed", str(exc))
+            raise _Decided("unsupported" if isinstance(exc, TaskUnsupported) else "setup_failed", str(exc)) from None
         except UsageError as exc:  # the sandbox cannot be made for this task (unknown user, bad image)
-            return done("setup_failed", f"sandbox: {type(exc).__name__}: {exc}")
-        valid, reason, detail = judge(after, oracle, before)
-        out["valid"] = valid
+            raise _Decided("setup_failed", f"sandbox: {type(exc).__name__}: {exc}") from None
+
+    def _record(self, out: dict[str, Any], before: VerifierOutcome | None, after: VerifierOutcome,
+                oracle: PhaseResult | None) -> None:
+        """The runs' rewards, exit codes, timings and log tails, into the verdict `out`."""
+        n = self.output_tail_chars
         out["reward_after"], out["rewards_after"], out["error_after"] = after.reward, after.rewards, after.error
         out["test_exit_code"] = after.run.exit_code
         out["timings"]["tests_s"] = after.run.seconds
@@ -156,7 +180,6 @@ class HarborGateEnv(VerdictEnv):
             out["oracle_exit_code"], out["oracle_timed_out"] = oracle.exit_code, oracle.timed_out
             out["timings"]["oracle_s"] = oracle.seconds
             out["stderr_tail"] = oracle.log_tail[-n:] if n > 0 else ""
-        return done(reason, detail)
 
     async def _run(self, task: HarborTask, spec: SandboxSpec, *, oracle: bool) -> tuple[VerifierOutcome, PhaseResult | None]:
         """One fresh sandbox: (the oracle, then) the tests; the sandbox is deleted after."""

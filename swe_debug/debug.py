@@ -250,130 +250,190 @@ async def run_debug(
     `group`: the instance's group setup (`setup_scope="group"`): the rollout's sandbox is a
     fork of the sandbox its setup ran in (`forked` in the outcome), so setup is skipped.
     """
-    lifecycle = backend if isinstance(backend, RolloutSandboxes) else None
-    step = step or opts.debug_step
-    start = time.perf_counter()
-    out = DebugOutcome(instance_id=taskset.instance_id(inst), step=step, valid=False, reason="sandbox_error")
-    iid = out.instance_id
-    clock = _Clock()
+    run = _Rollout(taskset, inst, opts, step or opts.debug_step)
     if prepared is None:
-        try:
-            prepared = await taskset.prepare(inst)
-        except UsageError as exc:  # the image cannot be built: the instance is broken, not the sandbox
-            out.reason, out.detail = "setup_failed", f"image: {exc}"
-            out.timings.image_s = clock.lap()
-            out.timings.total_s = round(time.perf_counter() - start, 4)
-            log.info("%s: image failed: %s", iid, exc)
-            return out
-        out.timings.image_s = clock.lap()
-    if prepared is not None and hasattr(prepared, "tag"):
-        out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
-    log.info("%s: image %s ready%s", iid, getattr(prepared, "tag", "?"),
-             f" (built {', '.join(out.images_built)})" if out.images_built else "")
+        built, prepared = await run.prepare_image()
+        if not built:
+            return run.done()
+    run.note_image(prepared)
     spec = debug_spec(taskset, inst, prepared, opts)
-    clock.lap()
+    run.clock.lap()
     sandbox: Sandbox | None = None
-    forked = False
     try:
-        try:
-            if group is not None and lifecycle is not None:
-                sandbox, forked = await group.acquire()
-                out.forked = forked
-            else:
-                sandbox = await (lifecycle.acquire(spec) if lifecycle is not None else backend.create(spec))
-        except UsageError as exc:  # ImageNotFound / ConfigError: the instance cannot run here
-            out.reason, out.detail = "setup_failed", f"sandbox: {type(exc).__name__}: {exc}"[:4000]
-            return out
+        sandbox = await run.acquire(backend, spec, group)
+        if sandbox is None:
+            return run.out
         if live is not None:
             live[sandbox.id] = sandbox
-        out.timings.create_s = clock.lap()
-        log.info("%s: sandbox %s created (%.2fs); step %s", iid, sandbox.id, out.timings.create_s, step)
-        try:
-            async with asyncio.timeout(opts.timeout_seconds):
-                await _body(taskset, inst, sandbox, opts, step, out, clock, skip_setup=forked)
-        except asyncio.TimeoutError:
-            out.valid, out.reason = False, "timeout"
-            out.detail = f"rollout exceeded timeout_seconds={opts.timeout_seconds:g}"
+        run.created(sandbox)
+        await run.within_timeout(sandbox)
     finally:
         if sandbox is not None:
-            clock.lap()
-            try:
-                await asyncio.shield(lifecycle.release(sandbox) if lifecycle is not None else sandbox.delete())
-                if live is not None:
-                    live.pop(sandbox.id, None)
-            except InfraError:
-                pass  # the owner's teardown (or the reaper) removes it; the verdict stands
-            out.timings.delete_s = clock.lap()
-        out.timings.total_s = round(time.perf_counter() - start, 4)
-    log.info("%s: verdict %s (%s)%s in %.2fs", iid, "valid" if out.valid else "invalid", out.reason,
-             f": {out.detail}" if out.detail and not out.valid else "", out.timings.total_s)
-    return out
+            await run.release(backend, sandbox, live)
+        run.done()
+    run.log_verdict()
+    return run.out
 
 
-async def _body(taskset: SandboxTaskSet, inst: Any, sb: Sandbox, opts: DebugOptions, step: DebugStep,
-                out: DebugOutcome, clock: _Clock, skip_setup: bool = False) -> None:
-    n = opts.output_tail_chars
-    workdir = taskset.workdir(inst)
-    if opts.run_setup and not skip_setup:
-        r = await taskset.setup(sb, inst, opts.setup_timeout)
-        out.timings.setup_s = clock.lap()
+class _Rollout:
+    """One debug rollout in progress (`run_debug`): what it runs, its clock, and what it
+    found so far (`out`). The phases in the sandbox return False once the verdict is decided."""
+
+    def __init__(self, taskset: SandboxTaskSet, inst: Any, opts: DebugOptions, step: DebugStep):
+        self.taskset, self.inst, self.opts, self.step = taskset, inst, opts, step
+        self.start = time.perf_counter()
+        self.out = DebugOutcome(instance_id=taskset.instance_id(inst), step=step, valid=False, reason="sandbox_error")
+        self.clock = _Clock()
+        self.n = opts.output_tail_chars
+
+    def done(self) -> DebugOutcome:
+        self.out.timings.total_s = round(time.perf_counter() - self.start, 4)
+        return self.out
+
+    # ------------------------------------------------------------------ around the sandbox
+    async def prepare_image(self) -> tuple[bool, Any]:
+        """(True, the prepared image), or (False, None) with the reason in `out`."""
+        try:
+            prepared = await self.taskset.prepare(self.inst)
+        except UsageError as exc:  # the image cannot be built: the instance is broken, not the sandbox
+            self.out.reason, self.out.detail = "setup_failed", f"image: {exc}"
+            self.out.timings.image_s = self.clock.lap()
+            log.info("%s: image failed: %s", self.out.instance_id, exc)
+            return False, None
+        self.out.timings.image_s = self.clock.lap()
+        return True, prepared
+
+    def note_image(self, prepared: Any) -> None:
+        out = self.out
+        if prepared is not None and hasattr(prepared, "tag"):
+            out.image, out.images_built = prepared.tag, list(getattr(prepared, "built", []))
+        log.info("%s: image %s ready%s", out.instance_id, getattr(prepared, "tag", "?"),
+                 f" (built {', '.join(out.images_built)})" if out.images_built else "")
+
+    async def acquire(self, backend: SandboxBackend | RolloutSandboxes, spec: SandboxSpec,
+                      group: PreparedGroup | None) -> Sandbox | None:
+        """A fork of the group's prepared sandbox (`out.forked`) or a new one; None (the
+        reason in `out`) when the instance's sandbox cannot be made here."""
+        lifecycle = backend if isinstance(backend, RolloutSandboxes) else None
+        try:
+            if group is not None and lifecycle is not None:
+                sandbox, self.out.forked = await group.acquire()
+                return sandbox
+            return await (lifecycle.acquire(spec) if lifecycle is not None else backend.create(spec))
+        except UsageError as exc:  # ImageNotFound / ConfigError: the instance cannot run here
+            self.out.reason, self.out.detail = "setup_failed", f"sandbox: {type(exc).__name__}: {exc}"[:4000]
+            return None
+
+    def created(self, sandbox: Sandbox) -> None:
+        self.out.timings.create_s = self.clock.lap()
+        log.info("%s: sandbox %s created (%.2fs); step %s", self.out.instance_id, sandbox.id,
+                 self.out.timings.create_s, self.step)
+
+    async def within_timeout(self, sb: Sandbox) -> None:
+        """The phases in the sandbox, bounded by timeout_seconds (past it: a `timeout` verdict)."""
+        try:
+            async with asyncio.timeout(self.opts.timeout_seconds):
+                await self.in_sandbox(sb)
+        except asyncio.TimeoutError:
+            self.out.valid, self.out.reason = False, "timeout"
+            self.out.detail = f"rollout exceeded timeout_seconds={self.opts.timeout_seconds:g}"
+
+    async def release(self, backend: SandboxBackend | RolloutSandboxes, sandbox: Sandbox,
+                      live: dict[str, Sandbox] | None) -> None:
+        self.clock.lap()
+        try:
+            await asyncio.shield(backend.release(sandbox) if isinstance(backend, RolloutSandboxes) else sandbox.delete())
+            if live is not None:
+                live.pop(sandbox.id, None)
+        except InfraError:
+            pass  # the owner's teardown (or the reaper) removes it; the verdict stands
+        self.out.timings.delete_s = self.clock.lap()
+
+    def log_verdict(self) -> None:
+        out = self.out
+        log.info("%s: verdict %s (%s)%s in %.2fs", out.instance_id, "valid" if out.valid else "invalid", out.reason,
+                 f": {out.detail}" if out.detail and not out.valid else "", out.timings.total_s)
+
+    # ------------------------------------------------------------------ in the sandbox
+    async def in_sandbox(self, sb: Sandbox) -> None:
+        """Setup (not in a fork of the group's), the debug step, then the tests and their grade."""
+        if self.opts.run_setup and not self.out.forked and not await self.setup(sb):
+            return
+        if self.step == "gold_patch" and not await self.gold_patch(sb):
+            return
+        if self.step in ("command", "script") and not await self.debug_command(sb):
+            return
+        if not self.opts.run_tests:
+            self.out.valid, self.out.reason = True, "pass"
+            return
+        await self.tests(sb)
+
+    async def setup(self, sb: Sandbox) -> bool:
+        out = self.out
+        r = await self.taskset.setup(sb, self.inst, self.opts.setup_timeout)
+        out.timings.setup_s = self.clock.lap()
         log.info("%s: setup %s (%.2fs)", out.instance_id, "ok" if r.ok else f"failed, exit {r.exit_code}",
                  out.timings.setup_s)
         if not r.ok:
             out.reason = "timeout" if r.timed_out else "setup_failed"
             out.detail = f"setup {'timed out' if r.timed_out else f'exited {r.exit_code}'}{_last_line(r.stderr)}"
-            out.stdout_tail, out.stderr_tail = _tail(r.stdout, n), _tail(r.stderr, n)
-            return
-    if step == "gold_patch":
-        ap: ApplyResult = await taskset.apply_gold_patch(sb, inst)
-        out.timings.debug_s = clock.lap()
+            out.stdout_tail, out.stderr_tail = _tail(r.stdout, self.n), _tail(r.stderr, self.n)
+        return r.ok
+
+    async def gold_patch(self, sb: Sandbox) -> bool:
+        out = self.out
+        ap: ApplyResult = await self.taskset.apply_gold_patch(sb, self.inst)
+        out.timings.debug_s = self.clock.lap()
         out.apply_method = ap.method
         log.info("%s: debug step gold_patch: %s (%.2fs)", out.instance_id,
                  f"applied ({ap.method})" if ap.applied else "did not apply", out.timings.debug_s)
         if not ap.applied:
             out.reason, out.detail = "gold_apply_failed", "no rung of the apply ladder applied the gold patch"
-            out.stdout_tail = _tail(ap.log(), n)
-            return
-    elif step in ("command", "script"):
+            out.stdout_tail = _tail(ap.log(), self.n)
+        return ap.applied
+
+    async def debug_command(self, sb: Sandbox) -> bool:
+        """The `command` or `script` step (debug_timeout, default test_timeout)."""
+        out, opts, step = self.out, self.opts, self.step
         if step == "command":
             cmd = ["bash", "-c", opts.debug_command or ""]
         else:
             await sb.write_file(SCRIPT_PATH, opts.script_text() or "", mode=0o755)
             cmd = ["bash", SCRIPT_PATH]
         timeout = opts.debug_timeout or opts.test_timeout
-        r = await sb.exec(cmd, cwd=workdir, timeout=timeout, output_limit=opts.output_limit_bytes)
-        out.timings.debug_s = clock.lap()
+        r = await sb.exec(cmd, cwd=self.taskset.workdir(self.inst), timeout=timeout, output_limit=opts.output_limit_bytes)
+        out.timings.debug_s = self.clock.lap()
         out.debug_exit_code = r.exit_code
         log.info("%s: debug step %s: exit %s%s (%.2fs)", out.instance_id, step, r.exit_code,
                  ", timed out" if r.timed_out else "", out.timings.debug_s)
-        out.stdout_tail, out.stderr_tail = _tail(r.stdout, n), _tail(r.stderr, n)
+        out.stdout_tail, out.stderr_tail = _tail(r.stdout, self.n), _tail(r.stderr, self.n)
         if r.timed_out:
             out.reason, out.detail = "timeout", f"debug {step} exceeded {timeout:g}s"
-            return
-        if not r.ok:
+        elif not r.ok:
             out.reason, out.detail = "debug_command_failed", f"debug {step} exited {r.exit_code}"
+        return r.ok and not r.timed_out
+
+    async def tests(self, sb: Sandbox) -> None:
+        """The test patch and the tests, then their grade."""
+        out, opts = self.out, self.opts
+        tr, tp = await self.taskset.run_tests(sb, self.inst, opts.test_timeout, opts.output_limit_bytes)
+        out.timings.tests_s = round(tr.seconds, 4)
+        out.timings.test_patch_s = round(max(0.0, self.clock.lap() - tr.seconds), 4)
+        log.info("%s: tests: exit %s%s (%.2fs)", out.instance_id, tr.exit_code, ", timed out" if tr.timed_out else "",
+                 out.timings.tests_s)
+        if not tp.applied:
+            out.reason, out.detail = "setup_failed", "the test patch does not apply"
+            out.stdout_tail = _tail(tp.log(), self.n)
             return
-    if not opts.run_tests:
-        out.valid, out.reason = True, "pass"
-        return
-    tr, tp = await taskset.run_tests(sb, inst, opts.test_timeout, opts.output_limit_bytes)
-    out.timings.tests_s = round(tr.seconds, 4)
-    out.timings.test_patch_s = round(max(0.0, clock.lap() - tr.seconds), 4)
-    log.info("%s: tests: exit %s%s (%.2fs)", out.instance_id, tr.exit_code, ", timed out" if tr.timed_out else "",
-             out.timings.tests_s)
-    if not tp.applied:
-        out.reason, out.detail = "setup_failed", "the test patch does not apply"
-        out.stdout_tail = _tail(tp.log(), n)
-        return
-    out.test_exit_code = tr.exit_code
-    out.stdout_tail, out.stderr_tail = _tail(tr.stdout, n), _tail(tr.stderr, n)
-    if tr.timed_out:
-        out.reason, out.detail = "timeout", f"tests exceeded test_timeout={opts.test_timeout:g}s"
-        return
-    parse = taskset.parse_log(inst, tr.stdout)
-    g: Grade = taskset.grade(inst, parse, tr.exit_code)
-    out.grade, out.valid, out.reason, out.detail = g, g.valid, g.reason, g.detail
-    out.parsed = {k: v.value for k, v in parse.statuses.items()}
+        out.test_exit_code = tr.exit_code
+        out.stdout_tail, out.stderr_tail = _tail(tr.stdout, self.n), _tail(tr.stderr, self.n)
+        if tr.timed_out:
+            out.reason, out.detail = "timeout", f"tests exceeded test_timeout={opts.test_timeout:g}s"
+            return
+        parse = self.taskset.parse_log(self.inst, tr.stdout)
+        g: Grade = self.taskset.grade(self.inst, parse, tr.exit_code)
+        out.grade, out.valid, out.reason, out.detail = g, g.valid, g.reason, g.detail
+        out.parsed = {k: v.value for k, v in parse.statuses.items()}
 
 
 def verdict(row: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import create_model
 
@@ -49,6 +49,9 @@ from sandboxes.group_setup import PreparedGroup
 
 from .debug import DebugOptions, DebugOutcome, debug_spec, group_setup, run_debug, with_fails_before
 from .taskset import SandboxTaskSet
+
+if TYPE_CHECKING:
+    from .images import ImageBuilder
 
 log = logging.getLogger("swe_debug.env")
 
@@ -270,32 +273,15 @@ class SWEDebugEnv(VerdictEnv):
 
 
 def load_environment(
-    dataset: str | None = None,
-    instance_ids: list[str] | str | None = None,
-    split: str = "test",
-    debug_step: Literal["none", "gold_patch", "command", "script"] = "gold_patch",
-    debug_command: str | None = None,
-    debug_script: str | None = None,
-    debug_script_path: str | None = None,
-    debug_timeout: float | None = None,
-    test_timeout: float = 900,
-    timeout_seconds: float = 1800.0,
-    check_fails_before: bool = False,
-    repeat: int = 1,
-    setup_scope: Literal["rollout", "group"] = "rollout",
-    run_setup: bool = True,
-    run_tests: bool = True,
-    output_tail_chars: int = 2000,
-    cpu_cores: float | None = None,
-    memory_gb: float | None = None,
-    isolation: str | None = None,
-    rollout_isolation: str | None = None,
-    backend: str | None = None,
-    namespace: str | None = None,
-    registry: str | None = None,
-    push_to: str | None = None,
-    keep_images: int | None = None,
-    dataset_format: str | None = None,
+    dataset: str | None = None, instance_ids: list[str] | str | None = None, split: str = "test",
+    debug_step: Literal["none", "gold_patch", "command", "script"] = "gold_patch", debug_command: str | None = None,
+    debug_script: str | None = None, debug_script_path: str | None = None, debug_timeout: float | None = None,
+    test_timeout: float = 900, timeout_seconds: float = 1800.0, check_fails_before: bool = False, repeat: int = 1,
+    setup_scope: Literal["rollout", "group"] = "rollout", run_setup: bool = True, run_tests: bool = True,
+    output_tail_chars: int = 2000, cpu_cores: float | None = None, memory_gb: float | None = None,
+    isolation: str | None = None, rollout_isolation: str | None = None, backend: str | None = None,
+    namespace: str | None = None, registry: str | None = None, push_to: str | None = None,
+    keep_images: int | None = None, dataset_format: str | None = None,
 ) -> SWEDebugEnv:
     """The `swe-debug` environment: `vf-sandbox eval swe-debug -a '{"dataset": "d.jsonl"}'`.
     Reward 1 per valid instance. Without `dataset`, the example taskset (built on first use).
@@ -312,20 +298,44 @@ def load_environment(
     recently used go first, never one in use, never one the run did not make).
     `dataset_format`: the published shape of the rows (swe-bench, swe-bench-v5, swe-gym, swe-smith,
     r2e-gym, swe-rebench, native; swe_debug.published); default: recognised per row."""
-    from .instances import dataset_name, load_instances
+    from .instances import dataset_name
     from .taskset import SWETaskSet
 
-    if dataset is None:
-        from .examples.builder import build_dataset, default_out
+    dataset = dataset if dataset is not None else _example_dataset()
+    ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
+    selected, input_errors = _select_instances(dataset, split, ids, bool(namespace or registry), dataset_format)
+    if debug_step == "gold_patch":  # a row without its gold patch is malformed, not an instance whose patch fails
+        selected = _with_gold_patch(selected, ids, input_errors)
+    taskset = SWETaskSet(selected, name=dataset_name(dataset),
+                         builder=_image_builder(namespace, registry, push_to, keep_images))
+    return SWEDebugEnv(
+        taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
+        debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
+        timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, setup_scope=setup_scope,
+        run_setup=run_setup, run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores,
+        memory_gb=memory_gb, isolation=isolation, rollout_isolation=rollout_isolation, backend=backend,
+        input_errors=input_errors,
+    )
 
-        path = default_out() / "examples.jsonl"
-        dataset = str(path if path.exists() else build_dataset())
+
+def _example_dataset() -> str:
+    """The example taskset's rows (built on first use)."""
+    from .examples.builder import build_dataset, default_out
+
+    path = default_out() / "examples.jsonl"
+    return str(path if path.exists() else build_dataset())
+
+
+def _select_instances(dataset: str, split: str, ids: list[str] | None, named_images: bool,
+                      dataset_format: str | None) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The instances to run (`ids`, else every well-formed row) and the malformed rows as
+    `input_errors` (none when `ids` selects the instances). UsageError: an unknown format or id."""
+    from .instances import load_instances
+
     try:
-        report = load_instances(dataset, split=split, named_images=bool(namespace or registry),
-                                dataset_format=dataset_format)
+        report = load_instances(dataset, split=split, named_images=named_images, dataset_format=dataset_format)
     except ValueError as exc:  # an unknown --dataset-format
         raise UsageError(str(exc)) from None
-    ids = instance_ids.replace(",", " ").split() if isinstance(instance_ids, str) else instance_ids
     try:
         selected = report.select(ids)
     except KeyError as exc:
@@ -335,29 +345,31 @@ def load_environment(
          "message": f"{e.field}: {e.message}"}
         for e in report.errors
     ]
-    if debug_step == "gold_patch":  # a row without its gold patch is malformed, not an instance whose patch fails
-        patchless = [i for i in selected if not i.patch.strip()]
-        if patchless and ids:
-            raise UsageError(f"instance(s) without a gold patch (`patch` is empty or missing), needed by debug step "
-                             f"gold_patch: {', '.join(i.instance_id for i in patchless)}")
-        input_errors += [{"name": i.instance_id, "type": "malformed_row",
-                          "message": "patch: missing or empty (the gold patch the gold_patch debug step applies)"}
-                         for i in patchless]
-        selected = [i for i in selected if i.patch.strip()]
-    builder = None
-    if namespace or registry or push_to or keep_images is not None:
-        from sandboxes.images import RegistryAuth
+    return selected, input_errors
 
-        from .images import ImageBuilder
 
-        builder = ImageBuilder(namespace=namespace, registry=registry, push_to=push_to, auth=RegistryAuth.from_env(),
-                               keep_images=keep_images)
-    taskset = SWETaskSet(selected, name=dataset_name(dataset), builder=builder)
-    return SWEDebugEnv(
-        taskset, debug_step=debug_step, debug_command=debug_command, debug_script=debug_script,
-        debug_script_path=debug_script_path, debug_timeout=debug_timeout, test_timeout=test_timeout,
-        timeout_seconds=timeout_seconds, check_fails_before=check_fails_before, repeat=repeat, setup_scope=setup_scope,
-        run_setup=run_setup,
-        run_tests=run_tests, output_tail_chars=output_tail_chars, cpu_cores=cpu_cores, memory_gb=memory_gb,
-        isolation=isolation, rollout_isolation=rollout_isolation, backend=backend, input_errors=input_errors,
-    )
+def _with_gold_patch(selected: list[Any], ids: list[str] | None, input_errors: list[dict[str, Any]]) -> list[Any]:
+    """The instances that have a gold patch (the gold_patch step's): the others are malformed
+    rows (added to `input_errors`), or a UsageError when `ids` selected them."""
+    patchless = [i for i in selected if not i.patch.strip()]
+    if patchless and ids:
+        raise UsageError(f"instance(s) without a gold patch (`patch` is empty or missing), needed by debug step "
+                         f"gold_patch: {', '.join(i.instance_id for i in patchless)}")
+    input_errors += [{"name": i.instance_id, "type": "malformed_row",
+                      "message": "patch: missing or empty (the gold patch the gold_patch debug step applies)"}
+                     for i in patchless]
+    return [i for i in selected if i.patch.strip()]
+
+
+def _image_builder(namespace: str | None, registry: str | None, push_to: str | None,
+                   keep_images: int | None) -> ImageBuilder | None:
+    """The ImageBuilder for registry images, pushes or a disk bound (None: the task set's default)."""
+    if not (namespace or registry or push_to or keep_images is not None):
+        return None
+    from sandboxes.images import RegistryAuth
+
+    from .images import ImageBuilder
+
+    builder = ImageBuilder(namespace=namespace, registry=registry, push_to=push_to, auth=RegistryAuth.from_env(),
+                           keep_images=keep_images)
+    return builder
