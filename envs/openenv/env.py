@@ -72,46 +72,56 @@ def _as_messages(rendered: Messages | str | None) -> list[dict[str, Any]]:
     return list(rendered)
 
 
+def _require_project_and_renderer(openenv_project: str | Path | None,
+                                  prompt_renderer: Callable[..., Messages] | None) -> None:
+    """Both are required: a ConfigError saying what each one is when it is missing."""
+    if openenv_project is None:
+        raise ConfigError("OpenEnvEnv needs openenv_project= (a directory with openenv.yaml)")
+    if prompt_renderer is None:
+        raise ConfigError("OpenEnvEnv needs prompt_renderer= (turns observations into chat messages)")
+
+
+def _load_manifest(project: Path, auto_build: bool) -> BuildManifest:
+    """The project's build manifest, building the image first when `auto_build` (and it is stale)."""
+    if auto_build:
+        from .build import ensure_built
+
+        return ensure_built(project)
+    return read_manifest(project)
+
+
+def _seed_rows(env_id: str, seed: int, num_train: int,
+               num_eval: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, eval rows): one empty-prompt row per reset seed, the eval seeds after the train ones."""
+    train = [{"prompt": [], "info": {"seed": seed + i}, "task": env_id} for i in range(num_train)]
+    evals = [{"prompt": [], "info": {"seed": seed + num_train + i}, "task": env_id} for i in range(num_eval)]
+    return train, evals
+
+
 class OpenEnvEnv(MultiTurnEnv):
     """An OpenEnv project as a multi-turn environment (see the module docstring)."""
 
     def __init__(
         self,
         openenv_project: str | Path | None = None,
-        num_train_examples: int = 100,
-        num_eval_examples: int = 50,
-        seed: int = 0,
+        num_train_examples: int = 100, num_eval_examples: int = 50, seed: int = 0,
         prompt_renderer: Callable[..., Messages] | None = None,
         max_turns: int = -1,
         rubric: Rubric | None = None,
         *,
-        backend: str | SandboxBackend | None = None,
-        backend_options: dict[str, Any] | None = None,
-        auto_build: bool = True,
-        publish_port: bool = False,
-        cpu_cores: float = 2,
-        memory_gb: float = 4,
-        timeout_minutes: float = 60,
-        startup_timeout: float = 120.0,
-        max_concurrent_starts: int | None = None,
-        start_attempts: int = 3,
+        backend: str | SandboxBackend | None = None, backend_options: dict[str, Any] | None = None,
+        auto_build: bool = True, publish_port: bool = False,
+        cpu_cores: float = 2, memory_gb: float = 4, timeout_minutes: float = 60,
+        startup_timeout: float = 120.0, max_concurrent_starts: int | None = None, start_attempts: int = 3,
         step_timeout: float = 60.0,
-        labels: dict[str, str] | list[str] | None = None,
-        image: str | None = None,
-        python: str = "python3",
+        labels: dict[str, str] | list[str] | None = None, image: str | None = None, python: str = "python3",
         **kwargs: Any,
     ):
-        if openenv_project is None:
-            raise ConfigError("OpenEnvEnv needs openenv_project= (a directory with openenv.yaml)")
-        if prompt_renderer is None:
-            raise ConfigError("OpenEnvEnv needs prompt_renderer= (turns observations into chat messages)")
-        self.openenv_project = Path(openenv_project)
-        if auto_build:
-            from .build import ensure_built
-
-            self.manifest: BuildManifest = ensure_built(self.openenv_project)
-        else:
-            self.manifest = read_manifest(self.openenv_project)
+        """Read (or build, `auto_build`) the project's image manifest, describe the server's sandbox
+        and make the datasets: one row per seed (`seed` + i), train rows first, then eval rows."""
+        _require_project_and_renderer(openenv_project, prompt_renderer)
+        self.openenv_project = Path(openenv_project)  # type: ignore[arg-type]
+        self.manifest: BuildManifest = _load_manifest(self.openenv_project, auto_build)
         self.seed = seed
         self.prompt_renderer = prompt_renderer
         self.backend_spec = backend
@@ -122,25 +132,11 @@ class OpenEnvEnv(MultiTurnEnv):
         self.start_retry = RetryPolicy(attempts=max(1, int(start_attempts)), initial_delay=1.0)
         self.step_timeout = step_timeout
         self.python = python
-        spec = SandboxSpec(
-            image=image or self.manifest.image,
-            name=f"openenv-{self.manifest.environment_id}"[:40],
-            cpu_cores=cpu_cores,
-            memory_gb=memory_gb,
-            timeout_minutes=timeout_minutes,
-            environment_vars={"ENABLE_WEB_INTERFACE": "false"},
-            labels={**SandboxSpec(labels=labels or {}).labels, "vf-sandbox.openenv": self.manifest.environment_id},
-            network=publish_port,
-        )
+        spec = self._server_sandbox_spec(image, cpu_cores, memory_gb, timeout_minutes, labels)
         # the run's sandboxes come from the one lifecycle: a fresh container per server start, no warm
         # pool (a server's start is the rollout's), deleted at cleanup, what is left at teardown
         self.sandboxes = RolloutSandboxes(spec, backend, self.backend_options, pool_size=0)
-        env_id = self.manifest.environment_id
-        train = [{"prompt": [], "info": {"seed": seed + i}, "task": env_id} for i in range(num_train_examples)]
-        evals = [
-            {"prompt": [], "info": {"seed": seed + num_train_examples + i}, "task": env_id}
-            for i in range(num_eval_examples)
-        ]
+        train, evals = _seed_rows(self.manifest.environment_id, seed, num_train_examples, num_eval_examples)
         super().__init__(
             dataset=kwargs.pop("dataset", train),
             eval_dataset=kwargs.pop("eval_dataset", evals),
@@ -149,6 +145,21 @@ class OpenEnvEnv(MultiTurnEnv):
             **kwargs,
         )
         self._register_atexit()
+
+    def _server_sandbox_spec(self, image: str | None, cpu_cores: float, memory_gb: float, timeout_minutes: float,
+                             labels: dict[str, str] | list[str] | None) -> SandboxSpec:
+        """The server's sandbox: the manifest's image (unless `image` names another), the web
+        interface off, labelled with the environment id, network only to publish the port."""
+        return SandboxSpec(
+            image=image or self.manifest.image,
+            name=f"openenv-{self.manifest.environment_id}"[:40],
+            cpu_cores=cpu_cores,
+            memory_gb=memory_gb,
+            timeout_minutes=timeout_minutes,
+            environment_vars={"ENABLE_WEB_INTERFACE": "false"},
+            labels={**SandboxSpec(labels=labels or {}).labels, "vf-sandbox.openenv": self.manifest.environment_id},
+            network=self.publish_port,
+        )
 
     def set_backend(self, backend: str | None, options: dict[str, Any] | None = None) -> None:
         """Use the run's backend: applies before the first sandbox, refused with a different one
