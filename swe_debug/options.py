@@ -1,7 +1,9 @@
 """The options of `vf-swe-debug`, declared once: each is a pydantic field with an `Opt`
 marker (`runner.options`), as `vf-sandbox eval`'s settings are. The command's flags,
 their help and defaults are generated from these fields (`swe_debug.cli.run`), and the
-values given are validated by this model (a value out of range is a usage error, exit 2)."""
+values given are validated by this model (a value out of range is a usage error, exit 2).
+The sandbox flags (`--cpu-cores`, `--memory-gb`, `--isolation`, `--rollout-isolation`) take
+their types and constraints from the view onto `SandboxSpec` (`swe_debug.debug.DebugOptions`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner.options import Opt
+
+from .debug import DebugOptions
 
 
 class Step(str, Enum):
@@ -24,6 +28,15 @@ class Step(str, Enum):
 
 def _o(flag: str, short: str | None = None, help: str = "", **kw: object) -> Opt:
     return Opt(flag, short, help=help, toml=False, **kw)  # type: ignore[arg-type]
+
+
+def _sandbox(field: str) -> object:
+    """The type of the sandbox override `field`: SandboxSpec's, constraints included, or None."""
+    return DebugOptions.model_fields[field].annotation
+
+
+_CPU_CORES, _MEMORY_GB, _ISOLATION, _ROLLOUT_ISOLATION = map(_sandbox, ("cpu_cores", "memory_gb", "isolation",
+                                                                        "rollout_isolation"))
 
 
 class SWEDebugOptions(BaseModel):
@@ -69,10 +82,10 @@ class SWEDebugOptions(BaseModel):
     no_tests: Annotated[bool, _o("--no-tests", help="Stop after the debug step.")] = False
     output_tail_chars: Annotated[int, _o(
         "--output-tail-chars", help="Chars of stdout/stderr kept per row.")] = Field(2000, ge=0)
-    cpu_cores: Annotated[Optional[float], _o(
-        "--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).")] = Field(None, gt=0)
-    memory_gb: Annotated[Optional[float], _o(
-        "--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).")] = Field(None, gt=0)
+    cpu_cores: Annotated[_CPU_CORES, _o(
+        "--cpu-cores", help="CPU cores per sandbox (default: the instance's spec).", cli_type=float)] = None
+    memory_gb: Annotated[_MEMORY_GB, _o(
+        "--memory-gb", help="Memory (GiB) per sandbox (default: the instance's spec).", cli_type=float)] = None
     namespace: Annotated[Optional[str], _o(
         "--namespace", help="Registry namespace of SWE-bench instance images (e.g. swebench, or host:port/ns): rows "
         "without an image field run {namespace}/sweb.eval.<arch>.<id>, pulled. Credentials: VF_REGISTRY_USERNAME / "
@@ -87,17 +100,17 @@ class SWEDebugOptions(BaseModel):
     keep_images: Annotated[Optional[int], _o(
         "--keep-images", help="Disk bound: of the images this run pulls or builds, keep at most N (least recently "
         "used removed first; never an image in use or one the run did not make). Default: keep all.")] = Field(None, ge=0)
-    rollout_isolation: Annotated[Optional[str], _o(
+    rollout_isolation: Annotated[_ROLLOUT_ISOLATION, _o(
         "--rollout-isolation", help="Each instance in a new container (`container`) or in a cell of a pooled "
         "container of its image (`namespace`: private overlay, namespaces, cgroup limits; see README) "
-        "\\[default: container].")] = None
+        "\\[default: container].", cli_type=str)] = None
     setup_scope: Annotated[Optional[Literal["rollout", "group"]], _o(
         "--setup-scope", help="`group`: an instance's image and setup once, then each attempt (--repeat, "
         "--check-fails-before) in a fork of that prepared sandbox (cells: milliseconds; containers: an engine "
         "commit); `rollout`: setup per attempt \\[default: rollout].")] = None
-    isolation: Annotated[Optional[str], _o(
+    isolation: Annotated[_ISOLATION, _o(
         "--isolation", help="Kernel boundary of the sandboxes: runc or gvisor (docker: the engine's runsc runtime) "
-        "\\[default: runc].")] = None
+        "\\[default: runc].", cli_type=str)] = None
     name: Annotated[Optional[str], _o(
         "--eval-name", help="Run name in the run registry (default: the dataset's name and the debug step).",
         aliases=("--name",))] = None

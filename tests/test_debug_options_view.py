@@ -21,6 +21,7 @@ from swe_debug import cli
 from swe_debug.debug import SANDBOX_OVERRIDES, DebugKnobs, DebugOptions, debug_spec
 from swe_debug.env import SETTINGS, SWEDebugEnv
 from swe_debug.instances import SWEInstance
+from swe_debug.options import SWEDebugOptions
 from swe_debug.taskset import SWE_SANDBOX, SWETaskSet
 
 INST = SWEInstance(instance_id="o__r-1", repo="o/r", image_name="img:1")
@@ -141,21 +142,21 @@ def test_the_sandbox_flags_are_unchanged():
     assert "[default: container]" in params["rollout_isolation"].help.replace("\\[", "[")
 
 
+def test_the_sandbox_flags_are_typed_by_the_view():
+    for name in ("cpu_cores", "memory_gb", "isolation", "rollout_isolation"):
+        assert SWEDebugOptions.model_fields[name].annotation == DebugOptions.model_fields[name].annotation, name
+        assert SWEDebugOptions.model_fields[name].default is None
+
+
 @pytest.mark.parametrize("argv, field, value", [(["--cpu-cores", "0"], "cpu_cores", 0),
-                                                 (["--memory-gb", "-1"], "memory_gb", -1)])
-def test_a_bad_flag_value_is_refused_with_the_specs_message(monkeypatch, argv, field, value):
+                                                 (["--memory-gb", "-1"], "memory_gb", -1),
+                                                 (["--isolation", "kvm"], "isolation", "kvm"),
+                                                 (["--rollout-isolation", "vm"], "rollout_isolation", "vm")])
+def test_a_bad_sandbox_flag_is_refused_naming_it_with_the_specs_message(monkeypatch, argv, field, value):
     monkeypatch.setattr(cli, "_main", lambda **a: pytest.fail("ran with a refused value"))
     res = CliRunner().invoke(cli.app, ["ds.jsonl", *argv])
-    assert res.exit_code == 2 and f"error: {argv[0]}: {_error(SandboxSpec, field, value)}" in res.output
-
-
-def test_a_bad_rollout_isolation_flag_is_a_usage_error(tmp_path):
-    """--rollout-isolation is checked by the view (DebugOptions) when the env loads: exit 2."""
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"instance_id": "o__r-1", "repo": "o/r", "image_name": "img:1", "patch": "x"}\n')
-    res = CliRunner().invoke(cli.app, [str(data), "--rollout-isolation", "vm", "-o", str(tmp_path / "out")])
     assert res.exit_code == 2, res.output
-    assert _error(SandboxSpec, "rollout_isolation", "vm") in res.output.replace("\n", " ")
+    assert f"error: {argv[0]}: {_error(SandboxSpec, field, value)}" in res.output.replace("\n", " ")
 
 
 def test_typing_of_the_view_is_optional_spec_types():
