@@ -240,53 +240,67 @@ class ShellSession(ProcessSession):
             if complete and self._last_bg and not self._last_pids_full and self._last_pids is not None:
                 await self._watch_background(proc, timeout)
             if complete and self._last_pids_full:
-                # the command "ended" but what it started fills the pids limit (a fork bomb returns 0 at
-                # once while its children hold every pid): not a success; its processes are killed
-                res.pids_limit = res.restarted = True
-                res.note = (f"the command exited {res.exit_code} but left processes filling the sandbox's "
-                            "process limit (a fork bomb?): they were killed (exit 137) and the shell restarted: "
-                            "working directory, variables and functions were reset")
-                res.exit_code = 137
-                for _ in range(10):  # the bomb forks while it is killed: SIGKILL its group until it is empty
-                    try:
-                        await guarded(proc.kill(signal.SIGKILL, group=True), GUARD_SECONDS, "kill")
-                    except Exception:  # noqa: BLE001 - the group is gone (or the sandbox): restart below
-                        break
-                    await asyncio.sleep(0.02)
+                await self._kill_process_flood(proc, res)
             elif not complete:
-                status = await status_after_missing_reply(proc, t0, timeout, "bash")
-                if not status.running:
-                    res.restarted = True
-                    res.exit_code = status.exit_code
-                    res.note = (
-                        f"the shell exited (exit code {status.exit_code}); a fresh shell was started: "
-                        "working directory, variables and functions were reset"
-                    )
-                else:
-                    res.timed_out = True
-                    more, more_cut = self._mark_cut(proc, await interrupt_and_read(proc, until, self.interrupt_grace,
-                                                                                   group=True))
-                    complete, text, code = self._parse(out + more, seq)
-                    dropped += more_cut
-                    if complete:
-                        res.exit_code = code
-                        res.interrupted = True
-                        res.note = (
-                            f"command timed out after {timeout:g}s and was interrupted; the shell is still usable"
-                        )
-                    else:
-                        res.restarted = True
-                        res.note = (
-                            f"command timed out after {timeout:g}s and did not stop on interrupt; the shell was "
-                            "restarted: working directory, variables and functions were reset"
-                        )
-            if res.restarted:
-                self.restarts += 1
-                await self.start()
-            res.duration = time.monotonic() - t0
-            # error messages name the here-string; show them as bash's own
-            text = text.replace("/dev/stdin: line ", "bash: line ")
-            text, cut = cap_text(text, self.output_limit + 64)
-            res.output, res.dropped_bytes = text, dropped + cut
-            res.oom_kills = self._last_oom
-            return res
+                text, more_cut = await self._recover_missing_reply(proc, res, out, text, seq, until, t0, timeout)
+                dropped += more_cut
+            return await self._finish_result(res, text, dropped, t0)
+
+    async def _kill_process_flood(self, proc: BackgroundProcess, res: ShellResult) -> None:
+        """The command "ended" but what it started fills the pids limit (a fork bomb returns 0 at
+        once while its children hold every pid): not a success (exit 137, noted); its processes
+        are killed and the shell is to be restarted."""
+        res.pids_limit = res.restarted = True
+        res.note = (f"the command exited {res.exit_code} but left processes filling the sandbox's "
+                    "process limit (a fork bomb?): they were killed (exit 137) and the shell restarted: "
+                    "working directory, variables and functions were reset")
+        res.exit_code = 137
+        for _ in range(10):  # the bomb forks while it is killed: SIGKILL its group until it is empty
+            try:
+                await guarded(proc.kill(signal.SIGKILL, group=True), GUARD_SECONDS, "kill")
+            except Exception:  # noqa: BLE001 - the group is gone (or the sandbox): restart below
+                break
+            await asyncio.sleep(0.02)
+
+    async def _recover_missing_reply(self, proc: BackgroundProcess, res: ShellResult, out: str, text: str, seq: int,
+                                     until: str, t0: float, timeout: float) -> tuple[str, int]:
+        """No end frame for command `seq`: the shell exited (to be restarted), or the command
+        timed out and is interrupted (the shell survives when the frame then arrives, else it
+        is to be restarted). Returns (the command's output, bytes cut from what was read since)."""
+        status = await status_after_missing_reply(proc, t0, timeout, "bash")
+        if not status.running:
+            res.restarted = True
+            res.exit_code = status.exit_code
+            res.note = (
+                f"the shell exited (exit code {status.exit_code}); a fresh shell was started: "
+                "working directory, variables and functions were reset"
+            )
+            return text, 0
+        res.timed_out = True
+        more, more_cut = self._mark_cut(proc, await interrupt_and_read(proc, until, self.interrupt_grace, group=True))
+        complete, text, code = self._parse(out + more, seq)
+        if complete:
+            res.exit_code = code
+            res.interrupted = True
+            res.note = f"command timed out after {timeout:g}s and was interrupted; the shell is still usable"
+        else:
+            res.restarted = True
+            res.note = (
+                f"command timed out after {timeout:g}s and did not stop on interrupt; the shell was "
+                "restarted: working directory, variables and functions were reset"
+            )
+        return text, more_cut
+
+    async def _finish_result(self, res: ShellResult, text: str, dropped: int, t0: float) -> ShellResult:
+        """Restart the shell when the command cost it, then fill in the result: duration, the
+        output (bash's error lines as its own, capped) and its cut bytes, the OOM-kill count."""
+        if res.restarted:
+            self.restarts += 1
+            await self.start()
+        res.duration = time.monotonic() - t0
+        # error messages name the here-string; show them as bash's own
+        text = text.replace("/dev/stdin: line ", "bash: line ")
+        text, cut = cap_text(text, self.output_limit + 64)
+        res.output, res.dropped_bytes = text, dropped + cut
+        res.oom_kills = self._last_oom
+        return res
