@@ -30,6 +30,7 @@ one the engine's own credential sources apply (the Docker config file).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hashlib
 import os
@@ -295,7 +296,8 @@ def image_builder(backend: object | str | None = "docker", **options: object):
 
 def run_sync(factory: Callable[[], Awaitable[_T]]) -> _T:
     """Run the coroutine `factory()` makes to completion from sync code, also when the
-    calling thread already runs an event loop (then in a helper thread with its own loop)."""
+    calling thread already runs an event loop (then in a helper thread with its own loop,
+    in the caller's context: its settings scope, `sandboxes.settings.use`, goes along)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -308,7 +310,7 @@ def run_sync(factory: Callable[[], Awaitable[_T]]) -> _T:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = exc
 
-    t = threading.Thread(target=target, name="vf-image-build", daemon=True)
+    t = threading.Thread(target=contextvars.copy_context().run, args=(target,), name="vf-image-build", daemon=True)
     t.start()
     t.join()
     if "error" in box:

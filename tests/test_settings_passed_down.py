@@ -32,6 +32,7 @@ ENTRIES = {
     "vfcli/app.py": "the vf-sandbox CLI: every sub-command (eval, runs, dashboard, sandboxes, images, openenv) "
                     "runs in the scope its callback enters",
     "swe_debug/cli.py": "vf-swe-debug's entry (`_main`)",
+    "swe_debug/examples/__main__.py": "`python -m swe_debug.examples`: its commands run in its callback's scope",
     "runner/workers.py": "a -w worker process's entry (`worker_main`): only its registry credentials",
     "runner/ray_workers.py": "a hosted run's Ray actor (`GroupWorker.__init__`): only its registry credentials",
     "hosted/driver.py": "a hosted job's driver (`main`): its credentials (job env vars), and the settings of "
