@@ -18,6 +18,15 @@ from .builder import HANG_SCRIPT, METADATA, build_dataset, build_images, default
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
+
+@app.callback()
+def _entry(ctx: typer.Context) -> None:
+    """Build, check and derive the SWE example taskset."""
+    from sandboxes import settings
+
+    # this program's entry: the process environment, read once, is the settings of its commands
+    ctx.with_resource(settings.use(settings.ProcessSettings.from_env()))
+
 VALID = ["kjd__idna-3.4", "dateutil__dateutil-2.8.2", "more-itertools__more-itertools-10.2.0"]
 
 CHECKS: list[tuple[str, list[str], dict[str, str]]] = [
