@@ -13,7 +13,9 @@ host's channel); deleting it kills every process of the cell and frees its
 files.
 
 Hosts are created on demand (one per distinct host-shaping spec, up to
-`cells_per_host` cells each), admit cells for `admit_seconds(spec)` (the
+`cells_per_host` cells each; a full host whose cells are being closed takes the
+next cell once one is gone, ROOM_WAIT_SECONDS at most, rather than a new host
+starting for a moment's overflow), admit cells for `admit_seconds(spec)` (the
 spec's lifetime, at most ADMIT_SECONDS_MAX) and live that long plus one cell
 lifetime plus HOST_SLACK_SECONDS (so every cell gets its full lifetime), are
 deleted once drained, and are ordinary labelled sandboxes: the reaper and
@@ -258,6 +260,7 @@ class CellHost:
         self.capacity = capacity
         self.admit_until = admit_until  # time.monotonic() after which no cell is opened here
         self.open = 0
+        self.closing = 0  # of `open`: cells whose close was asked and has not finished
         self._ids = itertools.count(1)
         self.snapshots: dict[str, Snapshot] = {}  # layers frozen here and not deleted (by snapshot id)
 
@@ -268,6 +271,11 @@ class CellHost:
     @property
     def admits(self) -> bool:
         return self.open < self.capacity and self.usable
+
+    @property
+    def admits_after_closes(self) -> bool:
+        """Full now, but has room once the cells being closed are gone."""
+        return self.usable and self.open - self.closing < self.capacity
 
     async def open_cell(self, spec: SandboxSpec, hello_timeout: float = 30.0, layer: str | None = None) -> CellSandbox:
         """A new cell of `spec`; with `layer` (a snapshot of this host), its root stacks that layer."""
@@ -293,13 +301,17 @@ class CellHost:
 
     async def close_cell(self, cell_id: int) -> None:
         conn = self.sandbox.connection.cells.get(cell_id)
+        self.closing += 1
         try:
             if self.sandbox.connection.dead is None:
                 await self.sandbox._call({"op": "cell_close", "cell_id": cell_id}, timeout=60)
         except InfraError as exc:  # the host is gone: so is the cell
             log.debug("closing cell %s: %s", cell_id, exc)
         finally:
+            self.closing -= 1
             self.open -= 1
+            if self.owner is not None:
+                self.owner.room_made()
             if conn is not None:
                 await conn.close()
 
@@ -309,6 +321,10 @@ SNAPSHOT_TIMEOUT = 660.0  # a freeze copies at most the cell's disk limit (the h
 
 RUNC_CELLS_PER_HOST = 64
 GVISOR_CELLS_PER_HOST = 16
+ROOM_WAIT_SECONDS = 5.0
+"""How long a new cell waits for a full host's closing cells (~10 ms each, longer on a loaded
+machine) before a new host is started for it (~0.2 s of the engine and ~0.3 s of CPU unloaded,
+seconds on a loaded machine)."""
 
 
 class CellHosts:
@@ -325,6 +341,7 @@ class CellHosts:
         self._locks: dict[str, asyncio.Lock] = {}
         self._cells: dict[str, CellSandbox] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._room: set[asyncio.Event] = set()  # one per cell waiting for a closing cell (`_await_room`)
         self.stats = {"hosts": 0, "cells": 0}
 
     @staticmethod
@@ -343,13 +360,38 @@ class CellHosts:
     def _admitting(self, key: str) -> CellHost | None:
         return next((h for h in self._hosts.get(key, []) if h.admits), None)
 
+    async def _await_room(self, key: str) -> CellHost | None:
+        """A host of `key` admitting a cell, waiting (at most ROOM_WAIT_SECONDS) while a full
+        one has cells being closed: a warm pool's refill and the cells of finished rollouts
+        it replaces overlap, which would otherwise start a host for a moment's overflow.
+        None when no host will have room (then a new host is started)."""
+        deadline = time.monotonic() + ROOM_WAIT_SECONDS
+        while True:
+            host = self._admitting(key)
+            left = deadline - time.monotonic()
+            if host is not None or left <= 0 or not any(h.admits_after_closes for h in self._hosts.get(key, [])):
+                return host
+            event = asyncio.Event()
+            self._room.add(event)
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                pass
+            finally:
+                self._room.discard(event)
+
+    def room_made(self) -> None:
+        """A cell of a host closed: wake the cells waiting for room (`_await_room`)."""
+        for event in self._room:
+            event.set()
+
     async def create(self, spec: SandboxSpec) -> CellSandbox:
         """A new cell of `spec` (a new host first when none has room). ConfigError for what
         a cell cannot give (never accepted and silently dropped)."""
         refuse_in_cells(spec)
         key = self.key(spec)
         self._forget_dead()
-        host = self._admitting(key)
+        host = await self._await_room(key)
         if host is None:
             async with self._locks.setdefault(key, asyncio.Lock()):
                 host = self._admitting(key)
