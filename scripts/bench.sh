@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(sandbox backends sandbox_env eval concurrency openenv openenv_start swe swe_registry swe_published runs workers gvisor hosted v1 fork cell_fork harbor)
+[ ${#names[@]} -eq 0 ] && names=(sandbox backends sandbox_env eval before_after concurrency openenv openenv_start swe swe_registry swe_published runs workers gvisor hosted v1 fork cell_fork harbor)
 status=0
 for n in "${names[@]}"; do
   script="benchmarks/bench_${n}.py"
