@@ -88,6 +88,36 @@ def _user_context(user: str | None) -> dict[str, Any]:
 
 def pod_manifest(spec: SandboxSpec, cfg: KubernetesConfig, name: str, labels: dict[str, str]) -> dict[str, Any]:
     """The Pod for one sandbox. `labels` = user labels + lifecycle labels (exact values)."""
+    meta_labels = _metadata_labels(spec, labels)
+    pod_spec = _pod_spec(spec, cfg, _container(spec, cfg))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": cfg.namespace,
+            "labels": meta_labels,
+            "annotations": {
+                LABELS_ANNOTATION: json.dumps(labels, sort_keys=True),
+                SPEC_ANNOTATION: spec.model_dump_json(),
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def _metadata_labels(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, str]:
+    """The pod's sanitised labels (what selectors match), plus network=off for the deny-all
+    policy when the spec has no network."""
+    meta_labels = {label_key(k): label_value(v) for k, v in labels.items()}
+    if not spec.network:
+        meta_labels[NETWORK_LABEL] = "off"
+    return meta_labels
+
+
+def _container(spec: SandboxSpec, cfg: KubernetesConfig) -> dict[str, Any]:
+    """The sandbox's one container: the spec's image, command, environment, working directory and
+    resources (requests = limits), no privilege escalation and every capability dropped."""
     resources = {
         "cpu": _cpu(spec.cpu_cores),
         "memory": _quantity_mi(spec.memory_gb),
@@ -95,9 +125,6 @@ def pod_manifest(spec: SandboxSpec, cfg: KubernetesConfig, name: str, labels: di
     }
     if spec.gpu_count:
         resources["nvidia.com/gpu"] = str(spec.gpu_count)
-    meta_labels = {label_key(k): label_value(v) for k, v in labels.items()}
-    if not spec.network:
-        meta_labels[NETWORK_LABEL] = "off"
     container_ctx: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
@@ -117,6 +144,13 @@ def pod_manifest(spec: SandboxSpec, cfg: KubernetesConfig, name: str, labels: di
     }
     if spec.workdir and spec.workdir != "/":
         container["workingDir"] = spec.workdir
+    return container
+
+
+def _pod_spec(spec: SandboxSpec, cfg: KubernetesConfig, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod's spec around `container`: never restarted, no service-account token or service
+    links, the spec's lifetime as its deadline, seccomp RuntimeDefault, the runtime class
+    (gVisor's for `isolation="gvisor"`) and the config's scheduling and pull settings."""
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "restartPolicy": "Never",
@@ -138,20 +172,7 @@ def pod_manifest(spec: SandboxSpec, cfg: KubernetesConfig, name: str, labels: di
         pod_spec["imagePullSecrets"] = [{"name": s} for s in cfg.image_pull_secrets]
     if cfg.service_account_name:
         pod_spec["serviceAccountName"] = cfg.service_account_name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": cfg.namespace,
-            "labels": meta_labels,
-            "annotations": {
-                LABELS_ANNOTATION: json.dumps(labels, sort_keys=True),
-                SPEC_ANNOTATION: spec.model_dump_json(),
-            },
-        },
-        "spec": pod_spec,
-    }
+    return pod_spec
 
 
 def deny_all_network_policy(cfg: KubernetesConfig) -> dict[str, Any]:
