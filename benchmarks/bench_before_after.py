@@ -186,6 +186,18 @@ def run_bench(tree: Path, bench: str, extra: str, log: Path) -> dict:
     return json.loads(stdout[start + 1 if start >= 0 else 0:])
 
 
+def run_with_retry(tree: Path, bench: str, extra: str, log: Path) -> dict | None:
+    """run_bench, once more if it fails (a benchmark's own request timing out on a loaded machine
+    should cost one round's figure, not the comparison); None when both attempts fail."""
+    for attempt in (1, 2):
+        try:
+            return run_bench(tree, bench, extra, log)
+        except RuntimeError as exc:
+            tail = str(exc).strip().splitlines()
+            print(f"  {tree.name} {bench} failed (attempt {attempt}): {tail[0]} ... {tail[-1][:200]}", flush=True)
+    return None
+
+
 def default_sigint() -> None:
     """In the child before exec: SIGINT raises KeyboardInterrupt there even when this process was
     started with SIGINT ignored (a background job of a non-interactive shell), so stop_child works."""
@@ -312,7 +324,11 @@ def main() -> None:
             for bench, extra in benches:
                 for side in order:
                     t0, load = time.perf_counter(), os.getloadavg()[0]
-                    data = run_bench(trees[side], bench, extra, tmp / f"{side}-{bench}-{rnd + 1}.stderr")
+                    data = run_with_retry(trees[side], bench, extra, tmp / f"{side}-{bench}-{rnd + 1}.stderr")
+                    if data is None:
+                        print(f"round {rnd + 1} {side:6} {bench:11} FAILED twice: no figures this round", flush=True)
+                        runs[side][bench].append(None)
+                        continue
                     runs[side][bench].append(data)
                     head = [f"{m.name.split(': ')[-1]} {fmt(figure(m, data))}" for m in METRICS
                             if m.bench == bench and m.headline]

@@ -133,7 +133,10 @@ def worker_floor(base_url: str, n: int, conc: int, transport: str) -> dict:
 
     async def main() -> list[float]:
         http_client = openai.DefaultAioHttpClient() if transport == "aiohttp" else None
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, http_client=http_client)
+        # connect timeout 60 s, not openai's 5 s: 256 connections opened at once on a loaded 2-core machine
+        # took longer (ConnectTimeout at load average ~38); with max_retries=0 one such request ended the run
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, http_client=http_client,
+                                    timeout=openai.Timeout(600, connect=60))
         sem = asyncio.Semaphore(conc)
 
         async def one(row: dict) -> float:
