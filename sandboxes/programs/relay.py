@@ -220,87 +220,113 @@ class WebSocket:
         self.sock.close()
 
 
-def forward(argv):
-    """forward mode: requests from the host to the server at 127.0.0.1:PORT."""
-    port = int(argv[1])
-    chunk = int(argv[2]) if len(argv) > 2 else DEFAULT_CHUNK
-    out = sys.stdout
-    http_conn = Http(port)
-    sockets = {}
-    pending = {}  # response id -> remaining body bytes
-    next_sid = 1
-    for line in sys.stdin:
-        line = line.strip()
-        if not line:
-            continue
+class Forward:
+    """forward mode's state: the keep-alive connection to the server, the open WebSocket
+    sessions and the unsent rest of chunked responses; one method per op, each emitting
+    its answer frame."""
+
+    def __init__(self, out, port, chunk):
+        self.out = out
+        self.port = port
+        self.chunk = chunk
+        self.http = Http(port)
+        self.sockets = {}
+        self.pending = {}  # response id -> remaining body bytes
+        self.next_sid = 1
+        self.ops = {"http": self.op_http, "more": self.op_more, "ws_open": self.op_ws_open,
+                    "ws_send": self.op_ws_send, "ws_close": self.op_ws_close, "ping": self.op_ping}
+
+    def handle(self, line):
+        """Answer one request line; what goes wrong is answered as a typed failure."""
+        out = self.out
         try:
             req = json.loads(line)
             rid = req["id"]
         except (ValueError, KeyError, TypeError) as exc:
             emit(out, "x", {"ok": False, "kind": "bad_request", "error": "unreadable request: %s" % exc})
-            continue
+            return
         op = req.get("op")
         timeout = float(req.get("timeout") or 30)
         try:
-            if op == "http":
-                pending.clear()  # one response in flight at a time: leftovers were abandoned
-                body = base64.b64decode(req["body"]) if req.get("body") else None
-                status, headers, data = http_conn.request(
-                    req.get("method", "GET"), req.get("path", "/"), req.get("headers") or {}, body, timeout
-                )
-                first, rest = data[:chunk], data[chunk:]
-                if rest:
-                    pending[rid] = rest
-                emit(out, rid, {"ok": True, "status": status, "headers": headers,
-                                "body": base64.b64encode(first).decode(), "size": len(data),
-                                "more": bool(rest)})
-            elif op == "more":
-                rest = pending.pop(req.get("of"), b"")
-                first, rest = rest[:chunk], rest[chunk:]
-                if rest:
-                    pending[req.get("of")] = rest
-                emit(out, rid, {"ok": True, "body": base64.b64encode(first).decode(), "more": bool(rest)})
-            elif op == "ws_open":
-                sockets[next_sid] = WebSocket(port, req.get("path", "/ws"), timeout)
-                emit(out, rid, {"ok": True, "sid": next_sid})
-                next_sid += 1
-            elif op == "ws_send":
-                pending.clear()
-                ws = sockets.get(req.get("sid"))
-                if ws is None:
-                    emit(out, rid, {"ok": False, "kind": "bad_request", "error": "no such WebSocket session"})
-                    continue
-                try:
-                    ws.send_text(req["text"])
-                    text = ws.recv_text(timeout)
-                except BaseException:
-                    sockets.pop(req.get("sid"), None)
-                    ws.close()
-                    raise
-                data = text.encode("utf-8")
-                first, rest = data[:chunk], data[chunk:]
-                if rest:
-                    pending[rid] = rest
-                emit(out, rid, {"ok": True, "body": base64.b64encode(first).decode(), "more": bool(rest)})
-            elif op == "ws_close":
-                ws = sockets.pop(req.get("sid"), None)
-                if ws is not None:
-                    ws.close()
-                emit(out, rid, {"ok": True})
-            elif op == "ping":
-                emit(out, rid, {"ok": True, "pid": os.getpid()})
-            else:
+            run = self.ops.get(op) if isinstance(op, str) else None
+            if run is None:
                 emit(out, rid, {"ok": False, "kind": "bad_request", "error": "unknown op %r" % op})
+            else:
+                run(rid, req, timeout)
         except (socket.timeout, TimeoutError) as exc:
-            http_conn.drop()
+            self.http.drop()
             emit(out, rid, {"ok": False, "kind": "timeout", "error": "timed out after %ss: %s" % (timeout, exc)})
         except (ConnectionError, OSError, http.client.HTTPException) as exc:
-            http_conn.drop()
+            self.http.drop()
             emit(out, rid, {"ok": False, "kind": "connect", "error": "%s: %s" % (type(exc).__name__, exc)})
         except (ValueError, KeyError, TypeError) as exc:
             emit(out, rid, {"ok": False, "kind": "protocol", "error": "%s: %s" % (type(exc).__name__, exc)})
-    for ws in sockets.values():
-        ws.close()
+
+    def _first_chunk(self, key, data):
+        """(first chunk of `data`, whether more follows); the rest is kept under `key` for op "more"."""
+        first, rest = data[:self.chunk], data[self.chunk:]
+        if rest:
+            self.pending[key] = rest
+        return base64.b64encode(first).decode(), bool(rest)
+
+    def op_http(self, rid, req, timeout):
+        self.pending.clear()  # one response in flight at a time: leftovers were abandoned
+        body = base64.b64decode(req["body"]) if req.get("body") else None
+        status, headers, data = self.http.request(
+            req.get("method", "GET"), req.get("path", "/"), req.get("headers") or {}, body, timeout
+        )
+        first, more = self._first_chunk(rid, data)
+        emit(self.out, rid, {"ok": True, "status": status, "headers": headers, "body": first, "size": len(data),
+                             "more": more})
+
+    def op_more(self, rid, req, timeout):
+        first, more = self._first_chunk(req.get("of"), self.pending.pop(req.get("of"), b""))
+        emit(self.out, rid, {"ok": True, "body": first, "more": more})
+
+    def op_ws_open(self, rid, req, timeout):
+        self.sockets[self.next_sid] = WebSocket(self.port, req.get("path", "/ws"), timeout)
+        emit(self.out, rid, {"ok": True, "sid": self.next_sid})
+        self.next_sid += 1
+
+    def op_ws_send(self, rid, req, timeout):
+        """Send one text message and answer with the server's next one (a failed session is closed)."""
+        self.pending.clear()
+        ws = self.sockets.get(req.get("sid"))
+        if ws is None:
+            emit(self.out, rid, {"ok": False, "kind": "bad_request", "error": "no such WebSocket session"})
+            return
+        try:
+            ws.send_text(req["text"])
+            text = ws.recv_text(timeout)
+        except BaseException:
+            self.sockets.pop(req.get("sid"), None)
+            ws.close()
+            raise
+        first, more = self._first_chunk(rid, text.encode("utf-8"))
+        emit(self.out, rid, {"ok": True, "body": first, "more": more})
+
+    def op_ws_close(self, rid, req, timeout):
+        ws = self.sockets.pop(req.get("sid"), None)
+        if ws is not None:
+            ws.close()
+        emit(self.out, rid, {"ok": True})
+
+    def op_ping(self, rid, req, timeout):
+        emit(self.out, rid, {"ok": True, "pid": os.getpid()})
+
+    def close(self):
+        for ws in self.sockets.values():
+            ws.close()
+
+
+def forward(argv):
+    """forward mode: requests from the host to the server at 127.0.0.1:PORT."""
+    relay = Forward(sys.stdout, int(argv[1]), int(argv[2]) if len(argv) > 2 else DEFAULT_CHUNK)
+    for line in sys.stdin:
+        line = line.strip()
+        if line:
+            relay.handle(line)
+    relay.close()
 
 
 # --------------------------------------------------------------------------- listen
