@@ -28,7 +28,7 @@ What it decides, once, in one place:
   sandbox and kept. Specs other than the run's are containers under "auto".
 * the warm pool (`SandboxPool`) of the run's spec: `pool_size` when given (0: none),
   else sized from the concurrency once known: one per running rollout (at most
-  `max_default_pool_size`), three per running rollout for cells (they are cheap).
+  `max_default_pool_size`), two per running rollout for cells (they are cheap).
   The spec cannot change once the pool started (its sandboxes have the old one).
 
 * group setup (`prepare_group`, `sandboxes.group_setup.PreparedGroup`): one sandbox of
@@ -79,9 +79,13 @@ class RolloutSandboxes:
 
     max_default_pool_size: int = 32
     """Cap of the pool sized from concurrency (an explicit `pool_size` is not capped)."""
-    cells_per_rollout: int = 3
-    """Ready cells kept per running rollout: a cell costs ~10 ms of CPU and a few MB idle;
-    measured at -c 16 on 2 cores, two still left 2-19 % of rollout time waiting, three 0 %."""
+    cells_per_rollout: int = 2
+    """Ready cells kept per running rollout: a cell costs ~15 ms of the host's CPU to open and
+    close and a few MB idle. Two: at -c 16 a host of 64 cells holds the 16 running, the 32
+    ready and the cells being closed; with three (48 ready) the first refill after the first
+    wave overflowed it and started a second cell host in every run (~0.4 s of CPU on 2 cores,
+    plus 16 more idle cells opened and closed). Measured (cells opening in ~9 ms with a
+    pre-joined spare): no rollout time waiting for a cell at -c 16 with two."""
 
     def __init__(self, spec: SandboxSpec, backend: str | SandboxBackend | None = None,
                  backend_options: dict[str, Any] | None = None, *,

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.docker
 
 async def test_killed_cell_host_retries_land_on_a_new_host_and_the_run_completes():
     """`docker kill` of the cell host while two rollouts run in it, with the default warm
-    pool of cells (three per running rollout, all on that host) and 2 retries: every
+    pool of cells (two per running rollout, all on that host) and 2 retries: every
     rollout ends solved after at most one retry, no rollout is handed a cell already
     known dead, and the retries run on cells of another host."""
     import docker

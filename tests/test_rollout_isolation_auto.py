@@ -42,7 +42,7 @@ async def test_auto_runs_one_host_container_for_the_whole_run():
     env = bash_env(labels, n=4)
     env.set_concurrency(2)
     try:
-        assert await env.warm_up(2) == 6  # three ready cells per running rollout
+        assert await env.warm_up(2) == 4  # two ready cells per running rollout
         assert len(containers_with(labels)) == 1
     finally:
         await env.teardown()
