@@ -154,6 +154,9 @@ class Toolset:
         teardowns: Sequence[Callable[..., Any]] = (),
         config: ToolsetConfig | Mapping[str, object] | None = None,
     ):
+        """The toolset's tools (the config's first, then `tools`, then the config's MCP servers),
+        visibility, scope, bindings and handlers (see the module docstring); a bad setting
+        (scope, `write`, a binding naming no tool...) is a ConfigError."""
         cfg = ToolsetConfig.from_config(config) if config is not None else None
         if not isinstance(write, bool):
             raise ConfigError(f"Toolset write must be a boolean, not {write!r}")
@@ -175,6 +178,12 @@ class Toolset:
         self._scoped: dict[Any, dict[str, Any]] = {}
         self._mcp: dict[Any, list[MCPTool]] = {}  # scope key -> this scope's MCP server processes
         self.sync_pool: Any = None  # where sync tools / handlers run (the harness's pool; None: the default)
+        self._init_sandboxes(sandbox)
+        self._check_bindings()
+
+    def _init_sandboxes(self, sandbox: Any) -> None:
+        """Where the tools run: on the host (`sandbox=None`) or in a sandbox (`_set_sandbox`);
+        the per-sandbox bookkeeping starts empty."""
         self.sandbox: SandboxConfig | str | None = None
         self._programs: dict[str, PythonProgram] = {}  # tool name -> what runs in the sandbox
         self._sandboxes: dict[Any, Any] = {}  # scope key -> this toolset's own sandbox
@@ -182,6 +191,10 @@ class Toolset:
         self._sandbox_locks: dict[Any, asyncio.Lock] = {}
         if sandbox is not None:
             self._set_sandbox(sandbox)
+
+    def _check_bindings(self) -> None:
+        """Each binding is 'tool.arg' for one of the toolset's callables; a string source is a
+        framework path (task.*, state.*, objects.*), and objects.* never reaches a sandboxed tool."""
         names = [getattr(t, "__name__", None) for t in self.tools if not isinstance(t, MCPTool)]
         for target, source in self.bindings.items():
             if "." not in target:
