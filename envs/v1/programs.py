@@ -78,18 +78,8 @@ async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_tur
             if turns >= max_turns:
                 state.stop("max_turns_reached")
                 break
-            kwargs: dict[str, Any] = {"model": state.get_model(), "messages": messages}
-            if tool_defs:
-                kwargs["tools"] = [_openai_tool(t) for t in tool_defs]
-            resp = await client.chat.completions.create(**kwargs)
+            msg = await _ask_model(client, state, messages, tool_defs)
             turns += 1
-            msg = resp.choices[0].message
-            out: dict[str, Any] = {"role": "assistant", "content": msg.content}
-            if msg.tool_calls:
-                out["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                                     for c in msg.tool_calls]
-            messages.append(out)
             if msg.tool_calls:
                 for call in msg.tool_calls:
                     messages.append({"role": "tool", "tool_call_id": call.id,
@@ -104,18 +94,42 @@ async def base_loop(task: Any, state: Any, system: list[dict[str, Any]], max_tur
                     state.stop("user_done")
                     break
                 messages.extend(reply)
-            if updates:
-                state["completion"] = messages[start:]
-                for update in updates:
-                    await call_user(pool, update, task, state)
-            for stop in stops:
-                if await call_user(pool, stop, task, state):
-                    state.stop(getattr(stop, "__name__", "stop"))
-                    break
+            await _end_turn(task, state, messages[start:], updates, stops, pool)
             if state.get("is_completed"):
                 break
     finally:  # a failed model call surfaces as the rollout's model error (harness.rollout_error)
         state["completion"] = messages[start:]
+
+
+async def _ask_model(client: Any, state: Any, messages: list[dict[str, Any]], tool_defs: list[Any]) -> Any:
+    """One model turn through the endpoint: its message, appended to `messages` as the
+    assistant's (with its tool calls)."""
+    kwargs: dict[str, Any] = {"model": state.get_model(), "messages": messages}
+    if tool_defs:
+        kwargs["tools"] = [_openai_tool(t) for t in tool_defs]
+    resp = await client.chat.completions.create(**kwargs)
+    msg = resp.choices[0].message
+    out: dict[str, Any] = {"role": "assistant", "content": msg.content}
+    if msg.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                             for c in msg.tool_calls]
+    messages.append(out)
+    return msg
+
+
+async def _end_turn(task: Any, state: Any, completion: list[dict[str, Any]], updates: list[Any] | None,
+                    stops: list[Any], pool: Any) -> None:
+    """After a turn: the `updates` run (with `state["completion"]` = `completion`), then the
+    stop conditions are checked; the first that fires stops the rollout under its name."""
+    if updates:
+        state["completion"] = completion
+        for update in updates:
+            await call_user(pool, update, task, state)
+    for stop in stops:
+        if await call_user(pool, stop, task, state):
+            state.stop(getattr(stop, "__name__", "stop"))
+            break
 
 
 async def _run_tool(tools: Mapping[str, Any], name: str, arguments: str) -> Any:
