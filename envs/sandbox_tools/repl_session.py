@@ -143,47 +143,52 @@ class ReplSession(ProcessSession):
             line = json.dumps({"id": rid, "code": code, "max_output": self.output_limit}) + "\n"
             out = await send_and_read(proc, line, until, timeout, "a cell")
             resp = self._find(out, rid)
-            timed_out = restarted = False
-            note = None
+            timed_out, note = False, None
             if resp is None:
-                status = await status_after_missing_reply(proc, t0, timeout, "python")
-                if status.running:
-                    timed_out = True
-                    more = await interrupt_and_read(proc, until, self.interrupt_grace, group=False)
-                    resp = self._find(more, rid)
-                    if resp is not None:
-                        note = f"cell timed out after {timeout:g}s and was interrupted; variables are kept"
-                    else:
-                        restarted = True
-                        note = (
-                            f"cell timed out after {timeout:g}s and did not stop on interrupt; the Python "
-                            "worker was restarted and all variables and imports were lost"
-                        )
-                else:
-                    restarted = True
-                    how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
-                    note = (
-                        f"the Python worker died ({how}); it was restarted and all variables and imports were lost"
-                    )
-            if restarted:
+                resp, timed_out, note = await self._recover_missing_reply(proc, rid, until, t0, timeout)
+            if resp is None:  # the worker is lost: a fresh one, the cell's result with it
                 self.restarts += 1
                 await self.start()
                 res = CellResult(status="lost", timed_out=timed_out, restarted=True, note=note)
             else:
-                assert resp is not None
-                res = CellResult(
-                    status=resp.get("status", "error"),
-                    stdout=resp.get("stdout") or "",
-                    stderr=resp.get("stderr") or "",
-                    result=resp.get("result"),
-                    traceback=resp.get("traceback"),
-                    execution_count=resp.get("execution_count"),
-                    dropped_bytes=int(resp.get("stdout_dropped") or 0) + int(resp.get("stderr_dropped") or 0),
-                    timed_out=timed_out,
-                    oom_kills=resp.get("oom_kills"),
-                    note=note,
-                )
-                if res.result is not None:
-                    res.result, cut = cap_text(res.result, self.output_limit)
+                res = self._cell_result(resp, timed_out, note)
             res.duration = time.monotonic() - t0
             return res
+
+    async def _recover_missing_reply(self, proc: BackgroundProcess, rid: int, until: str, t0: float,
+                                     timeout: float) -> tuple[dict | None, bool, str]:
+        """No reply to cell `rid`: the worker died, or the cell timed out and is interrupted.
+        Returns (the reply, None when the worker is lost and must be restarted; whether the
+        cell timed out; the note saying what happened)."""
+        status = await status_after_missing_reply(proc, t0, timeout, "python")
+        if not status.running:
+            how = f"signal {status.signal}" if status.signal else f"exit code {status.exit_code}"
+            return None, False, (
+                f"the Python worker died ({how}); it was restarted and all variables and imports were lost"
+            )
+        more = await interrupt_and_read(proc, until, self.interrupt_grace, group=False)
+        resp = self._find(more, rid)
+        if resp is not None:
+            return resp, True, f"cell timed out after {timeout:g}s and was interrupted; variables are kept"
+        return None, True, (
+            f"cell timed out after {timeout:g}s and did not stop on interrupt; the Python "
+            "worker was restarted and all variables and imports were lost"
+        )
+
+    def _cell_result(self, resp: dict, timed_out: bool, note: str | None) -> CellResult:
+        """The worker's reply as a CellResult (both streams' cut bytes summed, the result capped)."""
+        res = CellResult(
+            status=resp.get("status", "error"),
+            stdout=resp.get("stdout") or "",
+            stderr=resp.get("stderr") or "",
+            result=resp.get("result"),
+            traceback=resp.get("traceback"),
+            execution_count=resp.get("execution_count"),
+            dropped_bytes=int(resp.get("stdout_dropped") or 0) + int(resp.get("stderr_dropped") or 0),
+            timed_out=timed_out,
+            oom_kills=resp.get("oom_kills"),
+            note=note,
+        )
+        if res.result is not None:
+            res.result, cut = cap_text(res.result, self.output_limit)
+        return res
