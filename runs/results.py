@@ -225,44 +225,18 @@ def summarize_run(rec: RunRecord) -> dict:
 
 
 def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
+    """An eval run's summary: reward (scored rows only) and metrics with their spread,
+    pass@k over the examples none of whose rows errored, errors by type and kind, mean
+    token usage, timing percentiles by phase, the reward histogram and the metadata."""
     meta = meta or {}
     threshold = _num(meta.get("pass_threshold"))
     threshold = 0.5 if threshold is None else threshold
-    rewards: list[float] = []
-    groups: dict[Any, list[float]] = {}
-    metrics: dict[str, list[float]] = {}
-    errors: dict[str, int] = {}
-    kinds: dict[str, int] = {}
-    usage: dict[str, float] = {}
-    phases: dict[str, list[float]] = {}
-    from envs.outputs import verdict_counts, verdict_of
+    from envs.outputs import verdict_counts
 
     verdicts = verdict_counts(rows)  # rewards and pass@k: scored rows only (issue 26)
-    errored_examples = {r.get("example_id") for r in rows if verdict_of(r) != "scored"}
-    for i, r in enumerate(rows):
-        rw = _num(r.get("reward"))
-        rw = 0.0 if rw is None else rw
-        if verdict_of(r) == "scored":
-            rewards.append(rw)
-            if r.get("example_id") not in errored_examples:
-                groups.setdefault(r.get("example_id", f"row{i}"), []).append(rw)
-        for k, v in (r.get("metrics") or {}).items() if isinstance(r.get("metrics"), dict) else ():
-            n = _num(v)
-            if n is not None:
-                metrics.setdefault(k, []).append(n)
-        err = r.get("error_info") if isinstance(r.get("error_info"), dict) else r.get("error")  # rows before error_info: a dict
-        et = (r.get("error_type") if r.get("error") else None) or error_type(err)
-        if et:
-            errors[et] = errors.get(et, 0) + 1
-            kind = r.get("error_kind") or (err.get("kind") if isinstance(err, dict) else None) or "unknown"
-            kinds[str(kind)] = kinds.get(str(kind), 0) + 1
-        tu = r.get("token_usage")
-        for k, v in (tu.items() if isinstance(tu, dict) else ()):
-            n = _num(v)
-            if n is not None:
-                usage[k] = usage.get(k, 0.0) + n
-        for k, v in timing_phases(r.get("timing")).items():
-            phases.setdefault(k, []).append(v)
+    rewards, groups = _scored_rewards(rows)
+    metrics, usage, phases = _row_numbers(rows)
+    errors, kinds = _error_counts(rows)
     at, allk = pass_at_k(groups, threshold)
     return {
         "kind": "eval",
@@ -283,6 +257,59 @@ def summarize_eval(rows: list[dict], meta: dict | None = None) -> dict:
         "histogram": histogram(rewards),
         "metadata": {k: v for k, v in meta.items() if k not in ("tools",)},
     }
+
+
+def _scored_rewards(rows: list[dict]) -> tuple[list[float], dict[Any, list[float]]]:
+    """(the scored rows' rewards, those rewards by example for pass@k: examples with an
+    errored row left out); a missing reward counts 0."""
+    from envs.outputs import verdict_of
+
+    errored_examples = {r.get("example_id") for r in rows if verdict_of(r) != "scored"}
+    rewards: list[float] = []
+    groups: dict[Any, list[float]] = {}
+    for i, r in enumerate(rows):
+        rw = _num(r.get("reward"))
+        rw = 0.0 if rw is None else rw
+        if verdict_of(r) == "scored":
+            rewards.append(rw)
+            if r.get("example_id") not in errored_examples:
+                groups.setdefault(r.get("example_id", f"row{i}"), []).append(rw)
+    return rewards, groups
+
+
+def _row_numbers(rows: list[dict]) -> tuple[dict[str, list[float]], dict[str, float], dict[str, list[float]]]:
+    """(each metric's values, the token usage summed over the rows, each timing phase's
+    durations); metric and usage values that are not finite numbers are skipped."""
+    metrics: dict[str, list[float]] = {}
+    usage: dict[str, float] = {}
+    phases: dict[str, list[float]] = {}
+    for r in rows:
+        for k, v in (r.get("metrics") or {}).items() if isinstance(r.get("metrics"), dict) else ():
+            n = _num(v)
+            if n is not None:
+                metrics.setdefault(k, []).append(n)
+        tu = r.get("token_usage")
+        for k, v in (tu.items() if isinstance(tu, dict) else ()):
+            n = _num(v)
+            if n is not None:
+                usage[k] = usage.get(k, 0.0) + n
+        for k, v in timing_phases(r.get("timing")).items():
+            phases.setdefault(k, []).append(v)
+    return metrics, usage, phases
+
+
+def _error_counts(rows: list[dict]) -> tuple[dict[str, int], dict[str, int]]:
+    """(errored rows by error type, by error kind: "unknown" when the row does not say)."""
+    errors: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    for r in rows:
+        err = r.get("error_info") if isinstance(r.get("error_info"), dict) else r.get("error")  # rows before error_info: a dict
+        et = (r.get("error_type") if r.get("error") else None) or error_type(err)
+        if et:
+            errors[et] = errors.get(et, 0) + 1
+            kind = r.get("error_kind") or (err.get("kind") if isinstance(err, dict) else None) or "unknown"
+            kinds[str(kind)] = kinds.get(str(kind), 0) + 1
+    return errors, kinds
 
 
 def swe_view(row: dict) -> dict:
