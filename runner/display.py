@@ -274,10 +274,20 @@ def _short(messages: Any, limit: int = 300) -> str:
 def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbreviated: bool = False, plain: bool = False) -> None:
     """The end-of-run tables: settings, stats, and (unless abbreviated) sample rollouts."""
     from rich.console import Console
+
+    console = Console(file=sys.stdout, force_terminal=False if plain else None, width=120 if plain else None)
+    console.print(_settings_table(metadata))
+    console.print(_stats_table(metadata, rows))
+    if not abbreviated and rows:
+        console.print(_samples_table(rows))
+
+
+def _settings_table(metadata: dict[str, Any]) -> Any:
+    """The run's settings: env args, examples x rollouts (and the -n asked for when the dataset
+    is smaller), sampling args, status."""
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(file=sys.stdout, force_terminal=False if plain else None, width=120 if plain else None)
     settings = Table(title=Text(f"{metadata.get('env_id')} — {metadata.get('model')}"), show_header=False)
     settings.add_column(style="bold")
     settings.add_column()
@@ -287,11 +297,19 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
                         if metadata.get("num_examples_requested") else ""))
     settings.add_row("sampling_args", Text(str(metadata.get("sampling_args") or {})))
     settings.add_row("status", str(metadata.get("status", "")))
+    return settings
+
+
+def _stats_table(metadata: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
+    """The results: rollouts scored / errored, average reward over the scored ones (and the
+    metrics, pass@k), errors by verdict, retries, time and where the results are."""
+    from rich.table import Table
+
+    from envs.outputs import ERROR_VERDICTS, is_scored, verdict_counts, verdict_of
+
     stats = Table(title="results", show_header=True)
     stats.add_column("metric")
     stats.add_column("value", justify="right")
-    from envs.outputs import ERROR_VERDICTS, is_scored, verdict_counts, verdict_of
-
     scored = [r for r in rows if is_scored(r)]
     n = len(scored)
     counts = verdict_counts(rows)
@@ -307,8 +325,8 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
         stats.add_row(f"  {key}", f"{value:.4f}")
     for k, v in (metadata.get("pass_at_k") or {}).items():
         stats.add_row(f"pass@{k}", f"{v:.4f}")
-    kinds = collections.Counter("task (scored)" if is_scored(r) else verdict_of(r) for r in rows if r.get("error"))
-    stats.add_row("errors", f"{sum(kinds.values())}" + (f" ({', '.join(f'{k}: {c}' for k, c in kinds.items())})" if kinds else ""))
+    errs = collections.Counter("task (scored)" if is_scored(r) else verdict_of(r) for r in rows if r.get("error"))
+    stats.add_row("errors", f"{sum(errs.values())}" + (f" ({', '.join(f'{k}: {c}' for k, c in errs.items())})" if errs else ""))
     retried = sum(1 for r in rows if int(r.get("attempts", 1)) > 1)
     if retried:
         stats.add_row("retried rollouts", str(retried))
@@ -316,16 +334,21 @@ def print_summary(metadata: dict[str, Any], rows: list[dict[str, Any]], abbrevia
     stats.add_row("time", f"{seconds:.1f} s")
     if metadata.get("path_to_save"):
         stats.add_row("results", str(metadata["path_to_save"]))
-    console.print(settings)
-    console.print(stats)
-    if not abbreviated and rows:
-        samples = Table(title="samples", show_lines=True)
-        samples.add_column("prompt", ratio=2)
-        samples.add_column("completion", ratio=2)
-        samples.add_column("reward", justify="right")
-        for r in rows[:3]:
-            comp = _short(r.get("completion"))
-            if r.get("error"):
-                comp = f"[error] {error_text(r['error'])}"
-            samples.add_row(Text(_short(r.get("prompt"))), Text(comp), f"{float(r.get('reward') or 0):.3f}")
-        console.print(samples)
+    return stats
+
+
+def _samples_table(rows: list[dict[str, Any]]) -> Any:
+    """The first three rollouts: prompt, completion (or the error), reward."""
+    from rich.table import Table
+    from rich.text import Text
+
+    samples = Table(title="samples", show_lines=True)
+    samples.add_column("prompt", ratio=2)
+    samples.add_column("completion", ratio=2)
+    samples.add_column("reward", justify="right")
+    for r in rows[:3]:
+        comp = _short(r.get("completion"))
+        if r.get("error"):
+            comp = f"[error] {error_text(r['error'])}"
+        samples.add_row(Text(_short(r.get("prompt"))), Text(comp), f"{float(r.get('reward') or 0):.3f}")
+    return samples
