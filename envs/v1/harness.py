@@ -159,24 +159,18 @@ class Harness:
         sampling_args: dict[str, Any] | None = None,
         max_turns: int | None = None,
         toolsets: Sequence[Toolset] | None = None,
-        stops: Sequence[Callable[..., Any]] | None = None,
-        setups: Sequence[Callable[..., Any]] | None = None,
-        updates: Sequence[Callable[..., Any]] | None = None,
-        metrics: Sequence[Callable[..., Any]] | None = None,
-        rewards: Sequence[Callable[..., Any]] | None = None,
-        advantages: Sequence[Callable[..., Any]] | None = None,
+        stops: Sequence[Callable[..., Any]] | None = None, setups: Sequence[Callable[..., Any]] | None = None,
+        updates: Sequence[Callable[..., Any]] | None = None, metrics: Sequence[Callable[..., Any]] | None = None,
+        rewards: Sequence[Callable[..., Any]] | None = None, advantages: Sequence[Callable[..., Any]] | None = None,
         cleanups: Sequence[Callable[..., Any]] | None = None,
         config: HarnessConfig | Mapping[str, object] | None = None,
     ):
+        """The harness from its arguments, each defaulting to the `config`'s (a HarnessConfig or
+        its mapping); the handler lists' references resolved, stops checked against the program form."""
         cfg = HarnessConfig.from_config(config) if config is not None else HarnessConfig()
-        self.program = resolve_ref(program if program is not None else cfg.program)
-        self.kind = program_kind(self.program)
+        self._init_program(program if program is not None else cfg.program,
+                           sandbox if sandbox is not None else cfg.sandbox)
         self.system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
-        sandbox = sandbox if sandbox is not None else cfg.sandbox
-        self.sandbox = program_sandbox(SandboxConfig.from_config(sandbox)) if sandbox is not None else None
-        self.python: PythonProgram | None = None  # a callable / fn program run in the sandbox
-        if self.sandbox is not None and self.kind in ("callable", "fn"):
-            self.python = python_program(self.program)
         self.client = client
         self._client: Any = None  # the vf Client made from `client` once (closed at teardown when from a config)
         self.model = model or cfg.model
@@ -193,16 +187,30 @@ class Harness:
         self.rewards = [resolve_ref(f) for f in rewards or []]
         self.cleanups = [resolve_ref(f) for f in cleanups or []]
         self.endpoint = InterceptionServer()
+        self._init_lifecycle()
+        self.concurrency: int | None = None  # the run's (set_concurrency); sizes the default warm pool
+        self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
+
+    def _init_program(self, program: Any, sandbox: SandboxConfig | Mapping[str, Any] | None) -> None:
+        """The program (a reference resolved), its form, its sandbox config (None: it runs on the
+        host) and, for a callable / fn program in a sandbox, what runs there."""
+        self.program = resolve_ref(program)
+        self.kind = program_kind(self.program)
+        self.sandbox = program_sandbox(SandboxConfig.from_config(sandbox)) if sandbox is not None else None
+        self.python: PythonProgram | None = None  # a callable / fn program run in the sandbox
+        if self.sandbox is not None and self.kind in ("callable", "fn"):
+            self.python = python_program(self.program)
+
+    def _init_lifecycle(self) -> None:
+        """The run's sandboxes (backend, warm pool of the program's spec, forks per group with
+        `setup_scope="group"`) live in the one lifecycle; the run's backend and isolation come later."""
         self.backend_name: str | None = None
         self.isolation: str | None = None  # the run's isolation (set_isolation); None: the sandbox config's own
         self.backend_options: dict[str, Any] = {}
         self._owned_sandboxes: dict[str, Any] = {}  # trajectory_id -> a sandbox this harness created
-        # the run's sandboxes (backend, warm pool of the program's spec) live in the one lifecycle
         self.sandboxes = RolloutSandboxes(self._lifecycle_spec(), self._backend_choice(None),
                                           pool_size=self.sandbox.pool_size if self.sandbox is not None else 0)
         self.sandboxes.set_forks_per_group(self.sandbox is not None and self.sandbox.setup_scope == "group")
-        self.concurrency: int | None = None  # the run's (set_concurrency); sizes the default warm pool
-        self.sync_pool: SyncPool | None = None  # None: the process-wide default (usercode.default_pool)
 
     def set_sync_pool(self, pool: SyncPool | None) -> None:
         """Where sync user code (rewards, metrics, tools, handlers) runs; Env passes its own pool."""
