@@ -47,6 +47,7 @@ file; docs/isolation.md compares a cell with a container row by row.
 
 import array
 import ctypes
+import gc
 import errno
 import stat
 import selectors
@@ -1670,6 +1671,21 @@ def forward_to_cell(req):
               "message": "cell %s is gone" % cid})
 
 
+def compact_before_fork():
+    """Shrink what every cell process is forked from: heap the compiler freed but that
+    stays mapped goes back to the kernel (the host agent under Python 3.11: 13.3 -> 8.8 MB
+    of anonymous memory), and the objects alive now move to the collector's permanent
+    generation, so no collection in a fork writes to their pages. Each cell costs two
+    forks of the zygote and their exits, whose page-table copies and unmapping scale with
+    the pages mapped."""
+    gc.collect()
+    gc.freeze()
+    try:
+        _libc.malloc_trim(0)
+    except AttributeError:  # not glibc (musl has none): the pages stay mapped
+        pass
+
+
 def cells_main():
     """Start the zygote while still single-threaded, then serve as the host agent."""
     global forward_cell
@@ -1680,6 +1696,7 @@ def cells_main():
         _layers_ready.append(True)
     except OSError as exc:
         log("cells: no tmpfs for frozen layers (%s): cells cannot be snapshotted" % exc)
+    compact_before_fork()
     # the zygote is forked before main() reads any request: its memory never holds one
     parent, child = socket.socketpair()
     pid = os.fork()

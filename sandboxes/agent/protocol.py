@@ -211,9 +211,17 @@ def agent_source(cells: bool = False) -> str:
     return source
 
 
+ARGV_BOOT = "import sys;exec(compile(sys.argv.pop(1),'vf-sandbox-agent','exec'))"
+"""`python3 -c` keeps the syntax tree of its command alive until the command returns, and
+the agent's never does: ~6.5 MB of AST for the agent's source held for the agent's whole
+life (and, in a cell host, mapped into every cell's processes, forks of it). Run
+as this one-liner's argument instead, the source's tree is freed once compiled."""
+
+
 def agent_argv(python: str = "python3", cells: bool = False) -> list[str]:
-    """The command that starts the agent inside a sandbox (a cell host's with `cells`)."""
-    return [python, "-u", "-c", agent_source(cells)] + (["--cells"] if cells else [])
+    """The command that starts the agent inside a sandbox (a cell host's with `cells`):
+    the source is the argument of `ARGV_BOOT` (sys.argv is then as with `-c <source>`)."""
+    return [python, "-u", "-c", ARGV_BOOT, agent_source(cells)] + (["--cells"] if cells else [])
 
 
 # Backends whose exec URL or command line must stay short (pods/exec, remote APIs)
