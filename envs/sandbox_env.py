@@ -107,6 +107,7 @@ from sandboxes import (
 )
 from sandboxes.group_setup import PreparedGroup
 from sandboxes.rollouts import ROLLOUT_ISOLATION_CHOICES, RolloutSandboxes, check_rollout_isolation
+from sandboxes.spec import spec_field
 
 from .decorators import cleanup, stop, teardown
 from .rubrics.rubric import Rubric
@@ -136,13 +137,6 @@ SPEC_SETTINGS = {
 }
 
 
-def _spec_field(field: str) -> Any:
-    """The SandboxSpec field's type and constraints, for a settings model."""
-    info = SandboxSpec.model_fields[field]
-    return (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
-            Field(info.get_default(call_default_factory=True), description=info.description))
-
-
 SandboxEnvSettings = create_model(
     "SandboxEnvSettings",
     __base__=MultiTurnSettings,
@@ -154,7 +148,7 @@ SandboxEnvSettings = create_model(
         "Where the sandbox setup runs: per rollout, or once per example's group, each rollout then "
         "getting a fork of the prepared sandbox (falls back to per rollout without snapshots)."))),
     labels=(list[str] | dict[str, str], Field(default_factory=dict, description="User labels (a list: name=true).")),
-    **{name: _spec_field(field) for name, field in SPEC_SETTINGS.items() if name not in ("isolation", "labels")},
+    **{name: spec_field(field) for name, field in SPEC_SETTINGS.items() if name not in ("isolation", "labels")},
 )
 
 

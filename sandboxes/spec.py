@@ -20,7 +20,7 @@ that cannot give gVisor refuse it with a ConfigError rather than run weaker.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -99,3 +99,12 @@ def refuse_user_switch(spec: SandboxSpec, backend: str) -> None:
     if spec.user_switch:
         raise ConfigError(f"user_switch=True is not available on the {backend} backend: only the docker backend's "
                           "containers (rollout_isolation='container') can switch users")
+
+
+def spec_field(field: str) -> Any:
+    """SandboxSpec's `field` as a `(type, FieldInfo)` pair for a settings model built with
+    `pydantic.create_model`: its type, constraints, default and description, so a view onto
+    the spec (SandboxEnv's `-x` keys, SWE debug options) cannot drift from it."""
+    info = SandboxSpec.model_fields[field]
+    return (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation,
+            Field(info.get_default(call_default_factory=True), description=info.description))

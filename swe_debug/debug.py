@@ -20,11 +20,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from envs.sandbox_env import _spec_field
 from sandboxes import InfraError, Sandbox, SandboxBackend, UsageError
 from sandboxes.group_setup import PreparedGroup
 from sandboxes.rollouts import RolloutSandboxes
-from sandboxes.spec import SandboxSpec
+from sandboxes.spec import SandboxSpec, spec_field
 
 from .grading import FailsBefore, Grade, Reason, check_fails_before
 from .taskset import ApplyResult, SandboxTaskSet
@@ -87,15 +86,15 @@ set's value for the instance (`SWETaskSet.sandbox_spec`; no labels: `sandbox-deb
 
 
 def _spec_override(field: str) -> tuple[Any, Any]:
-    """SandboxSpec's `field` (type, constraints, description: `_spec_field`, as
+    """SandboxSpec's `field` (type, constraints, description: `spec_field`, as
     SandboxEnvSettings takes them) as an override: None keeps the task set's value."""
-    annotation, info = _spec_field(field)
+    annotation, info = spec_field(field)
     return Optional[annotation], Field(None, description=info.description)
 
 
 def _spec_typed(field: str, default: Any, description: str) -> tuple[Any, Any]:
     """SandboxSpec's `field` (type and constraints) with a default and meaning of the debug run's."""
-    annotation, _ = _spec_field(field)
+    annotation, _ = spec_field(field)
     return annotation, Field(default, description=description)
 
 
