@@ -84,12 +84,6 @@ class RegistryAuth(BaseModel):
         user, password = settings.registry_username, settings.registry_password
         return cls(username=user, password=password) if user and password else None
 
-    @classmethod
-    def from_env(cls) -> RegistryAuth | None:
-        """Old name of `from_settings()` (the running settings, not the environment);
-        goes once swe_debug/env.py stops calling it."""
-        return cls.from_settings()
-
     def engine_config(self) -> dict[str, str]:
         """The Engine API's auth config (sent to the engine only)."""
         return {"username": self.username, "password": self.password.get_secret_value()}

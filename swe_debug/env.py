@@ -366,10 +366,7 @@ def _image_builder(namespace: str | None, registry: str | None, push_to: str | N
     """The ImageBuilder for registry images, pushes or a disk bound (None: the task set's default)."""
     if not (namespace or registry or push_to or keep_images is not None):
         return None
-    from sandboxes.images import RegistryAuth
-
     from .images import ImageBuilder
 
-    builder = ImageBuilder(namespace=namespace, registry=registry, push_to=push_to, auth=RegistryAuth.from_env(),
-                           keep_images=keep_images)
-    return builder
+    # registry credentials: the running settings' (ImageBuilder reads them when no auth is given)
+    return ImageBuilder(namespace=namespace, registry=registry, push_to=push_to, keep_images=keep_images)
