@@ -5,7 +5,8 @@ Each tree runs its OWN scripts (benchmarks/bench_eval.py, which writes its figur
 <tree>/benchmarks/results/bench_eval.json, and bench_sandbox_env.py --json) with its own
 packages, image recipes and in-sandbox agent: the before tree is a `git worktree add --detach`
 in a temporary directory (byte-compiled before the first run; bench_eval's verifiers venv linked
-from this checkout's .cache; removed at the end, also on Ctrl-C or SIGTERM), and every child
+from this checkout's .cache; its bench_eval.py given the floor's connect timeout of 2ea12e6, a
+fix to a row not compared; removed at the end, also on Ctrl-C or SIGTERM), and every child
 runs with PYTHONPATH=<tree> and cwd=<tree>, so the tree's top-level packages win over the
 .venv's editable install (a meta-path finder appended after the path finder). A probe checks
 it before the first run: a child of each tree imports envs, sandboxes, backends, the agent and
@@ -16,9 +17,10 @@ before, ...), so load that drifts during the run moves both sides alike. Reporte
 per round and tree, the medians, and after/before as a speed ratio (rollouts/s after / before;
 for latencies p50 before / after), so > 1 is faster. Headline rows (*): eval rollouts/s,
 SandboxEnv's default and container-per-rollout rollouts/s, the python and bash tool p50s.
-Verdict per headline row: "not slower" when the ratio is >= --band (0.90), "within noise" when
-it is below the band but not below the spread this run saw (the worst min/max of one tree's
-rounds: the same code measured twice), "SLOWER" otherwise. Control rows run the same program
+Verdict per headline row: "not slower" when the ratio of medians is >= --band (0.90); below it,
+"SLOWER" when after was slower in every round's pair (each round's after / before, listed) or
+the ratio is below the spread this run saw (the worst min/max of one tree's rounds: the same
+code measured again), else "within noise". Control rows run the same program
 in both trees (the bare openai client; a raw Docker exec; verifiers 0.3.1 when --eval-args
 drops --skip-verifiers): their ratio is what the machine's load alone moved.
 
@@ -129,10 +131,25 @@ def add_worktree(rev: str, parent: Path, name: str) -> Path:
     if venv.exists():
         (path / ".cache").mkdir(exist_ok=True)
         (path / ".cache" / "bench-verifiers-venv").symlink_to(venv)
+    backport_floor_timeout(path / "benchmarks" / "bench_eval.py")
     # byte-compiled now, not inside the first run's clock (a fresh checkout has no __pycache__)
     skip = r"/(\.|tests/|environments/)"
     subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", "-x", skip, str(path)], capture_output=True)
     return path
+
+
+FLOOR_CLIENT = 'client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, http_client=http_client)'
+FLOOR_FIX = FLOOR_CLIENT[:-1] + ", timeout=openai.Timeout(600, connect=60))"
+
+
+def backport_floor_timeout(script: Path) -> None:
+    """Give an older bench_eval.py's bare-openai floor the 60 s connect timeout of 2ea12e6: with
+    openai's 5 s one, its default-transport variant ends the whole script on a loaded machine
+    (ConnectTimeout at load average ~40, twice in a row). The floor is no compared row: the
+    vf-sandbox worker and everything it imports stay the tree's own."""
+    text = script.read_text() if script.exists() else ""
+    if FLOOR_CLIENT in text:
+        script.write_text(text.replace(FLOOR_CLIENT, FLOOR_FIX))
 
 
 def child_env(tree: Path) -> dict:
@@ -252,10 +269,12 @@ def compare(runs: dict, band: float) -> list[dict]:
             spreads = [min(vs) / max(vs) for vs in clean.values() if len(vs) > 1]
             ratio = speed(m, med["before"], med["after"])
             spread = min(spreads) if spreads else None
+            pairs = [speed(m, b, a) for b, a in zip(vals["before"], vals["after"]) if b and a]  # same round
+            every_pair = len(pairs) > 1 and all(p < 1 for p in pairs)
             verdict = ("not slower" if ratio >= band else
-                       "within noise" if spread is not None and ratio >= spread else "SLOWER")
+                       "SLOWER" if every_pair or spread is None or ratio < spread else "within noise")
             row.update(median_before=med["before"], median_after=med["after"], ratio=ratio, spread=spread,
-                       verdict=verdict)
+                       pairs=pairs, verdict=verdict)
         else:
             row.update(ratio=None, verdict="no figure")
         rows.append(row)
@@ -268,14 +287,16 @@ def fmt(v: float | None) -> str:
 
 def report(rows: list[dict], band: float, rounds: int) -> str:
     cols = "  ".join([f"b{i + 1:<6}" for i in range(rounds)] + [f"a{i + 1:<6}" for i in range(rounds)])
-    lines = [f"{'metric':50} {cols}  {'b med':>7} {'a med':>7} {'after/before':>12} {'spread':>6}  verdict"]
+    lines = [f"{'metric':50} {cols}  {'b med':>7} {'a med':>7} {'after/before':>12} {'spread':>6}  "
+             f"{'each round':{6 * rounds}}  verdict"]
     for r in rows:
         figs = "  ".join(f"{fmt(v):7}" for v in r["before"] + r["after"])
         mark = "*" if r["headline"] else " "
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         verdict = r["verdict"] if r["headline"] else f"({r['verdict']})"
+        pairs = " ".join(f"{p:.2f}" for p in r.get("pairs", []))
         lines.append(f"{mark}{r['metric']:49} {figs}  {fmt(r.get('median_before')):>7} {fmt(r.get('median_after')):>7} "
-                     f"{ratio:>12} {fmt(r.get('spread')):>6}  {verdict}")
+                     f"{ratio:>12} {fmt(r.get('spread')):>6}  {pairs:{6 * rounds}}  {verdict}")
     head = [r for r in rows if r["headline"]]
     overall = "NOT SLOWER" if all(r["verdict"] == "not slower" for r in head) else (
         "SLOWER" if any(r["verdict"] in ("SLOWER", "no figure") for r in head) else "UNCLEAR (within noise)")
