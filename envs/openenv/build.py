@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -229,6 +230,45 @@ def _docker_name(name: str) -> str:
     return slug or "env"
 
 
+def _current_manifest(root: Path, digest: str, image: str, *, force: bool,
+                      backend: object | str | None) -> BuildManifest | None:
+    """The manifest already written for exactly this content and image, or None when a build is due.
+
+    Up to date means: not forced, same content hash and image, contract read from /schema, and the image
+    present on the build backend. Without an engine to build on (a remote backend) the manifest is
+    trusted as is."""
+    try:
+        old = read_manifest(root)
+    except ConfigError:
+        return None
+    if (not force and old.content_hash == digest and old.image == image and old.contract_source == "schema"
+            and (not builder_available(backend) or image_exists(image, backend))):
+        return old
+    return None
+
+
+def _build_project_image(root: Path, image: str, *, deps_image: str, env_id: str, digest: str, start: str,
+                         backend: object | str | None, log: Callable[[str], None]) -> None:
+    """Build `image`: the deps image plus the project's files copied to /app/env, started with `start`."""
+    log(f"building {image} ...")
+    with tempfile.TemporaryDirectory(prefix="vf-openenv-build-") as tmp:
+        ctx = Path(tmp)
+        for path in _project_files(root):
+            dst = ctx / "env" / path.relative_to(root)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dst)
+        dockerfile = (
+            f"FROM {deps_image}\n"
+            "COPY env /app/env\n"
+            "ENV PYTHONPATH=/app/env ENABLE_WEB_INTERFACE=false PYTHONUNBUFFERED=1\n"
+            "WORKDIR /app/env\n"
+            f'LABEL vf-sandbox.openenv.id="{env_id}" vf-sandbox.openenv.content="{digest}"\n'
+            f'CMD ["sh", "-c", "{start}"]\n'
+        )
+        _build(ImageBuildRequest(repository=image.rpartition(":")[0], tag=digest[:16], dockerfile=dockerfile,
+                                 context=ctx, context_digest=digest), backend, log)
+
+
 def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path | None = None,
                   log: Callable[[str], None] = lambda s: None,
                   backend: object | str | None = None) -> BuildResult:
@@ -236,8 +276,6 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
 
     `backend` (a name or instance implementing SupportsImageBuild; default
     docker) builds the images; UsageError when it cannot build."""
-    import time
-
     t0 = time.monotonic()
     root = Path(project).resolve()
     cfg = read_project_config(root)
@@ -247,38 +285,16 @@ def build_project(project: str | Path, *, force: bool = False, wheelhouse: Path 
     image = f"{PROJECT_REPO_PREFIX}/{_docker_name(env_id)}:{digest[:16]}"
     start = default_start_command(cfg.app, cfg.port)
 
-    try:
-        old = read_manifest(root)
-    except ConfigError:
-        old = None
-    if (not force and old is not None and old.content_hash == digest and old.image == image
-            and old.contract_source == "schema"
-            and (not builder_available(backend) or image_exists(image, backend))):
-        # Up to date. Without an engine to build on (a remote backend) the manifest is trusted as is.
-        return BuildResult(manifest=old, built=False, deps_built=False, seconds=time.monotonic() - t0)
+    current = _current_manifest(root, digest, image, force=force, backend=backend)
+    if current is not None:
+        return BuildResult(manifest=current, built=False, deps_built=False, seconds=time.monotonic() - t0)
 
     deps_image, deps_built = ensure_deps_image(project_requirements(root), wheelhouse=wheelhouse, log=log,
                                                backend=backend)
-    built = False
-    if force or not image_exists(image, backend):
-        log(f"building {image} ...")
-        with tempfile.TemporaryDirectory(prefix="vf-openenv-build-") as tmp:
-            ctx = Path(tmp)
-            for path in _project_files(root):
-                dst = ctx / "env" / path.relative_to(root)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, dst)
-            dockerfile = (
-                f"FROM {deps_image}\n"
-                "COPY env /app/env\n"
-                "ENV PYTHONPATH=/app/env ENABLE_WEB_INTERFACE=false PYTHONUNBUFFERED=1\n"
-                "WORKDIR /app/env\n"
-                f'LABEL vf-sandbox.openenv.id="{env_id}" vf-sandbox.openenv.content="{digest}"\n'
-                f'CMD ["sh", "-c", "{start}"]\n'
-            )
-            _build(ImageBuildRequest(repository=image.rpartition(":")[0], tag=digest[:16], dockerfile=dockerfile,
-                                     context=ctx, context_digest=digest), backend, log)
-        built = True
+    built = force or not image_exists(image, backend)
+    if built:
+        _build_project_image(root, image, deps_image=deps_image, env_id=env_id, digest=digest, start=start,
+                             backend=backend, log=log)
     log(f"starting {image}'s server once to read its contract from /schema ...")
     contract = probe_contract(image, start, cfg.port, environment_id=env_id, backend=backend)
     manifest = BuildManifest(
