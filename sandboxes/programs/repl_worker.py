@@ -201,6 +201,19 @@ class Worker:
             self.send(resp)
 
     def run_cell(self, code, max_output):
+        """Run one cell in the namespace and answer its response (all fields but the id)."""
+        n, filename = self._start_cell(code, max_output)
+        start = time.monotonic()
+        status, result, tb = self._execute(code, filename, max_output)
+        duration = time.monotonic() - start
+        self._flush_output()
+        resp = {"status": status, "result": result, "traceback": tb, "execution_count": n,
+                "duration": round(duration, 6), "oom_kills": oom_kills()}  # noqa: F821 (prelude.py)
+        self._add_captured_output(resp)
+        return resp
+
+    def _start_cell(self, code, max_output):
+        """Number the cell, register its source for tracebacks, empty the sinks: (number, filename)."""
         self.count += 1
         n = self.count
         filename = "<cell-%d>" % n
@@ -208,16 +221,14 @@ class Worker:
         self.out.sink.reset(max_output)
         self.err.sink.reset(max_output)
         self._reset_streams()
+        return n, filename
+
+    def _execute(self, code, filename, max_output):
+        """Compile and run the cell, SIGINT armed only while it runs: (status, result repr or None, traceback)."""
         status, result, tb = "ok", None, None
-        start = time.monotonic()
         try:
             try:
-                tree = ast.parse(code, filename, "exec")
-                last = None
-                if tree.body and isinstance(tree.body[-1], ast.Expr):
-                    last = tree.body.pop()
-                body = compile(tree, filename, "exec")
-                expr = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+                body, expr = _compile_cell(code, filename)
                 self.interruptible = True
                 try:
                     exec(body, self.ns)
@@ -238,7 +249,10 @@ class Worker:
             self.interruptible = False
             status = "interrupted"
         self.interruptible = False
-        duration = time.monotonic() - start
+        return status, result, tb
+
+    def _flush_output(self):
+        """Flush the cell's Python streams and wait until all its fd output reached the sinks."""
         for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
             try:
                 stream.flush()
@@ -246,8 +260,9 @@ class Worker:
                 pass
         self.out.sync()
         self.err.sync()
-        resp = {"status": status, "result": result, "traceback": tb, "execution_count": n,
-                "duration": round(duration, 6), "oom_kills": oom_kills()}  # noqa: F821 (prelude.py)
+
+    def _add_captured_output(self, resp):
+        """Put the captured stdout/stderr (head, cut marker, tail) and their dropped counts into `resp`."""
         for key, cap in (("stdout", self.out), ("stderr", self.err)):
             head, tail, dropped = cap.sink.take()
             if dropped:
@@ -256,7 +271,6 @@ class Worker:
             else:
                 resp[key] = (head + tail).decode("utf-8", "replace")
             resp[key + "_dropped"] = dropped
-        return resp
 
     def format_exc(self):
         etype, value, tb = sys.exc_info()
@@ -271,6 +285,17 @@ class Worker:
         stack = traceback.StackSummary.extract(frames)
         return "Traceback (most recent call last):\n" + "".join(stack.format()) + "".join(
             traceback.format_exception_only(etype, value))
+
+
+def _compile_cell(code, filename):
+    """(body code, last-expression code or None): a trailing expression statement is split off to be evaluated."""
+    tree = ast.parse(code, filename, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body.pop()
+    body = compile(tree, filename, "exec")
+    expr = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+    return body, expr
 
 
 def _bounded(text, limit):
