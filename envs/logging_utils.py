@@ -64,21 +64,14 @@ def setup_logging(
         level = settings.current().log_level or "INFO"
     if file_logging and log_file is None:
         raise ValueError("log_file must be specified when file_logging is True")
-    formatter: logging.Formatter = (
-        JsonFormatter()
-        if json_logging
-        else logging.Formatter(log_format or "%(asctime)s - %(name)s - %(levelname)s - %(message)s",
-                               date_format or "%Y-%m-%d %H:%M:%S")
-    )
+    formatter = _formatter(json_logging, log_format, date_format)
     logger = logging.getLogger(LOGGER)
     for h in list(logger.handlers):
         logger.removeHandler(h)
     logger.propagate = False
     if level is None:
         return
-    lvl = level if isinstance(level, int) else logging.getLevelName(str(level).upper())
-    if not isinstance(lvl, int):
-        raise ValueError(f"unknown log level {level!r}")
+    lvl = _level_number(level)
     logger.setLevel(lvl)
     handlers: list[logging.Handler] = []
     if console_logging:
@@ -92,15 +85,36 @@ def setup_logging(
         h.setLevel(lvl)
         logger.addHandler(h)
     if json_logging:
-        root = logging.getLogger()
-        root.handlers = [h for h in root.handlers if not isinstance(h.formatter, JsonFormatter)]
-        root.setLevel(lvl)
-        root_handler = logging.StreamHandler(stream or sys.stderr)
-        root_handler.setFormatter(formatter)
-        root_handler.addFilter(for_console)
-        root.addHandler(root_handler)
-        for noisy in ("httpcore", "httpx"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        _log_root_as_json(formatter, lvl, stream)
+
+
+def _formatter(json_logging: bool, log_format: str | None, date_format: str | None) -> logging.Formatter:
+    """A JsonFormatter, or a text formatter with the given (or the reference's default) formats."""
+    if json_logging:
+        return JsonFormatter()
+    return logging.Formatter(log_format or "%(asctime)s - %(name)s - %(levelname)s - %(message)s",
+                             date_format or "%Y-%m-%d %H:%M:%S")
+
+
+def _level_number(level: str | int) -> int:
+    """The numeric level of `level` (an int, or a level name in any case); ValueError for an unknown name."""
+    lvl = level if isinstance(level, int) else logging.getLevelName(str(level).upper())
+    if not isinstance(lvl, int):
+        raise ValueError(f"unknown log level {level!r}")
+    return lvl
+
+
+def _log_root_as_json(formatter: logging.Formatter, lvl: int, stream: Any) -> None:
+    """Give the root logger one JSON console handler at `lvl` (replacing an earlier one) and quiet httpx/httpcore."""
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if not isinstance(h.formatter, JsonFormatter)]
+    root.setLevel(lvl)
+    root_handler = logging.StreamHandler(stream or sys.stderr)
+    root_handler.setFormatter(formatter)
+    root_handler.addFilter(for_console)
+    root.addHandler(root_handler)
+    for noisy in ("httpcore", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager
