@@ -54,19 +54,7 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
     RolloutOutput: `error` a string or None, `trajectory` a list of TrajectoryStep,
     `tool_defs`; plus `error_info` with the typed details, `error_type`,
     `error_kind`, `attempts`)."""
-    err = state.get("error")
-    if isinstance(err, BaseException):
-        info: dict[str, Any] | None = error_record(err)
-        status = _http_status(err)
-        if status is not None:  # a model endpoint's HTTP status (429, 5xx, ...)
-            info["status"] = status
-    elif isinstance(err, dict):
-        info = err
-    else:
-        info = {"type": "error", "message": str(err), "kind": "task", "chain": [], "traceback": None} if err else None
-    verdict = error_verdict(err if isinstance(err, BaseException) else info) if info else "scored"
-    if info is not None:
-        info.setdefault("verdict", verdict)
+    info, verdict = _error_info(state.get("error"))
     timing = state.get("timing")
     trajectory, dropped = serialize_trajectory(state.get("trajectory") or [])
     tool_defs = state.get("tool_defs")
@@ -94,6 +82,32 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
         tool_defs=[_dump(t) for t in tool_defs] if tool_defs else None,
         trajectory=trajectory,
     )
+    _add_optional_fields(out, state, dropped, state_columns)
+    return out
+
+
+def _error_info(err: Any) -> tuple[dict[str, Any] | None, str]:
+    """(error_info record or None, verdict) of a rollout whose state's `error` is `err`: an
+    exception (typed record, plus a model endpoint's HTTP status), a record already, or any
+    other truthy value (a task error with its text). The record carries its verdict."""
+    if isinstance(err, BaseException):
+        info: dict[str, Any] | None = error_record(err)
+        status = _http_status(err)
+        if status is not None:  # a model endpoint's HTTP status (429, 5xx, ...)
+            info["status"] = status
+    elif isinstance(err, dict):
+        info = err
+    else:
+        info = {"type": "error", "message": str(err), "kind": "task", "chain": [], "traceback": None} if err else None
+    verdict = error_verdict(err if isinstance(err, BaseException) else info) if info else "scored"
+    if info is not None:
+        info.setdefault("verdict", verdict)
+    return info, verdict
+
+
+def _add_optional_fields(out: RolloutOutput, state: State, dropped: int, state_columns: list[str] | None) -> None:
+    """Add to `out` the fields present only when they say something (dropped trajectory steps,
+    attempt and scoring errors) and the requested `state_columns` (internal keys never)."""
     if dropped:
         out["trajectory_dropped_steps"] = dropped
     if state.get("attempt_errors"):
@@ -103,7 +117,6 @@ def state_to_output(state: State, state_columns: list[str] | None = None) -> Rol
     for col in state_columns or ():
         if col not in _INTERNAL:
             out[col] = state.get(col)
-    return out
 
 
 def _dump(obj: Any) -> Any:
@@ -270,12 +283,29 @@ def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dic
     if n == 0:
         return {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": with_error / total if total else 0.0, "pass_at_k": {}, "pass_all_k": {}, "usage": None,
                 **apart}
+    reward_sum, avg_metrics, by_example, usage = _scored_sums(outputs, errored_examples)
+    p_any, p_all = pass_at_k(by_example, pass_threshold)
+    return {
+        "avg_reward": reward_sum / n,
+        "avg_metrics": avg_metrics,
+        "avg_error": with_error / total,
+        "pass_at_k": p_any,
+        "pass_all_k": p_all,
+        "usage": {k: v / n for k, v in usage.items()} if usage else None,
+        **apart,
+    }
+
+
+def _scored_sums(rows: list[dict[str, Any]], errored_examples: set[Any]
+                 ) -> tuple[float, dict[str, float], dict[Any, list[float]], dict[str, float]]:
+    """Over the scored `rows`: (reward sum, average of each numeric metric over the rows that have it,
+    rewards by example for pass@k (examples in `errored_examples` left out), token usage sums)."""
     metric_sums: dict[str, float] = defaultdict(float)
     metric_counts: dict[str, int] = defaultdict(int)
     by_example: dict[Any, list[float]] = defaultdict(list)
     usage: dict[str, float] = defaultdict(float)
     reward_sum = 0.0
-    for row in outputs:
+    for row in rows:
         reward = float(row.get("reward") or 0.0)
         reward_sum += reward
         if row.get("example_id") not in errored_examples:
@@ -287,16 +317,8 @@ def aggregate(outputs: list[dict[str, Any]], pass_threshold: float = 0.5) -> dic
         for key, value in (row.get("token_usage") or {}).items():
             if isinstance(value, (int, float)):
                 usage[key] += value
-    p_any, p_all = pass_at_k(by_example, pass_threshold)
-    return {
-        "avg_reward": reward_sum / n,
-        "avg_metrics": {k: metric_sums[k] / metric_counts[k] for k in metric_sums},
-        "avg_error": with_error / total,
-        "pass_at_k": p_any,
-        "pass_all_k": p_all,
-        "usage": {k: v / n for k, v in usage.items()} if usage else None,
-        **apart,
-    }
+    avg_metrics = {k: metric_sums[k] / metric_counts[k] for k in metric_sums}
+    return reward_sum, avg_metrics, by_example, usage
 
 
 def make_dataset(results: Any) -> Any:
