@@ -180,37 +180,19 @@ def _ut_id(name: str, where: str) -> str:
 def parse_unittest(log: str) -> ParseResult:
     """Parse `python -m unittest -v` output (results usually on stderr: run with 2>&1)."""
     res = ParseResult(parser="unittest")
-    pending: str | None = None
+    pending: str | None = None  # a test whose result is on a later line
     for raw in strip_ansi(log).split("\n"):
         line = raw.rstrip()
         if not line:
             continue
         mh = _UT_HEADER.match(line)
         if mh:
-            tid = _ut_id(mh.group("name"), mh.group("where"))
-            if mh.group("name") in ("setUpClass", "tearDownClass", "setUpModule", "tearDownModule"):
-                res.statuses[mh.group("where")] = TestStatus.ERROR
-            elif mh.group("where").startswith("unittest.loader"):
-                if mh.group("name") not in res.collection_errors:
-                    res.collection_errors.append(mh.group("name"))
-            else:
-                _set(res, tid, TestStatus(mh.group("st").replace("FAIL", "FAILED")))
+            _record_ut_header(res, mh)
             pending = None
             continue
         m = _UT_HEAD.match(line)
         if m:
-            name, where = m.group("name"), m.group("where")
-            if where.startswith("unittest.loader"):  # _FailedTest: an import error
-                if name not in res.collection_errors:
-                    res.collection_errors.append(name)
-                pending = None
-                continue
-            pending = _ut_id(name, where)
-            rest = m.group("rest")
-            mr = _UT_RESULT_TAIL.search(rest) if "..." in rest else None
-            if mr:
-                _record_ut(res, pending, mr.group("st"))
-                pending = None
+            pending = _record_ut_head(res, m)
             continue
         if pending is not None:
             mr = _UT_RESULT_TAIL.search(line)
@@ -218,20 +200,55 @@ def parse_unittest(log: str) -> ParseResult:
                 _record_ut(res, pending, mr.group("st"))
                 pending = None
                 continue
-        mran = _UT_RAN.match(line)
-        if mran:
-            res.summary["ran"] = int(mran.group(1))
-            continue
-        mf = _UT_FINAL.match(line)
-        if mf and "ran" in res.summary:
-            for part in (mf.group("body") or "").split(","):
-                k, _, v = part.strip().partition("=")
-                if v.isdigit():
-                    res.summary[k] = int(v)
-            continue
-        if line.startswith("KeyboardInterrupt"):
-            res.interrupted = True
+        _record_ut_ending(res, line)
     return res
+
+
+def _record_ut_header(res: ParseResult, mh: re.Match[str]) -> None:
+    """A `FAIL: name (where)` / `ERROR: ...` section header: a class/module fixture error marks its
+    class or module, a loader failure is a collection error, else the test's status."""
+    name, where = mh.group("name"), mh.group("where")
+    if name in ("setUpClass", "tearDownClass", "setUpModule", "tearDownModule"):
+        res.statuses[where] = TestStatus.ERROR
+    elif where.startswith("unittest.loader"):
+        if name not in res.collection_errors:
+            res.collection_errors.append(name)
+    else:
+        _set(res, _ut_id(name, where), TestStatus(mh.group("st").replace("FAIL", "FAILED")))
+
+
+def _record_ut_head(res: ParseResult, m: re.Match[str]) -> str | None:
+    """A verbose `name (where) ...` line: record its result when on the same line, else return the
+    test id whose result is still to come. A loader `_FailedTest` is a collection error (None)."""
+    name, where = m.group("name"), m.group("where")
+    if where.startswith("unittest.loader"):  # _FailedTest: an import error
+        if name not in res.collection_errors:
+            res.collection_errors.append(name)
+        return None
+    tid = _ut_id(name, where)
+    rest = m.group("rest")
+    mr = _UT_RESULT_TAIL.search(rest) if "..." in rest else None
+    if mr:
+        _record_ut(res, tid, mr.group("st"))
+        return None
+    return tid
+
+
+def _record_ut_ending(res: ParseResult, line: str) -> None:
+    """The run's closing lines: `Ran N tests`, then `OK`/`FAILED (k=v, ...)` counts; a KeyboardInterrupt."""
+    mran = _UT_RAN.match(line)
+    if mran:
+        res.summary["ran"] = int(mran.group(1))
+        return
+    mf = _UT_FINAL.match(line)
+    if mf and "ran" in res.summary:
+        for part in (mf.group("body") or "").split(","):
+            k, _, v = part.strip().partition("=")
+            if v.isdigit():
+                res.summary[k] = int(v)
+        return
+    if line.startswith("KeyboardInterrupt"):
+        res.interrupted = True
 
 
 def _record_ut(res: ParseResult, tid: str, word: str) -> None:
