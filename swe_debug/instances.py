@@ -333,6 +333,52 @@ def _read_jsonl(path: Path, report_errors: list[RowError]) -> list[Any]:
     return rows
 
 
+def _load_from_path(dataset: str | Path, split: str, kw: dict[str, Any]) -> LoadReport:
+    """`load_instances` of a path or a hub name ("org/name": a string with one slash, no suffix, no such path);
+    `kw` are load_instances' validation options."""
+    path = Path(dataset)
+    if not path.exists():
+        if isinstance(dataset, str) and dataset.count("/") == 1 and not path.suffix:
+            import datasets  # a hub name such as "org/name" (needs the hub or its local cache)
+
+            return load_instances(datasets.load_dataset(dataset, split=split), split, **kw)
+        raise FileNotFoundError(f"dataset not found: {path}")
+    base = path.parent.resolve()
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _load_jsonl(path, base, kw)
+    if suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, Mapping):
+            data = data.get("instances", data.get("data", [data]))
+        return validate_rows(data, base, str(path), **kw)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return validate_rows(pq.read_table(path).to_pylist(), base, str(path), **kw)
+    if path.is_dir():
+        import datasets
+
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            ds = datasets.load_from_disk(str(path))  # a save_to_disk directory
+        else:  # a local copy of a hub dataset repo (data/<split>-*.parquet ...): the hub's code path
+            ds = datasets.load_dataset(str(path), split=split)
+        return load_instances(ds, split, **kw)
+    raise ValueError(f"unsupported dataset file type: {path.name} (want .json, .jsonl, .parquet or a datasets dir)")
+
+
+def _load_jsonl(path: Path, base: Path, kw: dict[str, Any]) -> LoadReport:
+    """Validate a .jsonl file's rows; a line that is not JSON is reported with its parse error."""
+    pre: list[RowError] = []
+    rows = _read_jsonl(path, pre)
+    report = validate_rows(rows, base, str(path), **kw)
+    # rows that were not JSON were validated as None: replace that message by the parse error
+    bad = {e.index for e in pre}
+    report.errors = pre + [e for e in report.errors if e.index not in bad]
+    report.errors.sort(key=lambda e: e.index)
+    return report
+
+
 def load_instances(dataset: Any, split: str = "test", named_images: bool = False,
                    dataset_format: str | None = None) -> LoadReport:
     """Load instances from a path (.json, .jsonl, .parquet, a `datasets` save_to_disk
@@ -344,42 +390,7 @@ def load_instances(dataset: Any, split: str = "test", named_images: bool = False
         raise ValueError(f"unknown dataset format {dataset_format!r}; known: {', '.join(SHAPES)}")
     kw = {"named_images": named_images, "dataset_format": dataset_format}
     if isinstance(dataset, (str, Path)):
-        path = Path(dataset)
-        if not path.exists():
-            if isinstance(dataset, str) and dataset.count("/") == 1 and not path.suffix:
-                import datasets  # a hub name such as "org/name" (needs the hub or its local cache)
-
-                return load_instances(datasets.load_dataset(dataset, split=split), split, **kw)
-            raise FileNotFoundError(f"dataset not found: {path}")
-        base = path.parent.resolve()
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            pre: list[RowError] = []
-            rows = _read_jsonl(path, pre)
-            report = validate_rows(rows, base, str(path), **kw)
-            # rows that were not JSON were validated as None: replace that message by the parse error
-            bad = {e.index for e in pre}
-            report.errors = pre + [e for e in report.errors if e.index not in bad]
-            report.errors.sort(key=lambda e: e.index)
-            return report
-        if suffix == ".json":
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(data, Mapping):
-                data = data.get("instances", data.get("data", [data]))
-            return validate_rows(data, base, str(path), **kw)
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return validate_rows(pq.read_table(path).to_pylist(), base, str(path), **kw)
-        if path.is_dir():
-            import datasets
-
-            if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-                ds = datasets.load_from_disk(str(path))  # a save_to_disk directory
-            else:  # a local copy of a hub dataset repo (data/<split>-*.parquet ...): the hub's code path
-                ds = datasets.load_dataset(str(path), split=split)
-            return load_instances(ds, split, **kw)
-        raise ValueError(f"unsupported dataset file type: {path.name} (want .json, .jsonl, .parquet or a datasets dir)")
+        return _load_from_path(dataset, split, kw)
     try:
         import datasets
     except ImportError:  # pragma: no cover - datasets is a dependency
