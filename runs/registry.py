@@ -543,21 +543,9 @@ class RunRecorder:
         owner = _Owner(pid=pid, pid_start=process_start_time(pid), host=socket.gethostname(),
                        label=sandbox_label or sandbox_run_id(), now=time.time(),
                        args_json=json.dumps(args or {}, default=str, sort_keys=True))
-        with closing(connect(path)) as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                prior = None if resume is False else _resumable(conn, out, kind, resume)
-                if prior is not None:
-                    rid = prior["id"]
-                    _reopen(conn, rid, owner, name, model)
-                else:
-                    rid = run_id or new_run_id()
-                    _insert(conn, rid, owner, path, kind=kind, name=name, env_id=env_id, model=model, out=out)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            row = conn.execute("SELECT * FROM runs WHERE id=?", (rid,)).fetchone()
+        row = _claim_row(path, owner, kind=kind, env_id=env_id, out=out, name=name, model=model, resume=resume,
+                         run_id=run_id)
+        rid = row["id"]
         self = cls(_row(row), path)
         verb = "resumed" if self._rec.attempts > 1 else "started"
         _append_log(
@@ -708,6 +696,27 @@ class _Owner(BaseModel):
     label: str
     now: float
     args_json: str
+
+
+def _claim_row(path: Path, owner: _Owner, *, kind: str, env_id: str, out: str, name: str | None,
+               model: str | None, resume: bool | None, run_id: str | None) -> sqlite3.Row:
+    """In one transaction: reopen the run `out` resumes (`_resumable`; never when `resume` is False) for
+    `owner`, else insert a new one (id `run_id` or a fresh one); the run's row as stored."""
+    with closing(connect(path)) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            prior = None if resume is False else _resumable(conn, out, kind, resume)
+            if prior is not None:
+                rid = prior["id"]
+                _reopen(conn, rid, owner, name, model)
+            else:
+                rid = run_id or new_run_id()
+                _insert(conn, rid, owner, path, kind=kind, name=name, env_id=env_id, model=model, out=out)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return conn.execute("SELECT * FROM runs WHERE id=?", (rid,)).fetchone()
 
 
 def _resumable(conn: sqlite3.Connection, out: str, kind: str, resume: bool | None) -> sqlite3.Row | None:
