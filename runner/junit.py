@@ -85,52 +85,73 @@ def render_junit(rows: Sequence[dict[str, Any]], metadata: dict[str, Any], suite
     failures = errors = 0
     total_time = 0.0
     for r, name in zip(rows, _case_names(rows)):
-        info = r.get("info") if isinstance(r.get("info"), dict) else {}
-        verdict = info.get("verdict") if isinstance(info.get("verdict"), dict) else {}
-        t = _float((verdict.get("timings") or {}).get("total_s") or (r.get("timing") or {}).get("total"))
+        tc, t, outcome = _row_case(r, name, metadata, suite, threshold)
         total_time += t
-        tc = ET.Element("testcase", classname=_clean(info.get("repo") or metadata.get("env_id") or suite),
-                        name=_clean(name), time=f"{t:.3f}")
-        failed = _float(r.get("reward")) < threshold
-        errored = not is_scored(r)
-        if errored or failed:
-            reason = verdict.get("reason") or ("error" if r.get("error") else "reward")
-            detail = verdict.get("detail") or (_error_text(r) if r.get("error") else
-                                               f"reward {_float(r.get('reward')):g} < pass_threshold {threshold:g}")
-            head = _clean(f"{reason}: {detail}".strip(": "))[:1000]
-            tail = _clean("\n".join(x for x in (verdict.get("stdout_tail"), verdict.get("stderr_tail")) if x))
-            msg = head + (f"\n{tail[-500:]}" if tail else "")  # reason + log tail; the body has the whole tail
-            tag = "error" if errored else "failure"
-            el = ET.SubElement(tc, tag, message=msg, type=_clean(reason))
-            el.text = tail or _clean(_error_text(r)) or head
-            if tag == "error":
-                errors += 1
-            else:
-                failures += 1
+        if outcome == "error":
+            errors += 1
+        elif outcome == "failure":
+            failures += 1
         cases.append(tc)
     for e in metadata.get("input_errors") or []:
-        tc = ET.Element("testcase", classname=suite, name=_clean(e.get("name")), time="0")
-        el = ET.SubElement(tc, "failure", message=_clean(e.get("message")), type=_clean(e.get("type") or "input_error"))
-        el.text = _clean(e.get("message"))
+        cases.append(_input_error_case(e, suite))
         failures += 1
-        cases.append(tc)
     wall = _float(metadata.get("time_ms")) / 1000
     if wall > 0:
         total_time = wall
     ts = ET.Element("testsuite", name=suite, tests=str(len(cases)), failures=str(failures), errors=str(errors),
                     skipped="0", time=f"{total_time:.3f}")
-    counts = verdict_counts(list(rows))
-    props = ET.SubElement(ts, "properties")
-    for name, value in [("scored_rollouts", counts["scored"]), ("errored_rollouts", counts["errored"]),
-                        *((f"errors_{k}", counts[k]) for k in ERROR_VERDICTS if counts[k]),
-                        *((("status", metadata["status"]),) if metadata.get("status") else ())]:
-        ET.SubElement(props, "property", name=name, value=_clean(value))
+    _add_properties(ts, rows, metadata)
     ts.extend(cases)
     root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(failures), errors=str(errors),
                       time=f"{total_time:.3f}")
     root.append(ts)
     ET.indent(root)
     return root
+
+
+def _row_case(r: dict[str, Any], name: str, metadata: dict[str, Any], suite: str,
+              threshold: float) -> tuple[ET.Element, float, str | None]:
+    """(`<testcase>` of one row, its time in seconds, "error" / "failure" / None: the outcome it reports).
+
+    Not scored: an `<error>`; reward below `threshold`: a `<failure>`; either carries the verdict's
+    reason and detail (else the row's error or reward) and the log tails."""
+    info = r.get("info") if isinstance(r.get("info"), dict) else {}
+    verdict = info.get("verdict") if isinstance(info.get("verdict"), dict) else {}
+    t = _float((verdict.get("timings") or {}).get("total_s") or (r.get("timing") or {}).get("total"))
+    tc = ET.Element("testcase", classname=_clean(info.get("repo") or metadata.get("env_id") or suite),
+                    name=_clean(name), time=f"{t:.3f}")
+    failed = _float(r.get("reward")) < threshold
+    errored = not is_scored(r)
+    if not (errored or failed):
+        return tc, t, None
+    reason = verdict.get("reason") or ("error" if r.get("error") else "reward")
+    detail = verdict.get("detail") or (_error_text(r) if r.get("error") else
+                                       f"reward {_float(r.get('reward')):g} < pass_threshold {threshold:g}")
+    head = _clean(f"{reason}: {detail}".strip(": "))[:1000]
+    tail = _clean("\n".join(x for x in (verdict.get("stdout_tail"), verdict.get("stderr_tail")) if x))
+    msg = head + (f"\n{tail[-500:]}" if tail else "")  # reason + log tail; the body has the whole tail
+    tag = "error" if errored else "failure"
+    el = ET.SubElement(tc, tag, message=msg, type=_clean(reason))
+    el.text = tail or _clean(_error_text(r)) or head
+    return tc, t, tag
+
+
+def _input_error_case(e: dict[str, Any], suite: str) -> ET.Element:
+    """The failing `<testcase>` of one of the metadata's `input_errors` (an input that could not be loaded)."""
+    tc = ET.Element("testcase", classname=suite, name=_clean(e.get("name")), time="0")
+    el = ET.SubElement(tc, "failure", message=_clean(e.get("message")), type=_clean(e.get("type") or "input_error"))
+    el.text = _clean(e.get("message"))
+    return tc
+
+
+def _add_properties(ts: ET.Element, rows: Sequence[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    """The suite's `<properties>`: scored / errored counts, errors by kind, the run's status."""
+    counts = verdict_counts(list(rows))
+    props = ET.SubElement(ts, "properties")
+    for name, value in [("scored_rollouts", counts["scored"]), ("errored_rollouts", counts["errored"]),
+                        *((f"errors_{k}", counts[k]) for k in ERROR_VERDICTS if counts[k]),
+                        *((("status", metadata["status"]),) if metadata.get("status") else ())]:
+        ET.SubElement(props, "property", name=name, value=_clean(value))
 
 
 def write_junit(path: str | Path, rows: Sequence[dict[str, Any]], metadata: dict[str, Any], suite: str | None = None) -> Path:
