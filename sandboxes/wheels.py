@@ -116,29 +116,39 @@ def fetch_wheels(
         try:
             log(f"downloading wheels into {house} ...")
             for reqs, extra in ((requirements, []), (no_deps, ["--no-deps"])):
-                if not reqs:
-                    continue
-                argv = [*find_pip(), "download", "-q", "--disable-pip-version-check", "-d", str(tmp), *target,
-                        *extra, *reqs]
-                try:
-                    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-                except subprocess.TimeoutExpired as exc:
-                    raise WheelDownloadError(f"pip download timed out after {timeout:.0f}s for {list(reqs)}") from exc
-                if proc.returncode != 0:
-                    raise WheelDownloadError(f"pip download failed for {list(reqs)}:\n"
-                                             f"{(proc.stdout + proc.stderr)[-2000:]}")
+                if reqs:
+                    _pip_download(reqs, extra, tmp, target, timeout)
             (tmp / COMPLETE).write_text(json.dumps({"requirements": list(requirements), "no_deps": list(no_deps),
                                                     "target": target}) + "\n")
-            if house.exists() and not (house / COMPLETE).exists():
-                shutil.rmtree(house, ignore_errors=True)  # debris of an interrupted rename
-            try:
-                tmp.rename(house)
-            except OSError:  # another process finished the same house first
-                if not (house / COMPLETE).exists():
-                    raise
+            _move_into_place(tmp, house)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return house
+
+
+def _pip_download(reqs: Sequence[str], extra: list[str], dest: Path, target: list[str], timeout: float) -> None:
+    """`pip download` `reqs` (with `extra` options, e.g. --no-deps) for `target` into `dest`;
+    WheelDownloadError when pip fails or runs past `timeout` seconds."""
+    argv = [*find_pip(), "download", "-q", "--disable-pip-version-check", "-d", str(dest), *target, *extra, *reqs]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise WheelDownloadError(f"pip download timed out after {timeout:.0f}s for {list(reqs)}") from exc
+    if proc.returncode != 0:
+        raise WheelDownloadError(f"pip download failed for {list(reqs)}:\n"
+                                 f"{(proc.stdout + proc.stderr)[-2000:]}")
+
+
+def _move_into_place(tmp: Path, house: Path) -> None:
+    """Rename the completed download `tmp` to `house` (clearing an incomplete one first); a house another
+    process completed first is kept."""
+    if house.exists() and not (house / COMPLETE).exists():
+        shutil.rmtree(house, ignore_errors=True)  # debris of an interrupted rename
+    try:
+        tmp.rename(house)
+    except OSError:  # another process finished the same house first
+        if not (house / COMPLETE).exists():
+            raise
 
 
 def copy_wheels(house: Path, dest: Path) -> Path:
