@@ -68,6 +68,45 @@ def _role(msg: Any) -> Any:
     return msg.get("role") if hasattr(msg, "get") else getattr(msg, "role", None)
 
 
+def _bridgeable(new: list[Any]) -> bool:
+    """The messages after the stitched step can be bridged: tool results, then a last tool or user message."""
+    roles = [_role(m) for m in new]
+    return bool(new) and all(r == "tool" for r in roles[:-1]) and roles[-1] in ("tool", "user")
+
+
+def _dummy_assistant(new: list[Any]) -> dict[str, Any]:
+    """A stand-in for the stitched step's assistant message, rendered before `new` to find the bridge: it
+    calls the tools whose results lead `new` (by their ids), else has plain content."""
+    call_ids = []
+    for msg in new:
+        if _role(msg) != "tool":
+            break
+        call_id = msg.get("tool_call_id") if hasattr(msg, "get") else getattr(msg, "tool_call_id", None)
+        if call_id:
+            call_ids.append(call_id)
+    dummy: dict[str, Any] = {"role": "assistant", "reasoning_content": ""}
+    if call_ids:
+        dummy["tool_calls"] = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                               for i in call_ids]
+    else:
+        dummy["content"] = "x"
+    return dummy
+
+
+def _bridge(full: list[int], base: list[int], stop: int) -> list[int]:
+    """The tokens to append after the engine's ids (ending in `stop`): `full` (dummy + new messages) past
+    `base` (the dummy alone), backed up over template tokens the template puts after the stop token."""
+    gap = 0  # template tokens after the stop token (e.g. a newline), not in the engine's ids
+    for i in range(len(base) - 1, -1, -1):
+        if base[i] == stop:
+            gap = len(base) - i - 1
+            break
+    bridge = full[len(base) - gap:]
+    if bridge and bridge[0] == stop:  # a stop token that is also the next role's marker
+        bridge = bridge[1:]
+    return list(bridge)
+
+
 def token_sampling_args(sampling_args: SamplingArgs) -> dict[str, Any]:
     """The sampling args of a token-route request: logprobs and token ids asked for,
     `max_tokens` under the chat route's current name."""
@@ -146,22 +185,9 @@ class OpenAIChatCompletionsTokenClient(OpenAIChatCompletionsClient):
         if tokens.get("is_truncated") or (response is not None and getattr(response.message, "is_truncated", False)):
             return None  # a truncated completion has no stop token to stitch after
         new = list(prompt_messages[prefix_len:])
-        roles = [_role(m) for m in new]
-        if not new or any(r != "tool" for r in roles[:-1]) or roles[-1] not in ("tool", "user"):
+        if not _bridgeable(new):
             return None
-        call_ids = []
-        for msg in new:
-            if _role(msg) != "tool":
-                break
-            call_id = msg.get("tool_call_id") if hasattr(msg, "get") else getattr(msg, "tool_call_id", None)
-            if call_id:
-                call_ids.append(call_id)
-        dummy: dict[str, Any] = {"role": "assistant", "reasoning_content": ""}
-        if call_ids:
-            dummy["tool_calls"] = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
-                                   for i in call_ids]
-        else:
-            dummy["content"] = "x"
+        dummy = _dummy_assistant(new)
         forwarded = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
         model = state.get("model") or ""
         try:
@@ -174,16 +200,7 @@ class OpenAIChatCompletionsTokenClient(OpenAIChatCompletionsClient):
             return None
         if full[: len(base)] != base:
             return None  # the template does not render the dummy the same way with and without what follows
-        stop = previous[-1]
-        gap = 0  # template tokens after the stop token (e.g. a newline), not in the engine's ids
-        for i in range(len(base) - 1, -1, -1):
-            if base[i] == stop:
-                gap = len(base) - i - 1
-                break
-        bridge = full[len(base) - gap:]
-        if bridge and bridge[0] == stop:  # a stop token that is also the next role's marker
-            bridge = bridge[1:]
-        return previous + list(bridge)
+        return previous + _bridge(full, base, previous[-1])
 
     async def tokenize(self, messages: Any, tools: list[Any] | None, model: str,
                        extra_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> list[int]:
