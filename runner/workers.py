@@ -210,6 +210,36 @@ class _Worker:
         self.fatal: str | None = None
 
 
+def _feed(w: _Worker, groups: GroupDispatcher, stopping: Callable[[], bool]) -> None:
+    """Send worker `w` the groups it has room for, none once `stopping()`."""
+    if stopping():
+        return
+    for gid, group in groups.take(w):
+        if not _send(w, {"group": gid, "inputs": group}):
+            return  # it died: its EOF arrives as an event, and its groups go back then
+
+
+async def _handle_event(w: _Worker, msg: dict[str, Any] | None, groups: GroupDispatcher, on_group: GroupSink,
+                        stopping: Callable[[], bool]) -> None:
+    """Act on one event of worker `w`: its death (None: its groups go back and the live workers are fed),
+    ready, a fatal error, or a finished group (handed to `on_group` unless already given to another)."""
+    if msg is None:  # the worker died (or closed its pipe)
+        if not w.gone:
+            _worker_died(w, groups)  # its groups go back to the queue (WorkerFailed when none is left)
+            for x in groups.alive:
+                _feed(x, groups, stopping)
+    elif msg.get("ready"):
+        groups.ready(w)
+        _feed(w, groups, stopping)
+    elif "fatal" in msg:
+        w.fatal = msg["fatal"]
+    else:
+        if not groups.finished(w, int(msg["group"])):
+            return  # already handed to another worker after a presumed death: never written twice
+        await on_group(msg["rows"])
+        _feed(w, groups, stopping)
+
+
 async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_group: GroupSink,
                               stop_starting: Callable[[], bool] | None = None) -> None:
     """Run `inputs` (grouped by example_id) on `cfg.num_workers` worker processes,
@@ -226,31 +256,10 @@ async def generate_in_workers(cfg: EvalConfig, inputs: list[dict[str, Any]], on_
     events: asyncio.Queue[tuple[_Worker, dict[str, Any] | None]] = asyncio.Queue()
     workers = _start_workers(cfg, groups, events)
 
-    def feed(w: _Worker) -> None:
-        if stopping():
-            return
-        for gid, group in groups.take(w):
-            if not _send(w, {"group": gid, "inputs": group}):
-                return  # it died: its EOF arrives as an event, and its groups go back then
-
     try:
         while groups.remaining and not (stopping() and not groups.holding):
             w, msg = await events.get()
-            if msg is None:  # the worker died (or closed its pipe)
-                if not w.gone:
-                    _worker_died(w, groups)  # its groups go back to the queue (WorkerFailed when none is left)
-                    for x in groups.alive:
-                        feed(x)
-            elif msg.get("ready"):
-                groups.ready(w)
-                feed(w)
-            elif "fatal" in msg:
-                w.fatal = msg["fatal"]
-            else:
-                if not groups.finished(w, int(msg["group"])):
-                    continue  # already handed to another worker after a presumed death: never written twice
-                await on_group(msg["rows"])
-                feed(w)
+            await _handle_event(w, msg, groups, on_group, stopping)
         for w in workers:
             if not w.gone:
                 _send(w, {"stop": True})
