@@ -151,18 +151,7 @@ def plan_run(cfg: EvalConfig) -> RunPlan:
     when the resume cannot continue that run as asked."""
     from runner.writer import check_compatible, check_same_definition
 
-    run_dir: Path | None = None
-    rec = None
-    if cfg.resume:
-        if cfg.resume_path:
-            run_dir, rec = resolve_ref(cfg.resume_path, db=cfg.runs_db)
-        else:
-            rec = find_incomplete(cfg)
-            if rec is None:
-                log.info("%s: no incomplete run of this definition in the run registry; starting a new run",
-                         cfg.env_id)
-            else:
-                run_dir = Path(rec.output_dir)
+    run_dir, rec = _resume_target(cfg) if cfg.resume else (None, None)
     if run_dir is None:
         rid, path = new_run(cfg)
         return RunPlan(run_dir=path, run_id=rid)
@@ -173,6 +162,31 @@ def plan_run(cfg: EvalConfig) -> RunPlan:
     rows, meta, bad, torn = load_run(run_dir)
     check_compatible(meta, cfg.env_id, cfg.model, cfg.rollouts_per_example, cfg.num_examples, run_dir)
     check_same_definition(meta, cfg, run_dir)
+    _refuse_silent_extension(cfg, rec, meta, run_dir)
+    _log_dropped_lines(cfg, bad, torn, run_dir)
+    kept = [r for r in rows if is_scored(r)]
+    errored = len(rows) - len(kept)
+    if errored:
+        log.info("%s: %d saved rollout(s) were not scored (errors); running them again", cfg.env_id, errored)
+    return RunPlan(run_dir=run_dir, run_id=None, resumed=True, rows=kept, metadata=meta,
+                   dropped=errored + len(bad) + int(torn), prior_ms=float(meta.get("time_ms", 0.0) or 0.0),
+                   first_date=meta.get("date") if isinstance(meta.get("date"), str) else None)
+
+
+def _resume_target(cfg: EvalConfig) -> tuple[Path | None, Any]:
+    """(run directory, registry record) a `--resume` continues: the run `resume_path` names, else the
+    newest incomplete run of this definition; (None, None) when there is none (a new run then)."""
+    if cfg.resume_path:
+        return resolve_ref(cfg.resume_path, db=cfg.runs_db)
+    rec = find_incomplete(cfg)
+    if rec is None:
+        log.info("%s: no incomplete run of this definition in the run registry; starting a new run", cfg.env_id)
+        return None, None
+    return Path(rec.output_dir), rec
+
+
+def _refuse_silent_extension(cfg: EvalConfig, rec: Any, meta: dict[str, Any], run_dir: Path) -> None:
+    """ConfigError when resuming a completed run with more examples than it recorded, without --extend."""
     name = rec.id if rec is not None else str(run_dir)
     recorded_n = _recorded_num_examples(meta)
     extends = cfg.num_examples != recorded_n and (cfg.num_examples < 0 or cfg.num_examples > recorded_n)
@@ -182,15 +196,12 @@ def plan_run(cfg: EvalConfig) -> RunPlan:
         raise ConfigError(f"--resume {name}: run {name} is completed ({recorded_n} examples x "
                           f"{cfg.rollouts_per_example}); -n {n} would extend it. Add --extend to add the examples "
                           "to that run, or leave out --resume to start a new run")
+
+
+def _log_dropped_lines(cfg: EvalConfig, bad: list[str], torn: bool, run_dir: Path) -> None:
+    """Warn about the results lines a resume drops (unreadable ones, a last line cut short): they run again."""
     for line in bad:
         log.warning("%s: %s: dropped, its rollout runs again", cfg.env_id, line)
     if torn:
         log.warning("%s: %s: the last line is cut short (a writer killed mid-write): dropped, its rollout runs "
                     "again", cfg.env_id, run_dir / RESULTS)
-    kept = [r for r in rows if is_scored(r)]
-    errored = len(rows) - len(kept)
-    if errored:
-        log.info("%s: %d saved rollout(s) were not scored (errors); running them again", cfg.env_id, errored)
-    return RunPlan(run_dir=run_dir, run_id=None, resumed=True, rows=kept, metadata=meta,
-                   dropped=errored + len(bad) + int(torn), prior_ms=float(meta.get("time_ms", 0.0) or 0.0),
-                   first_date=meta.get("date") if isinstance(meta.get("date"), str) else None)
