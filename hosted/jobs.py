@@ -240,17 +240,7 @@ def follow(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = Non
             state = _status_name(client.get_job_status(jid))
             text = client.get_job_logs(jid)
         except Exception as exc:  # noqa: BLE001 - requests' errors, Ray's RuntimeError for HTTP errors
-            now = time.monotonic()
-            if lost_since is None:
-                lost_since = now
-                out.write(f"[vf-sandbox] lost contact with the Ray cluster at {address_of(rec)} ({_short(exc)}); "
-                          f"retrying for up to {reconnect_for:g} s\n")
-                out.flush()
-            elif now - lost_since >= reconnect_for:
-                raise ClusterUnreachable(
-                    f"lost contact with the Ray cluster at {address_of(rec)} for {reconnect_for:g} s "
-                    f"({_short(exc)}); run {rec.id} may still be running there: reattach with "
-                    f"`vf-sandbox runs logs {rec.id} --follow`, or `vf-sandbox runs show {rec.id}`") from None
+            lost_since = _lost_contact(rec, exc, lost_since, reconnect_for, out)
             time.sleep(min(max(poll_interval, 0.5), 5.0))
             continue
         if lost_since is not None:
@@ -264,10 +254,7 @@ def follow(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = Non
             break
         if time.monotonic() - last_pull >= pull_every:
             last_pull = time.monotonic()
-            try:
-                _record(rec, pull(rec, client, logs=False))
-            except Exception:  # noqa: BLE001 - results not written yet / a transient error
-                pass
+            _pull_results(rec, client)
         # the job's last line ("run ID: status") is out: its process is exiting, the end is a moment away
         ending = f"\nrun {rec.id}: " in text[-2000:]
         time.sleep(min(poll_interval, ENDING_POLL) if ending else poll_interval)
@@ -278,6 +265,32 @@ def _short(exc: BaseException) -> str:
     """An error's first line, bounded (requests' connection errors run to hundreds of characters)."""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return f"{type(exc).__name__}: {text[:160]}"
+
+
+def _lost_contact(rec: RunRecord, exc: BaseException, lost_since: float | None, reconnect_for: float,
+                  out: IO[str]) -> float:
+    """When contact was lost (monotonic): now on the first failure, said once on `out`; ClusterUnreachable
+    once the cluster has not answered for `reconnect_for` s."""
+    now = time.monotonic()
+    if lost_since is None:
+        out.write(f"[vf-sandbox] lost contact with the Ray cluster at {address_of(rec)} ({_short(exc)}); "
+                  f"retrying for up to {reconnect_for:g} s\n")
+        out.flush()
+        return now
+    if now - lost_since >= reconnect_for:
+        raise ClusterUnreachable(
+            f"lost contact with the Ray cluster at {address_of(rec)} for {reconnect_for:g} s "
+            f"({_short(exc)}); run {rec.id} may still be running there: reattach with "
+            f"`vf-sandbox runs logs {rec.id} --follow`, or `vf-sandbox runs show {rec.id}`") from None
+    return lost_since
+
+
+def _pull_results(rec: RunRecord, client: Any) -> None:
+    """Pull the run's results so far into the registry; nothing yet or a transient error is ignored."""
+    try:
+        _record(rec, pull(rec, client, logs=False))
+    except Exception:  # noqa: BLE001 - results not written yet / a transient error
+        pass
 
 
 def follow_log(rec: RunRecord, poll_interval: float = 2.0, out: IO[str] | None = None,
