@@ -199,40 +199,11 @@ class Rubric:
         index = {id(s): i for i, s in enumerate(states)}
         funcs = list(self.funcs)
         if self.sync_pool is not None and live and self._all_plain_sync():
-            rows = await asyncio.gather(*(self.sync_pool.call(self._score_in_thread, self._args(s), names) for s in live))
-            for s, values in zip(live, rows):
-                for j, v in enumerate(values):
-                    if isinstance(v, _Failed):
-                        self._note_failure(s, v)
-                        v = 0.0
-                    per_func[j][index[id(s)]] = v
+            await self._score_in_pool(self.sync_pool, live, names, per_func, index)
             funcs = []
         for j, (func, name) in enumerate(zip(funcs, names)):
-            if self._is_group(func):
-                if not live:
-                    continue
-                values = await self._call(func, self._group_args(live), name)
-                if isinstance(values, _Failed):
-                    for s in live:
-                        self._note_failure(s, values)
-                    continue
-                for s, v in zip(live, list(values)):
-                    per_func[j][index[id(s)]] = _num(v)
-            elif len(live) == 1:
-                v = await self._call(func, self._args(live[0]), name)
-                if isinstance(v, _Failed):
-                    self._note_failure(live[0], v)
-                    v = 0.0
-                per_func[j][index[id(live[0])]] = _num(v)
-            elif live:
-                results = await asyncio.gather(*(self._call(func, self._args(s), name) for s in live), return_exceptions=True)
-                for s, v in zip(live, results):
-                    if isinstance(v, BaseException):
-                        raise v  # an InfraError (other failures are _Failed)
-                    if isinstance(v, _Failed):
-                        self._note_failure(s, v)
-                        v = 0.0
-                    per_func[j][index[id(s)]] = _num(v)
+            for s, v in await self._func_scores(func, name, live):
+                per_func[j][index[id(s)]] = v
         for i, s in enumerate(states):
             reward = sum(w * per_func[j][i] for j, w in enumerate(self.weights)) if s.get("error") is None else 0.0
             metrics = dict(s.get("metrics") or {})
@@ -240,6 +211,48 @@ class Rubric:
             s["reward"] = float(reward)
             s["metrics"] = metrics
         set_advantages(states)
+
+    async def _score_in_pool(self, pool: SyncPool, live: list[State], names: list[str],
+                             per_func: list[list[float]], index: dict[int, int]) -> None:
+        """Every function on every live state, one sync-pool call per state (all functions plain sync);
+        fills `per_func[function][index of the state]`, a failed function scoring 0 (noted on the state)."""
+        rows = await asyncio.gather(*(pool.call(self._score_in_thread, self._args(s), names) for s in live))
+        for s, values in zip(live, rows):
+            for j, v in enumerate(values):
+                if isinstance(v, _Failed):
+                    self._note_failure(s, v)
+                    v = 0.0
+                per_func[j][index[id(s)]] = v
+
+    async def _func_scores(self, func: Callable[..., Any], name: str, live: list[State]) -> list[tuple[State, float]]:
+        """(state, score) of one reward function over the live states: one call for a group function (which
+        failing scores nobody), else one per state, concurrently (a failed call scores 0). Failures are noted
+        on their states; an infrastructure error is raised."""
+        if self._is_group(func):
+            if not live:
+                return []
+            values = await self._call(func, self._group_args(live), name)
+            if isinstance(values, _Failed):
+                for s in live:
+                    self._note_failure(s, values)
+                return []
+            return [(s, _num(v)) for s, v in zip(live, list(values))]
+        if len(live) == 1:
+            v = await self._call(func, self._args(live[0]), name)
+            if isinstance(v, _Failed):
+                self._note_failure(live[0], v)
+                v = 0.0
+            return [(live[0], _num(v))]
+        scores = []
+        results = await asyncio.gather(*(self._call(func, self._args(s), name) for s in live), return_exceptions=True)
+        for s, v in zip(live, results):
+            if isinstance(v, BaseException):
+                raise v  # an InfraError (other failures are _Failed)
+            if isinstance(v, _Failed):
+                self._note_failure(s, v)
+                v = 0.0
+            scores.append((s, _num(v)))
+        return scores
 
     def _group_args(self, states: list[State]) -> dict[str, Any]:
         singles = [self._args(s) for s in states]
