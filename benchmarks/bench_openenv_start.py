@@ -53,7 +53,7 @@ async def run(concurrency: int, max_starts: int | None, base_url: str) -> dict:
     finally:
         await env.teardown()
     wall = time.perf_counter() - t0
-    gate = env.start_gate
+    gate = env.server_gate  # its StartGate (Environment.start_gate is the run's stop gate since d828cc1)
     errors = [type(s.get("error")).__name__ for s in states if s.get("error") is not None]
     return {"concurrency": concurrency, "gate_limit": gate.limit, "wall_s": wall, "errors": len(errors),
             "error_types": sorted(set(errors)),
