@@ -49,9 +49,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 VF = [sys.executable, "-m", "vfcli.app"]
-# a log line of the job (any format with an HH:MM:SS time before the logger name)
-LOG_TIME = re.compile(r"(\d\d:\d\d:\d\d(?:[.,]\d+)?)\s.*envs\.eval\.(hosted|ray_workers)\b.*?"
+# a log line of the job (any format with an HH:MM:SS time before the logger name): envs.hosted and
+# envs.runner.ray_workers since issue 25's layout, envs.eval.hosted / envs.eval.ray_workers before it
+LOG_TIME = re.compile(r"(\d\d:\d\d:\d\d(?:[.,]\d+)?)\s.*\b(?:envs\.)?(?:eval\.|runner\.)?(hosted|ray_workers)\b.*?"
                       r"(hosted run|worker actor \d+ ready|runs no more groups)")
+HANDOVER_WAIT = 300  # seconds a gated run waits for the hand-over line before it is failed, not hung
 MARKS = {"hosted run": "job_started", "runs no more groups": "handover"}
 
 
@@ -91,11 +93,23 @@ def run_eval(base_url: str, out: Path, n: int, r: int, c: int, *extra: str, gate
                     gate.set()
                     marks["gate"] = time.time()
 
+    def no_handover() -> None:  # the gated model would never answer: open it, fail the run below
+        if gate is not None and not gate.is_set():
+            marks["no_handover"] = time.time()
+            gate.set()
+
+    timer = threading.Timer(HANDOVER_WAIT, no_handover)
+    if gate is not None:
+        timer.start()
     reader = threading.Thread(target=read)
     reader.start()
     p.wait()
     reader.join()
+    timer.cancel()
     wall = time.time() - t0
+    if "no_handover" in marks:  # a renamed logger or message (the run itself hung on the closed gate)
+        raise SystemExit(f"eval {' '.join(extra)}: no hand-over line matching {LOG_TIME.pattern!r} within "
+                         f"{HANDOVER_WAIT} s; the job's log:\n{''.join(lines)[-4000:]}")
     if p.returncode != 0:
         raise SystemExit(f"eval {' '.join(extra)} failed:\n{''.join(lines)[-4000:]}")
     (res,) = sorted(out.glob("evals/*/*/results.jsonl"), key=lambda x: x.stat().st_mtime)[-1:]
