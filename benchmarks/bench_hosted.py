@@ -99,9 +99,10 @@ def run_eval(base_url: str, out: Path, n: int, r: int, c: int, *extra: str, gate
             gate.set()
 
     timer = threading.Timer(HANDOVER_WAIT, no_handover)
+    timer.daemon = True  # neither thread keeps an interrupted benchmark from exiting
     if gate is not None:
         timer.start()
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     p.wait()
     reader.join()
