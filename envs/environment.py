@@ -37,12 +37,15 @@ import uuid
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.cancel import cancel_and_settle
 from sandboxes.retry import RetryPolicy, is_retryable
+
+if TYPE_CHECKING:
+    from sandboxes.rollouts import RolloutSandboxes
 
 from .clients.base import Client, ModelAuthError
 from .decorators import call_with_named_args, discover
@@ -155,6 +158,10 @@ class Environment(ABC):
     requires_model: bool = True
     """False for an env that never sends anything to a model (e.g. SWE debugging): it needs
     no client, model, key or live endpoint."""
+    sandboxes: RolloutSandboxes | None = None
+    """The env's sandbox lifecycle where its rollouts get sandboxes (SandboxEnv / PythonEnv,
+    OpenEnvEnv, SWEDebugEnv set it): `generate` tells it how many rollouts are coming
+    (`RolloutSandboxes.expect`) and starts its warm pool. None: an env without sandboxes."""
     start_gate: Callable[[], bool] | None = None
     """The run's say on starting a rollout (None: always): called when a rollout got its
     concurrency slot; False refuses it unless a rollout of its group already started (a
@@ -940,6 +947,7 @@ class Environment(ABC):
         writer = _open_results_file(results_path, log_message) if save_results and results_path is not None else None
         if on_start is not None:
             on_start(len(rows))
+        await self._expect_sandboxes(len(rows))
         run = _GroupsRun(self, clients, model, sampling_args, writer=writer, total=len(rows), n_groups=len(groups),
                          max_concurrent=max_concurrent, max_concurrent_scoring=max_concurrent_scoring,
                          max_retries=max_retries, independent_scoring=independent_scoring,
@@ -955,6 +963,16 @@ class Environment(ABC):
         self._save_outputs(run.outputs, metadata, writer, results_path, log_message,
                            hf_hub_dataset_name if push_to_hf_hub and save_results else None)
         return {"outputs": run.outputs, "metadata": metadata}  # type: ignore[typeddict-item]
+
+    async def _expect_sandboxes(self, rollouts: int) -> None:
+        """Before a `generate` call's first rollout: the env's sandbox lifecycle (when it has
+        one) expects one acquisition per rollout, so its warm pool opens no more sandboxes than
+        the call still needs (a retry past that gets one made for it), and its pool starts
+        filling. Group setup with forks has no default pool (rollouts take forks); with an
+        explicit `pool_size` the rollouts are an upper bound of its acquisitions."""
+        if self.sandboxes is not None:
+            self.sandboxes.expect(rollouts)
+            await self.sandboxes.start_pool()
 
     def _save_outputs(self, outputs: list[RolloutOutput], metadata: dict[str, Any], writer: Any, results_path: Any,
                       log_message: Callable[[str], Any], hub_dataset: str | None) -> None:

@@ -33,10 +33,14 @@ python3 in the image), else a container per rollout; `"container"` or
 
 Warm pool by default: `pool_size=None` (the default) keeps
 `min(concurrency, max_default_pool_size)` ready sandboxes of the env's spec
-(three times that for cells: they are cheap) once the
+(two per running rollout for cells: they are cheap) once the
 concurrency is known (`set_concurrency`, which the eval runner
 calls, or `generate(max_concurrent=N)`), so creation is off the rollout's
-path; a released sandbox is deleted, never reused. `pool_size=0` opts out
+path; a released sandbox is deleted, never reused. `generate` tells the pool
+how many rollouts are coming: it opens no more sandboxes than the call still
+needs (a run's -w workers / Ray actors run groups handed out one at a time
+through `run_group`, whose count is not known there: no expectation, the
+pool keeps its size). `pool_size=0` opts out
 (one creation per rollout), `pool_size=N` fixes the size. Examples whose
 spec differs from the env's (`get_sandbox_spec` overrides) are created per
 rollout. The pool is drained and its sandboxes deleted at teardown.
@@ -628,10 +632,10 @@ class SandboxEnv(StatefulToolEnv):
     async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
                        max_concurrent: int = -1, **kwargs: Any) -> Any:
         """As `Environment.generate`; a `max_concurrent` sizes the default warm pool
-        when `set_concurrency` was not called, and the pool starts filling first."""
+        when `set_concurrency` was not called. `Environment.generate` then tells the pool how
+        many rollouts are coming (it opens no more sandboxes than they need) and starts it."""
         if max_concurrent and max_concurrent > 0 and self.sandboxes.concurrency is None:
             self.set_concurrency(max_concurrent)
-        await self.sandboxes.start_pool()  # start filling before the first rollout asks
         return await super().generate(inputs, client, model, sampling_args=sampling_args,
                                       max_concurrent=max_concurrent, **kwargs)
 

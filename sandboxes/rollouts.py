@@ -7,6 +7,7 @@ framework owns its sandboxes and its tasks never do).
 
     sandboxes = RolloutSandboxes(spec, "docker", rollout_isolation="auto", pool_size=None)
     sandboxes.set_concurrency(16)              # sizes the default warm pool
+    sandboxes.expect(64)                       # 64 more acquisitions coming: the pool opens no more
     await sandboxes.warm_up()                  # optional: pool (and cell host) ready first
     sb = await sandboxes.acquire()             # the run's spec: from the pool when warm
     sb2 = await sandboxes.acquire(other_spec)  # another spec: created for this rollout
@@ -30,6 +31,11 @@ What it decides, once, in one place:
   else sized from the concurrency once known: one per running rollout (at most
   `max_default_pool_size`), two per running rollout for cells (they are cheap).
   The spec cannot change once the pool started (its sandboxes have the old one).
+  Demand (`expect(n)`: n more acquisitions are coming; `Environment.generate` says how
+  many rollouts it runs): the pool keeps at most the acquisitions still to come ready
+  or being made (plus those waiting for one), so a run ends with no sandbox opened for
+  nothing; an acquisition past the expectation gets a fresh one made for it. No
+  expectation given (a library user): the pool keeps its size until closed.
 
 * group setup (`prepare_group`, `sandboxes.group_setup.PreparedGroup`): one sandbox of
   the run's spec (pool / cell as above), a setup run in it once, its filesystem frozen
@@ -125,6 +131,10 @@ class RolloutSandboxes:
         no default warm pool."""
         self.group_setup_note: str | None = None
         """Set when a group setup fell back to a setup per rollout: why (no snapshots here)."""
+        self.expected: int | None = None
+        """Acquisitions still expected (`expect`); None: no expectation (the pool keeps its size)."""
+        self._waiting = 0  # acquisitions waiting in the pool for a sandbox
+        self._made_here = 0  # sandboxes `acquire` created itself (not the pool's)
 
     # ---------------------------------------------------------------- configuration
     @property
@@ -220,6 +230,34 @@ class RolloutSandboxes:
             return min(self.cells_per_rollout * self.concurrency, self.cells_per_rollout * self.max_default_pool_size)
         return min(self.concurrency, self.max_default_pool_size)
 
+    def expect(self, acquisitions: int) -> None:
+        """`acquisitions` more `acquire` calls are coming (a run's rollouts): the warm pool then
+        keeps at most the acquisitions still to come ready or being made (plus those waiting
+        for one), never more than its size. Adds to what is still expected (overlapping
+        runs); an acquisition past it gets a sandbox made for it, as a pool-less one would."""
+        if isinstance(acquisitions, bool) or not isinstance(acquisitions, int) or acquisitions < 0:
+            raise ConfigError(f"expect(n) needs an integer n >= 0, got {acquisitions!r}")
+        self.expected = (self.expected or 0) + acquisitions
+        self._fit_pool()
+
+    def _pool_target(self) -> int:
+        """Sandboxes the pool keeps ready or being made: its size, capped by the demand left
+        (the acquisitions still expected plus those waiting for a sandbox now)."""
+        size = self.effective_pool_size
+        return size if self.expected is None else min(size, self.expected + self._waiting)
+
+    def _fit_pool(self) -> None:
+        """The started pool's refill target follows the demand left (`_pool_target`). A raise
+        is seen by the acquisition that caused it (it wakes the pool's filler)."""
+        if self._pool is not None:
+            self._pool.size = self._pool_target()
+
+    @property
+    def opened(self) -> int:
+        """Sandboxes of the run's rollouts made so far: by the warm pool (while it is open)
+        and by `acquire` itself (forks and group sources made from snapshots not counted)."""
+        return self._made_here + (self._pool.stats["created"] if self._pool is not None else 0)
+
     # ---------------------------------------------------------------- isolation and pool
     async def rollout_spec(self, spec: SandboxSpec) -> SandboxSpec:
         """The run's spec (resolved) with "auto" decided: cells where the backend offers them
@@ -253,12 +291,12 @@ class RolloutSandboxes:
             resolved = await self.rollout_spec(await self._resolve(self.spec))
             async with self._guard():
                 if self._pool is None:
-                    size = self.effective_pool_size
+                    size, target = self.effective_pool_size, self._pool_target()
                     cells = resolved.rollout_isolation == "namespace"
-                    pool = SandboxPool(resolved, size, backend=self.backend,
+                    pool = SandboxPool(resolved, target, backend=self.backend,
                                        create_concurrency=min(size, self.cell_opens_in_flight) if cells else max(4, size))
                     self._pool = pool
-                    first_wave = min(size, self.concurrency or size) if cells else 0
+                    first_wave = min(target, self.concurrency or size) if cells else 0
                     await pool.start(wait=first_wave > 0, ready=first_wave, timeout=300.0)
         return self._pool
 
@@ -268,7 +306,7 @@ class RolloutSandboxes:
         pool = await self.start_pool()
         if pool is None:
             return 0
-        await pool.start(wait=True, timeout=timeout)
+        await pool.start(wait=True, timeout=timeout)  # its target: capped by an expectation
         return pool.ready
 
     def pooled(self, spec: SandboxSpec | None) -> bool:
@@ -281,20 +319,34 @@ class RolloutSandboxes:
         """A sandbox for one rollout: of the run's spec (`spec` None or equal) from the warm
         pool when there is one (`warm=False`: always created), else created (`key`: the
         creation's idempotency key). With `hold=False` the caller deletes it itself
-        (close() does not)."""
+        (close() does not). Counts as one of the acquisitions `expect`ed."""
+        if self.expected:
+            self.expected -= 1
         if warm and self.pooled(spec):
             pool = await self.start_pool()
             assert pool is not None
-            sandbox, pooled = await pool.acquire(), True
+            sandbox, pooled = await self._from_pool(pool), True
         else:
             own = spec is None or spec == self.spec
             resolved = await self._resolve(self.spec if spec is None else spec)
             if own:
                 resolved = await self.rollout_spec(resolved)
             sandbox, pooled = await self.backend.create(resolved, idempotency_key=key or None), False
+            self._made_here += 1
         if hold:
             self._held[sandbox.id] = (sandbox, pooled)
         return sandbox
+
+    async def _from_pool(self, pool: SandboxPool) -> Sandbox:
+        """A ready sandbox of the pool, counted as waiting while it waits (the pool's target
+        then covers it: past the expectation the pool makes one for it)."""
+        self._waiting += 1
+        self._fit_pool()
+        try:
+            return await pool.acquire()
+        finally:
+            self._waiting -= 1
+            self._fit_pool()
 
     async def release(self, sandbox: Sandbox) -> None:
         """Give a sandbox back: deleted (in the background when it came from the pool), never
@@ -458,6 +510,7 @@ class RolloutSandboxes:
             with contextlib.suppress(Exception):
                 await backend.close()
         self._lock = None
+        self.expected = None  # a run that goes on expects again
 
 
 def check_rollout_isolation(mode: str) -> str:
