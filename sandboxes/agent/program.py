@@ -524,6 +524,8 @@ def _close(fileobj):
 
 
 def op_exec(req, ctx):
+    """Run one command to its end: its output read into bounded buffers (streamed as chunks
+    with `stream`), killed at its deadline or on cancel, its exit status and OOM kill read."""
     started = time.monotonic()
     timeout = req.get("timeout")
     deadline = started + float(timeout) if timeout else None
@@ -537,84 +539,127 @@ def op_exec(req, ctx):
     except (OSError, ValueError, TypeError) as exc:
         return failed_start(exc, started)
     if stdin_data:
-        def feed():
-            try:
-                proc.stdin.write(stdin_data)
-            except (OSError, ValueError):
-                pass
-            finally:
-                _close(proc.stdin)
-        threading.Thread(target=feed, daemon=True).start()
-    bufs = {proc.stdout.fileno(): ("stdout", HeadTail(limit)), proc.stderr.fileno(): ("stderr", HeadTail(limit))}
-    fds = list(bufs)
-    pipes = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    timed_out = False
-    exited_at = None
-    last_poll = started
-    open_fds = set(fds)
+        _feed_stdin(proc, stdin_data)
+    run = CommandRun(proc, ctx, started, deadline, limit, streaming)
+    try:
+        run.read_until_exit()
+        run.read_leftovers_after_kill()
+        code = run.wait_for_exit()
+    finally:
+        _groups.discard(proc.pid)
+        run.release_pipes()
+    return run.result(code, time.monotonic() - started, oom_before)
 
-    def read_ready(wait):
-        events = poller.poll(None if wait is None else wait * 1000.0)
+
+def _feed_stdin(proc, data):
+    """Write a command's stdin from a thread (a command that reads nothing must not block us)."""
+    def feed():
+        try:
+            proc.stdin.write(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            _close(proc.stdin)
+    threading.Thread(target=feed, daemon=True).start()
+
+
+class CommandRun(object):
+    """The output pipes of one exec'd command and the clocks that end it: stdout and stderr
+    polled into bounded buffers until both close, the main process has exited for
+    DRAIN_GRACE, the deadline passes (timed_out) or the request is cancelled."""
+
+    def __init__(self, proc, ctx, started, deadline, limit, streaming):
+        self.proc = proc
+        self.ctx = ctx
+        self.deadline = deadline
+        self.streaming = streaming
+        self.bufs = {proc.stdout.fileno(): ("stdout", HeadTail(limit)),
+                     proc.stderr.fileno(): ("stderr", HeadTail(limit))}
+        self.fds = list(self.bufs)
+        self.pipes = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
+        self.poller = select.poll()
+        for fd in self.fds:
+            self.poller.register(fd, select.POLLIN)
+        self.open_fds = set(self.fds)
+        self.timed_out = False
+        self.exited_at = None
+        self.last_poll = started
+
+    def read_ready(self, wait):
+        """Read what the pipes hold after up to `wait` s; False when a streamed chunk found
+        the request cancelled, else whether any pipe had an event."""
+        events = self.poller.poll(None if wait is None else wait * 1000.0)
         for fd, _ in events:
             try:
                 data = os.read(fd, READ_SIZE)
             except OSError:
                 data = b""
             if not data:
-                poller.unregister(fd)
-                open_fds.discard(fd)
+                self.poller.unregister(fd)
+                self.open_fds.discard(fd)
                 continue
-            name, buf = bufs[fd]
+            name, buf = self.bufs[fd]
             buf.add(data)
-            if streaming and not ctx.chunk(name, data, deadline) and ctx.cancelled:
+            if self.streaming and not self.ctx.chunk(name, data, self.deadline) and self.ctx.cancelled:
                 return False
         return bool(events)
 
-    try:
-        while open_fds:
+    def read_until_exit(self):
+        """Read until both pipes close, DRAIN_GRACE after the main process exited (leftovers
+        may keep the pipes open), or the deadline / a cancel kills the process group."""
+        proc, ctx, deadline = self.proc, self.ctx, self.deadline
+        while self.open_fds:
             now = time.monotonic()
             if ctx.cancelled or (deadline is not None and now >= deadline):
-                timed_out = not ctx.cancelled
+                self.timed_out = not ctx.cancelled
                 kill_group_fully(proc)
                 break
-            if exited_at is not None and now - exited_at > DRAIN_GRACE:
+            if self.exited_at is not None and now - self.exited_at > DRAIN_GRACE:
                 break  # main process gone; leftovers keep the pipes open
-            wait = 0.05 if exited_at is None else DRAIN_GRACE / 2
+            wait = 0.05 if self.exited_at is None else DRAIN_GRACE / 2
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - now))
-            got = read_ready(wait)
-            if exited_at is None and (not got or now - last_poll > 0.05):
-                last_poll = now
+            got = self.read_ready(wait)
+            if self.exited_at is None and (not got or now - self.last_poll > 0.05):
+                self.last_poll = now
                 if proc.poll() is not None:
-                    exited_at = time.monotonic()
+                    self.exited_at = time.monotonic()
             if ctx.cancelled:
                 kill_group(proc.pid)
                 break
-        if timed_out or ctx.cancelled:
-            # the group is dead; take what is still buffered in the pipes, briefly
+
+    def read_leftovers_after_kill(self):
+        """After a timeout or cancel the group is dead: take what is still buffered in the
+        pipes, briefly (0.5 s at most)."""
+        if self.timed_out or self.ctx.cancelled:
             end = time.monotonic() + 0.5
-            while open_fds and time.monotonic() < end:
-                read_ready(0.05)
+            while self.open_fds and time.monotonic() < end:
+                self.read_ready(0.05)
+
+    def wait_for_exit(self):
+        """The main process's exit code, waited for until the deadline; one that closed its
+        pipes but kept running past it is killed (timed_out)."""
+        proc = self.proc
         try:
             left = None
-            if deadline is not None and not timed_out:
-                left = max(0.0, deadline - time.monotonic())
-            code = wait_exit(proc, left)
+            if self.deadline is not None and not self.timed_out:
+                left = max(0.0, self.deadline - time.monotonic())
+            return wait_exit(proc, left)
         except subprocess.TimeoutExpired:  # closed its pipes but kept running
-            timed_out = True
+            self.timed_out = True
             kill_group(proc.pid)
-            code = proc.wait()
-    finally:
-        _groups.discard(proc.pid)
-        leftover = [pipes[fd] for fd in fds if fd in open_fds]
-        for fd in fds:
-            if fd not in open_fds:
-                _close(pipes[fd])
+            return proc.wait()
+
+    def release_pipes(self):
+        """Close the closed pipes; the still open ones (a `cmd &` left behind) are drained by
+        a thread so their writers never block, or closed after a timeout / cancel or when
+        no thread can be started (pids limit)."""
+        leftover = [self.pipes[fd] for fd in self.fds if fd in self.open_fds]
+        for fd in self.fds:
+            if fd not in self.open_fds:
+                _close(self.pipes[fd])
         drained = False
-        if leftover and not timed_out and not ctx.cancelled:
+        if leftover and not self.timed_out and not self.ctx.cancelled:
             try:
                 threading.Thread(target=_drain_forever, args=(leftover,), daemon=True).start()
                 drained = True
@@ -623,19 +668,21 @@ def op_exec(req, ctx):
         if not drained:
             for pipe in leftover:
                 _close(pipe)
-    duration = time.monotonic() - started
-    sig = -code if code < 0 else None
-    oom = False
-    if not timed_out and (sig == signal.SIGKILL or code == 128 + signal.SIGKILL):
-        # killed by SIGKILL itself, or a shell reporting a child's SIGKILL (exit 137): an OOM
-        # kill when the sandbox cgroup's oom_kill counter rose while the command ran
-        after = oom_kills()
-        oom = after is not None and oom_before is not None and after > oom_before
-    result = {"exit_code": None if sig else code, "signal": sig, "timed_out": timed_out,
-              "oom_killed": oom, "duration": duration}
-    result.update(bufs[fds[0]][1].fields("stdout"))
-    result.update(bufs[fds[1]][1].fields("stderr"))
-    return result
+
+    def result(self, code, duration, oom_before):
+        """The exec reply: exit code or signal, timed_out, oom_killed, duration and output."""
+        sig = -code if code < 0 else None
+        oom = False
+        if not self.timed_out and (sig == signal.SIGKILL or code == 128 + signal.SIGKILL):
+            # killed by SIGKILL itself, or a shell reporting a child's SIGKILL (exit 137): an OOM
+            # kill when the sandbox cgroup's oom_kill counter rose while the command ran
+            after = oom_kills()
+            oom = after is not None and oom_before is not None and after > oom_before
+        result = {"exit_code": None if sig else code, "signal": sig, "timed_out": self.timed_out,
+                  "oom_killed": oom, "duration": duration}
+        result.update(self.bufs[self.fds[0]][1].fields("stdout"))
+        result.update(self.bufs[self.fds[1]][1].fields("stderr"))
+        return result
 
 
 class Background(object):
