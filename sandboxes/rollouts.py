@@ -319,8 +319,9 @@ class RolloutSandboxes:
         """A sandbox for one rollout: of the run's spec (`spec` None or equal) from the warm
         pool when there is one (`warm=False`: always created), else created (`key`: the
         creation's idempotency key). With `hold=False` the caller deletes it itself
-        (close() does not). Counts as one of the acquisitions `expect`ed."""
-        if self.expected:
+        (close() does not). A held one counts as one of the acquisitions `expect`ed (a
+        rollout's sandbox; `hold=False` ones are a program's extras)."""
+        if self.expected and hold:
             self.expected -= 1
         if warm and self.pooled(spec):
             pool = await self.start_pool()
