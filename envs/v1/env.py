@@ -58,6 +58,7 @@ class Env(Environment):
                 raise ConfigError("both the taskset and the harness have a simulated user: keep one")
             self.harness.user = taskset.user
         self.harness.check_stops()
+        self.sandboxes = self.harness.sandboxes  # generate expects one per rollout and starts its pool
         kwargs.setdefault("env_id", taskset.taskset_id)
         super().__init__(
             dataset=lambda: [self._row(t) for t in taskset.tasks()],
@@ -91,11 +92,10 @@ class Env(Environment):
 
     async def generate(self, inputs: Any, client: Any, model: str, sampling_args: Any = None,
                        max_concurrent: int = -1, **kwargs: Any) -> Any:
-        """As `Environment.generate`; the harness's warm pool starts filling first (sized by
-        `max_concurrent` when the run's concurrency was not set)."""
+        """As `Environment.generate` (which starts the harness's warm pool once it expects the
+        rollouts); the pool is sized by `max_concurrent` when the run's concurrency was not set."""
         if max_concurrent and max_concurrent > 0 and self.harness.concurrency is None:
             self.harness.set_concurrency(max_concurrent)
-        await self.harness.start_pool()
         return await super().generate(inputs, client, model, sampling_args=sampling_args,
                                       max_concurrent=max_concurrent, **kwargs)
 
