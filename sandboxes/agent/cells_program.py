@@ -219,6 +219,19 @@ def remove_cgroups(paths, within=5.0):
 def build_root(conf):
     """The cell's root: an overlay of the host sandbox's root filesystem whose writes
     go to a tmpfs of the cell; fresh /dev, /dev/shm and /dev/mqueue; /sys read-only."""
+    root = _mount_overlay_root(conf)
+    _mount_dev(root + "/dev", conf)
+    sys_dir = root + "/sys"
+    _mount_sys(sys_dir, conf)
+    for path in (STAGE, CGROUP_BASE, LAYERS):  # siblings' cell ids (mount points), cgroup mounts, frozen layers
+        if os.path.isdir(root + path):
+            hide(root + path)
+    return root
+
+
+def _mount_overlay_root(conf):
+    """The overlay (frozen layers, newest first, over the image; writes to the cell's
+    tmpfs at its own stage) the cell's root is; a fresh /tmp where gVisor cannot list it."""
     # a mount point of its own: gVisor has no recursive propagation change, so mounts made
     # while cells are set up side by side must never meet at one path
     stage = conf["stage"]
@@ -236,7 +249,12 @@ def build_root(conf):
     except OSError:  # gVisor's overlay cannot list the image's /tmp (an opaque directory): a fresh one
         mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
               "mode=1777,size=%d" % int(conf["disk_bytes"]))
-    dev = root + "/dev"
+    return root
+
+
+def _mount_dev(dev, conf):
+    """A fresh /dev: a small tmpfs with the DEVICES bound from the host sandbox's, /dev/shm,
+    a new devpts instance where the kernel allows it, and the fd / stdio links."""
     os.makedirs(dev, exist_ok=True)
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536")
     for name in DEVICES:
@@ -255,7 +273,11 @@ def build_root(conf):
     os.symlink("/proc/self/fd", dev + "/fd")
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink("/proc/self/fd/%d" % i, dev + "/" + name)
-    sys_dir = root + "/sys"
+
+
+def _mount_sys(sys_dir, conf):
+    """/sys read-only; in its cgroup tree the cell sees its own cgroups (limits, OOM
+    counter), read-only, and every other controller of the host sandbox hidden."""
     os.makedirs(sys_dir, exist_ok=True)
     try:
         mount("/sys", sys_dir, None, MS_BIND | MS_REC)  # runc: keeps its read-only mounts and masks
@@ -275,10 +297,6 @@ def build_root(conf):
         others = []
     for name in others:  # the host sandbox's counters (blkio, cpuset, ...): not the cell's to read
         hide(cg_dir + "/" + name)
-    for path in (STAGE, CGROUP_BASE, LAYERS):  # siblings' cell ids (mount points), cgroup mounts, frozen layers
-        if os.path.isdir(root + path):
-            hide(root + path)
-    return root
 
 
 def hide(path):
@@ -689,21 +707,7 @@ def zygote_main(sock):
     os.dup2(null, 0)  # the host agent's channel: never inherited by a cell
     os.dup2(null, 1)
     os.close(null)
-    cgroups = {}
-    problem = None
-    try:
-        unshare(CLONE_NEWNS)
-        make_private()
-        cgroups = setup_cgroups()
-        missing = [c for c in ("pids", "memory") if c not in cgroups]
-        if missing:
-            problem = "no writable %s cgroup for cell limits" % " / ".join(missing)
-    except OSError as exc:
-        problem = "cannot prepare cells: %s (the host sandbox needs CAP_SYS_ADMIN)" % exc
-    try:
-        prepare_seccomp()
-    except CellSetupError:
-        pass  # each cell reports it (install_seccomp)
+    cgroups, problem = _zygote_prepare()
     cells = {}  # the zygote's serial of a live cell -> (watcher pid, cgroup dirs): nothing else
     spares = []  # at most one `_make_spare` while cells are live (none left once all are closed)
     while True:
@@ -719,25 +723,7 @@ def zygote_main(sock):
             req, fds = None, []
         if req is None:
             break
-        fd = fds[0] if fds else None
-        out_fds = []
-        try:
-            if req["op"] == "open":
-                if problem:
-                    raise CellsUnsupported(problem)
-                reply, out_fds = _open_cell(req, fd, cgroups, cells, spares)
-            elif req["op"] in ("freeze", "drop"):
-                reply, out_fds = _layer_job(req, fd)
-            else:
-                reply = _close_cell(req["handle"], cells)
-        except Exception as exc:
-            reply = {"error": "%s: %s" % (type(exc).__name__, exc), "kind": getattr(exc, "kind", "internal")}
-        finally:
-            if fd is not None:
-                os.close(fd)
-        _send(sock, reply, out_fds)
-        for out_fd in out_fds:
-            os.close(out_fd)
+        _serve_request(sock, req, fds, problem, cgroups, cells, spares)
         if not problem and cells and not spares:  # the next open's first child, ahead of its request
             try:
                 spares.append(_make_spare(cgroups, cells, spares))
@@ -749,6 +735,51 @@ def zygote_main(sock):
         _kill_wait(watcher)
         _free(cell, paths)
     os._exit(0)
+
+
+def _zygote_prepare():
+    """The zygote's own mount namespace, the cells' cgroups and seccomp filter: (cgroups,
+    why no cell can be opened or None); a filter that cannot be made is reported by each cell."""
+    cgroups = {}
+    problem = None
+    try:
+        unshare(CLONE_NEWNS)
+        make_private()
+        cgroups = setup_cgroups()
+        missing = [c for c in ("pids", "memory") if c not in cgroups]
+        if missing:
+            problem = "no writable %s cgroup for cell limits" % " / ".join(missing)
+    except OSError as exc:
+        problem = "cannot prepare cells: %s (the host sandbox needs CAP_SYS_ADMIN)" % exc
+    try:
+        prepare_seccomp()
+    except CellSetupError:
+        pass  # each cell reports it (install_seccomp)
+    return cgroups, problem
+
+
+def _serve_request(sock, req, fds, problem, cgroups, cells, spares):
+    """Answer one request of the host agent (open, freeze / drop, close); any failure is
+    its reply. The fd it came with is closed, the fds sent with the reply too."""
+    fd = fds[0] if fds else None
+    out_fds = []
+    try:
+        if req["op"] == "open":
+            if problem:
+                raise CellsUnsupported(problem)
+            reply, out_fds = _open_cell(req, fd, cgroups, cells, spares)
+        elif req["op"] in ("freeze", "drop"):
+            reply, out_fds = _layer_job(req, fd)
+        else:
+            reply = _close_cell(req["handle"], cells)
+    except Exception as exc:
+        reply = {"error": "%s: %s" % (type(exc).__name__, exc), "kind": getattr(exc, "kind", "internal")}
+    finally:
+        if fd is not None:
+            os.close(fd)
+    _send(sock, reply, out_fds)
+    for out_fd in out_fds:
+        os.close(out_fd)
 
 
 _serial = [0]
@@ -994,77 +1025,103 @@ def _freeze_dir(dfd, here, seen, left, depth):
         entries = list(it)
     for entry in entries:
         name, dst = entry.name, os.path.join(here, entry.name)
-        try:  # a directory or a file is told by the entry's type (no lstat), then fstat'd once opened
-            if entry.is_dir(follow_symlinks=False):
-                mode = stat.S_IFDIR
-            elif entry.is_file(follow_symlinks=False):
-                mode = stat.S_IFREG
-            else:
-                st = entry.stat(follow_symlinks=False)
-                mode = st.st_mode
+        try:
+            mode, st = _entry_kind(entry)
         except FileNotFoundError:
             continue  # removed while it was read
         if stat.S_ISDIR(mode):
-            try:
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-            except OSError:
-                continue  # replaced by something else while it was read
-            try:
-                st = os.fstat(sub)
-                os.mkdir(dst, 0o700)
-                for key, value in _xattrs(sub, True):
-                    os.setxattr(dst, key, value)
-                used += _freeze_dir(sub, dst, seen, left - used, depth + 1)
-            finally:
-                os.close(sub)
-            os.chown(dst, st.st_uid, st.st_gid)
-            os.chmod(dst, stat.S_IMODE(st.st_mode))
-            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            used += _freeze_subdir(dfd, name, dst, seen, left - used, depth)
         elif stat.S_ISREG(mode):
-            try:
-                src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dfd)
-            except OSError:
-                continue
-            try:
-                st = os.fstat(src)
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if st.st_nlink > 1 and key in seen:  # a hard link stays one (never copied twice)
-                    os.link(seen[key], dst)
-                    continue
-                out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                try:
-                    used += _copy_data(src, out, st.st_size, left - used)
-                    for k, value in _xattrs(src, False):
-                        os.setxattr(out, k, value)
-                    if st.st_uid or st.st_gid:  # the copy is root's already
-                        os.fchown(out, st.st_uid, st.st_gid)
-                    if stat.S_IMODE(st.st_mode) != 0o600:
-                        os.fchmod(out, stat.S_IMODE(st.st_mode))
-                    os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
-                finally:
-                    os.close(out)
-                if st.st_nlink > 1:
-                    seen[key] = dst
-            finally:
-                os.close(src)
-        elif stat.S_ISLNK(mode):
-            try:
-                target = os.readlink(name, dir_fd=dfd)
-            except OSError:
-                continue
-            os.symlink(target, dst)
-            os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
-            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-        elif stat.S_ISCHR(mode) and st.st_rdev == 0:  # a whiteout: the file is deleted in this layer
-            os.mknod(dst, stat.S_IFCHR, 0)
-        elif stat.S_ISFIFO(mode):
-            os.mkfifo(dst, 0o600)
-            os.chown(dst, st.st_uid, st.st_gid)
-            os.chmod(dst, stat.S_IMODE(mode))
-        # sockets, and device nodes (which nothing in a cell can make), are not carried
+            used += _freeze_file(dfd, name, dst, seen, left - used)
+        else:
+            _freeze_special(dfd, name, dst, mode, st)
     return used
+
+
+def _entry_kind(entry):
+    """(mode, lstat or None): a directory or a file is told by the entry's type (no lstat),
+    then fstat'd once opened; anything else is lstat'ed here."""
+    if entry.is_dir(follow_symlinks=False):
+        return stat.S_IFDIR, None
+    if entry.is_file(follow_symlinks=False):
+        return stat.S_IFREG, None
+    st = entry.stat(follow_symlinks=False)
+    return st.st_mode, st
+
+
+def _freeze_subdir(dfd, name, dst, seen, left, depth):
+    """Copy the directory `name` of `dfd` (opened with O_NOFOLLOW) to the new `dst`, its
+    xattrs, owner, mode and times; bytes of data copied (0 if it was replaced meanwhile)."""
+    try:
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        return 0  # replaced by something else while it was read
+    try:
+        st = os.fstat(sub)
+        os.mkdir(dst, 0o700)
+        for key, value in _xattrs(sub, True):
+            os.setxattr(dst, key, value)
+        used = _freeze_dir(sub, dst, seen, left, depth + 1)
+    finally:
+        os.close(sub)
+    os.chown(dst, st.st_uid, st.st_gid)
+    os.chmod(dst, stat.S_IMODE(st.st_mode))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return used
+
+
+def _freeze_file(dfd, name, dst, seen, left):
+    """Copy the regular file `name` of `dfd` (opened with O_NOFOLLOW, checked regular once
+    open) to the new `dst`, or link it to its copy when it is a hard link `seen` already;
+    bytes of data copied."""
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dfd)
+    except OSError:
+        return 0
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            return 0
+        key = (st.st_dev, st.st_ino)
+        if st.st_nlink > 1 and key in seen:  # a hard link stays one (never copied twice)
+            os.link(seen[key], dst)
+            return 0
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            used = _copy_data(src, out, st.st_size, left)
+            for k, value in _xattrs(src, False):
+                os.setxattr(out, k, value)
+            if st.st_uid or st.st_gid:  # the copy is root's already
+                os.fchown(out, st.st_uid, st.st_gid)
+            if stat.S_IMODE(st.st_mode) != 0o600:
+                os.fchmod(out, stat.S_IMODE(st.st_mode))
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(out)
+        if st.st_nlink > 1:
+            seen[key] = dst
+        return used
+    finally:
+        os.close(src)
+
+
+def _freeze_special(dfd, name, dst, mode, st):
+    """Copy a symbolic link (its target, never followed), a whiteout or a FIFO to `dst`;
+    sockets, and device nodes (which nothing in a cell can make), are not carried."""
+    if stat.S_ISLNK(mode):
+        try:
+            target = os.readlink(name, dir_fd=dfd)
+        except OSError:
+            return
+        os.symlink(target, dst)
+        os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+    elif stat.S_ISCHR(mode) and st.st_rdev == 0:  # a whiteout: the file is deleted in this layer
+        os.mknod(dst, stat.S_IFCHR, 0)
+    elif stat.S_ISFIFO(mode):
+        os.mkfifo(dst, 0o600)
+        os.chown(dst, st.st_uid, st.st_gid)
+        os.chmod(dst, stat.S_IMODE(mode))
 
 
 def freeze(upper, dest, budget):
