@@ -374,7 +374,8 @@ class CellHosts:
             event = asyncio.Event()
             self._room.add(event)
             try:
-                await asyncio.wait_for(event.wait(), left)
+                async with asyncio.timeout(left):  # not wait_for: it can swallow a cancel (tests/test_cancellation.py)
+                    await event.wait()
             except TimeoutError:
                 pass
             finally:
