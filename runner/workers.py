@@ -99,12 +99,13 @@ def relay_log(fields: dict[str, Any]) -> None:
         logger.handle(record)
 
 
-def worker_main(cfg_json: str, conn: Connection) -> None:
+def worker_main(cfg_json: str, conn: Connection, credentials: dict[str, str] | None = None) -> None:
     """Entry point of a worker process (spawned: nothing inherited but the arguments; the
     run definition carries everything it needs, its sandboxes' label and process settings
-    included). Its code runs in the definition's settings scope; only the registry
-    credentials, never serialised in a definition, come from this process's environment
-    (the runner's, inherited through the fork server)."""
+    included). Its code runs in the definition's settings scope; the registry credentials,
+    never serialised in a definition, are the runner's, handed over beside it as
+    `credentials` (their environment variables: a worker forks from a fork server that may
+    have started before the runner's entry read them, so its own environment is no source)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the runner decides
     send_lock = threading.Lock()  # one writer at a time on the pipe (log records come from any thread)
     root = logging.getLogger()
@@ -114,8 +115,8 @@ def worker_main(cfg_json: str, conn: Connection) -> None:
     root.setLevel(logging.INFO)
     try:
         cfg = EvalConfig.model_validate_json(cfg_json)
-        # this entry's own environment: only its registry credentials are used
-        with settings.use(run_settings(cfg, settings.ProcessSettings.from_env())):
+        own = settings.ProcessSettings.from_env(credentials or {})  # the runner's credentials, nothing else
+        with settings.use(run_settings(cfg, own)):
             asyncio.run(_serve(cfg, conn, send_lock))
     except BaseException:  # noqa: BLE001 - report, then exit non-zero
         try:
@@ -278,10 +279,11 @@ def _start_workers(cfg: EvalConfig, groups: GroupDispatcher,
     ctx = worker_context(cfg)
     loop = asyncio.get_running_loop()
     workers: list[_Worker] = []
-    cfg_json = cfg.model_dump_json()  # the settings travel in the definition
+    cfg_json = cfg.model_dump_json()  # the settings travel in the definition, the credentials beside it
+    credentials = settings.current().credential_variables()  # a local pipe, never written anywhere
     for i in range(cfg.num_workers):
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=worker_main, args=(cfg_json, child), name=f"vf-eval-worker-{i}",
+        proc = ctx.Process(target=worker_main, args=(cfg_json, child, credentials), name=f"vf-eval-worker-{i}",
                            daemon=True)  # never outlives the runner (multiprocessing terminates it at exit)
         proc.start()
         child.close()

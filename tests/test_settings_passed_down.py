@@ -266,7 +266,7 @@ def assert_definitions_settings(workers: dict[int, dict]) -> None:
         assert what["environ"] == "/from-environ", what  # their environment said otherwise ...
         assert what["label"] == "fromdefinition", what  # ... the definition won
         assert what["wheelhouse"] == "/from-definition/wheelhouse", what
-        # credentials never travel in a definition: each worker's are its own environment's
+        # credentials never travel in a definition: a -w worker gets its runner's beside it, an actor its environment's
         assert (what["user"], what["password"]) == ("envuser", "envpass"), what
 
 
@@ -371,7 +371,7 @@ def test_credentials_never_land_in_what_a_run_records(tmp_path, monkeypatch):
         with make_display(True, False) as display:
             (res,) = asyncio.run(run_evals([cfg], display))
     assert res.status == "completed", res.error
-    assert {w["password"] for w in seen(out).values()} == {secret}  # the workers had it (their environment's)
+    assert {w["password"] for w in seen(out).values()} == {secret}  # the workers had it (the runner's, handed beside the definition)
     (rec,) = registry.list_runs(path=tmp_path / "r.db")
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent != out] + [Path(rec.log_path)]
     assert any(p.name == "metadata.json" for p in written) and (tmp_path / "junit.xml").exists()
