@@ -305,8 +305,8 @@ class EvalConfig(BaseModel):
                                              "started (`sandboxes.settings.ProcessSettings`, read once by the "
                                              "command's entry; the run's ids are the fields above): the run, its -w "
                                              "workers and Ray actors use these, whatever their own environment says. "
-                                             "The registry credentials are never serialised with them (each process "
-                                             "reads its own). Never recorded, never carried over; None: the running "
+                                             "The registry credentials are never serialised with them (-w workers "
+                                             "get the runner's beside it). Never recorded, never carried over; None: the running "
                                              "settings, filled in when the run starts.")
 
     model_config = {"extra": "forbid"}

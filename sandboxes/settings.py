@@ -13,9 +13,9 @@ Passed down:
   `sandbox_run_id` / `runs_db`): a `-w` worker or Ray actor uses the definition's,
   whatever its own environment says. Never recorded (`public_args` leaves them out).
   The registry credentials are never serialised (`CREDENTIALS`, excluded from every
-  dump): like the model API keys they are secrets by name, read from the environment
-  by each process's entry (`-w` workers inherit the runner's environment, a hosted job
-  gets them as job environment variables with the model keys);
+  dump): like the model API keys they are secrets by name; a `-w` worker gets its
+  runner's beside the definition (its start arguments), a Ray actor's entry reads its
+  environment, a hosted job gets them as job environment variables with the model keys;
 - inside a process explicitly (backend options, image builders, run registry
   functions take them as arguments) or through one scope: `use(settings)` makes
   them `current()` for the code it runs (a `contextvars.ContextVar`: it follows
@@ -81,8 +81,8 @@ class ProcessSettings(BaseModel):
     k8s_context: str | None = Field(None, description="kubeconfig context of the Kubernetes backend (its `context` option wins). Default: the current context.")
     k8s_namespace: str | None = Field(None, description="Namespace of sandbox pods (its `namespace` option wins). Default: `default`.")
     k8s_runtime_class: str | None = Field(None, description="runtimeClassName of sandbox pods (its `runtime_class_name` option wins).")
-    registry_username: str | None = Field(None, exclude=True, description="User name for image registry pushes/pulls (with VF_REGISTRY_PASSWORD). A credential: never serialised with the settings (each process's entry reads it from its own environment).")
-    registry_password: SecretStr | None = Field(None, exclude=True, description="Password for image registry pushes/pulls (a SecretStr: never printed, recorded or serialised; each process's entry reads it from its own environment, a hosted job gets it as a job environment variable).")
+    registry_username: str | None = Field(None, exclude=True, description="User name for image registry pushes/pulls (with VF_REGISTRY_PASSWORD). A credential: never serialised with the settings (a `-w` worker gets its runner's beside the definition; a Ray actor or hosted job reads its own environment).")
+    registry_password: SecretStr | None = Field(None, exclude=True, description="Password for image registry pushes/pulls (a SecretStr: never printed, recorded or serialised; a `-w` worker gets its runner's beside the definition, a Ray actor reads its own environment, a hosted job gets it as a job environment variable).")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessSettings:
