@@ -130,19 +130,33 @@ class ShellSession(ProcessSession):
     def _end(self, seq: int) -> str:
         return f"|{self._session}.{seq}\x1e\n"
 
-    def _line(self, command: str, seq: int, prefix: str = "") -> str:
-        # bash reads the OOM-kill counter and whether the pids cgroup is (nearly) full itself,
-        # with builtins only (nothing forks: a fork bomb may hold every pid): `<status>,<oom count>,<pids full>,
-        # <started a background job>,<pids.current>`
+    def _line(self, command: str, seq: int, prefix: str = "", probe: bool = False) -> str:
+        # bash reads the OOM-kill counter and whether the pids cgroup is flooded itself, with
+        # builtins only (nothing forks: a fork bomb may hold every pid): `<status>,<oom count>,
+        # <pids flooded>,<started a background job>,<pids.current>`. Flooded: the count is at
+        # 90 % of the limit, or a fork failed at the limit since the command started (pids.events'
+        # `max` grew: a bomb's count can sit below 90 % while its forks fail) and more processes
+        # are left than at its start (beyond the agent's spare threads). A probe (`_watch_background`)
+        # keeps the command's starting figures.
+        start = "" if probe else (
+            "__vf_e0=; __vf_c0=; "
+            f"for __vf_f in {' '.join(PIDS_DIRS)}; do [[ -r $__vf_f/pids.events ]] && "
+            "{ while builtin read -r __vf_k __vf_v; do [[ $__vf_k == max ]] && __vf_e0=$__vf_v; "
+            "done < $__vf_f/pids.events; builtin read -r __vf_c0 < $__vf_f/pids.current; builtin break; }; done; "
+        )
         return (
-            f"{prefix}__vf_b=$!; builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; __vf_p=; "
-            "__vf_g=; [[ $! != \"$__vf_b\" ]] && __vf_g=1; __vf_c=; "
+            f"{prefix}{start}__vf_b=$!; builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; "
+            "__vf_p=; __vf_g=; [[ $! != \"$__vf_b\" ]] && __vf_g=1; __vf_c=; __vf_e=; "
             f"for __vf_f in {' '.join(OOM_FILES)}; do [[ -r $__vf_f ]] && "
             "while builtin read -r __vf_k __vf_v; do [[ $__vf_k == oom_kill ]] && __vf_o=$__vf_v; "
             "done < $__vf_f; done; "
             f"for __vf_f in {' '.join(PIDS_DIRS)}; do [[ -r $__vf_f/pids.max ]] && "
             "{ builtin read -r __vf_m < $__vf_f/pids.max; builtin read -r __vf_c < $__vf_f/pids.current; "
             "[[ $__vf_m =~ ^[0-9]+$ && $__vf_c =~ ^[0-9]+$ ]] && (( __vf_c * 10 >= __vf_m * 9 )) && __vf_p=1; "
+            "[[ -r $__vf_f/pids.events ]] && while builtin read -r __vf_k __vf_v; do [[ $__vf_k == max ]] && "
+            "__vf_e=$__vf_v; done < $__vf_f/pids.events; "
+            "[[ $__vf_e =~ ^[0-9]+$ && $__vf_e0 =~ ^[0-9]+$ && $__vf_c =~ ^[0-9]+$ && $__vf_c0 =~ ^[0-9]+$ ]] && "
+            "(( __vf_e > __vf_e0 && __vf_c > __vf_c0 + 2 )) && __vf_p=1; "
             "builtin break; }; done; "
             f"builtin printf '\\036%d,%s,%s,%s,%s{self._end(seq)[:-2]}\\036\\n' \"$__vf_rc\" \"$__vf_o\" \"$__vf_p\" "
             "\"$__vf_g\" \"$__vf_c\"\n"
@@ -152,21 +166,26 @@ class ShellSession(ProcessSession):
         """The command left a background job: is it a fork bomb (the sandbox's pids count
         still climbing to its limit)? Builtin-only probes (0.1 s apart, 3 s at most) while
         the count climbs; `_last_pids_full` says what they found. A command that starts a
-        server (its count steady) costs one probe."""
+        server (its count steady) costs two probes: on a loaded machine a bomb's count can
+        stand still for one."""
         before = self._last_pids or 0
+        steady = 0
         for _ in range(30):
             await asyncio.sleep(0.1)
             self._seq += 1
-            data, until = self._request(":", self._seq)
+            data, until = self._request(":", self._seq, probe=True)
             out = await send_and_read(proc, data, until, min(timeout, 10.0), "a probe")
             complete, _, _ = self._parse(out, self._seq)
-            if not complete or self._last_pids_full or self._last_pids is None or self._last_pids <= before:
+            if not complete or self._last_pids_full or self._last_pids is None:
                 return
-            before = self._last_pids
+            steady = steady + 1 if self._last_pids <= before else 0
+            if steady >= 2:
+                return
+            before = max(before, self._last_pids)
 
-    def _request(self, command: str, seq: int, prefix: str = "") -> tuple[str, str]:
+    def _request(self, command: str, seq: int, prefix: str = "", probe: bool = False) -> tuple[str, str]:
         """(bytes to write, marker ending the reply) for command number `seq`."""
-        return self._line(command, seq, prefix), self._end(seq)
+        return self._line(command, seq, prefix, probe), self._end(seq)
 
     def _parse(self, out: str, seq: int) -> tuple[bool, str, int | None]:
         """(complete, output, exit code) of reply `seq` in `out` (a shell that exited sends

@@ -58,8 +58,10 @@ def spawn_registered(register, req, **kw):
     finally:
         with _spawn_lock:
             _spawning[0] -= 1
-_jobs = queue.SimpleQueue()  # work for idle worker threads
-_idle = [0]  # idle workers waiting on _jobs
+_jobs = queue.SimpleQueue()  # requests for the worker threads
+_idle = [0]  # free workers minus queued requests (negative: requests waiting for a worker)
+SPARE_WORKERS = 2  # free workers kept beyond the queued requests (`dispatch`)
+INLINE_OPS = ("kill", "poll", "ping", "forget")  # never block: served by the reading thread when no worker is free
 _idle_lock = threading.Lock()
 
 
@@ -1001,7 +1003,8 @@ OPS = {
 }
 
 
-def run_request(req, ctx):
+def answer(req, ctx):
+    """Run one request: its reply (a result, or an error of a kind the client maps)."""
     rid = req.get("id")
     try:
         op = OPS.get(req.get("op"))
@@ -1020,37 +1023,62 @@ def run_request(req, ctx):
     finally:
         with _requests_lock:
             _requests.pop(rid, None)
+    return msg
+
+
+def reply(msg):
     try:
         send(msg)
     except Exception as exc:
         log("cannot send reply: %r" % exc)
 
 
-def _worker(req, ctx):
+def _worker():
+    """A request thread: takes requests off `_jobs` for the agent's life. It counts itself
+    free *before* its reply leaves, so the request a client sends on reading the reply
+    finds it (a sandbox at its pids limit has no thread to give that request)."""
     while True:
-        run_request(req, ctx)
+        req, ctx = _jobs.get()
+        msg = answer(req, ctx)
         with _idle_lock:
             _idle[0] += 1
-        req, ctx = _jobs.get()
+        reply(msg)
+
+
+def start_worker():
+    """One more request thread (counted free); False when the sandbox has no thread to give."""
+    with _idle_lock:
+        _idle[0] += 1
+    try:
+        threading.Thread(target=_worker, daemon=True).start()
+        return True
+    except RuntimeError as exc:  # at the pids limit (a fork bomb)
+        with _idle_lock:
+            _idle[0] -= 1
+        log("cannot start a request thread (%s): requests wait for a free one" % exc)
+        return False
 
 
 def dispatch(req, ctx):
-    """Hand a request to an idle worker thread, or start one: requests never wait for each other."""
+    """Hand a request to a free worker, then keep SPARE_WORKERS free ones beyond the queued
+    requests (started off the request's path: the free worker already has it). Requests
+    never wait for each other while the sandbox can start a thread. When it cannot (its pids
+    limit is full: a fork bomb) the spares started in better times serve the next requests
+    (two: a shell's pipelined write + read), a request that cannot block (kill, poll, ping,
+    forget: how the bomb is ended) is answered here on the reading thread, and any other
+    waits for the next free worker instead of failing."""
     with _idle_lock:
-        if _idle[0] > 0:
-            _idle[0] -= 1
-            _jobs.put((req, ctx))
-            return
-    try:
-        threading.Thread(target=_worker, args=(req, ctx), daemon=True).start()
-    except RuntimeError as exc:  # the sandbox is at its pids limit (a fork bomb): answer, keep serving
-        with _requests_lock:
-            _requests.pop(req.get("id"), None)
-        try:
-            send({"id": req.get("id"), "ev": "error", "kind": "internal",
-                  "message": "cannot start a thread for the request (%s): the sandbox is at its pids limit" % exc})
-        except Exception:
-            pass
+        free = _idle[0] > 0
+    if not free and not start_worker() and req.get("op") in INLINE_OPS:
+        reply(answer(req, ctx))
+        return
+    _jobs.put((req, ctx))
+    with _idle_lock:
+        _idle[0] -= 1
+        short = SPARE_WORKERS - _idle[0]
+    for _ in range(short):
+        if not start_worker():
+            break
 
 
 def no_cells(req):
@@ -1106,6 +1134,8 @@ def main():
         signal.signal(sig, _on_term)
     send(dict({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
                "python": "%d.%d.%d" % sys.version_info[:3]}, **HELLO))
+    for _ in range(SPARE_WORKERS):
+        start_worker()
     stdin = sys.stdin.buffer
     while True:
         line = stdin.readline()
