@@ -436,9 +436,9 @@ def test_memory_bomb_is_a_scored_task_failure(tmp_path, case, isolation):
 
 
 @pytest.mark.docker
-# Known race (issue 24, open): alone on the machine the bomb can fill the pids limit before the agent starts the
-# next request's thread (an infra error, seen when this ran in the serial phase); at load ~100 its children may
-# not have filled it when the command returns (the note then comes with the next command; 1 of 6 CI runs).
+# Once racy (both fixed, 2026-11-28): alone on the machine the bomb filled the pids limit before the agent started
+# the next request's thread (an infra error: tests/test_agent_at_pids_limit.py); at load ~100 its count could stand
+# still below 90 % of the limit as the command returned (the flood check now also reads pids.events).
 def test_fork_bomb_is_not_exit_0(tmp_path, case):
     """A bash fork bomb returns at once while its children hold the pids limit: the tool
     result says so (exit 137, processes killed), `sandbox_pids_limit` 1, the next command
