@@ -149,3 +149,23 @@ def test_ansi_c_quote_roundtrip():
     tricky = "a'b\"c\\d\n\te$f`g`\x01\x7f ✓"
     out = subprocess.run(["bash", "-c", f"printf '%s' {ansi_c_quote(tricky)}"], capture_output=True, text=True).stdout
     assert out == tricky
+
+
+async def test_the_framing_functions_hold_against_the_model(shell):
+    """The figures are taken by two read-only functions defined once per shell (a pipe
+    is read one byte per read(2): the command line stays short); the model cannot redefine
+    or unset them, and a shell that lost them (`exec bash`) still answers with the status."""
+    r = await shell.run("__vf_post() { echo forged; }; unset -f __vf_pre; echo after", 5)
+    assert "forged" not in r.output and "after" in r.output, r
+    r = await shell.run("exit_probe() { return 3; }; exit_probe", 5)
+    assert r.exit_code == 3 and r.output == "", r
+    await shell.run("exec bash --noprofile --norc", 5)
+    r = await shell.run("echo nested; false", 5)
+    assert r.output == "nested\n" and r.exit_code == 1 and not r.timed_out, r
+
+
+async def test_a_command_line_stays_short(shell):
+    """Each command costs its own text plus a fixed frame of ~150 bytes (the figures live
+    in the functions `start` defines)."""
+    data, _ = shell._request("true", 7)
+    assert len(data) < 200, data

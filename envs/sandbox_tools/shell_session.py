@@ -130,27 +130,31 @@ class ShellSession(ProcessSession):
     def _end(self, seq: int) -> str:
         return f"|{self._session}.{seq}\x1e\n"
 
-    def _line(self, command: str, seq: int, prefix: str = "", probe: bool = False) -> str:
-        # bash reads the OOM-kill counter and whether the pids cgroup is flooded itself, with
-        # builtins only (nothing forks: a fork bomb may hold every pid): `<status>,<oom count>,
-        # <pids flooded>,<started a background job>,<pids.current>`. Flooded: the count is at
-        # 90 % of the limit, or a fork failed at the limit since the command started (pids.events'
-        # `max` grew: a bomb's count can sit below 90 % while its forks fail) and more processes
-        # are left than at its start (beyond the agent's spare threads). A probe (`_watch_background`)
-        # keeps the command's starting figures.
-        start = "" if probe else (
-            "__vf_e0=; __vf_c0=; "
-            f"for __vf_f in {' '.join(PIDS_DIRS)}; do [[ -r $__vf_f/pids.events ]] && "
+    def _functions(self) -> str:
+        """Two read-only bash functions, defined once per shell (`start`), that take each
+        command's figures with builtins only (nothing forks: a fork bomb may hold every pid).
+        `__vf_pre` before the command: pids.events' `max` and pids.current, and `$!`.
+        `__vf_post <status> <seq>` after it prints the reply's frame `<status>,<oom count>,
+        <pids flooded>,<started a background job>,<pids.current>` and the end marker.
+        Flooded: the count is at 90 % of the limit, or a fork failed at the limit since the
+        command started (pids.events' `max` grew: a bomb's count can sit below 90 % while its
+        forks fail) and more processes are left than at its start (beyond the agent's spare
+        threads). Defined once because bash reads a pipe one byte per read(2): the figures
+        spelled out on every command line cost ~0.7 ms of CPU per command in a sandbox."""
+        pids, ooms = " ".join(PIDS_DIRS), " ".join(OOM_FILES)
+        end = self._end(0)[:-3]  # "|<session>." + the seq argument
+        return (
+            "__vf_pre() { __vf_e0=; __vf_c0=; local __vf_f __vf_k __vf_v; "
+            f"for __vf_f in {pids}; do [[ -r $__vf_f/pids.events ]] && "
             "{ while builtin read -r __vf_k __vf_v; do [[ $__vf_k == max ]] && __vf_e0=$__vf_v; "
             "done < $__vf_f/pids.events; builtin read -r __vf_c0 < $__vf_f/pids.current; builtin break; }; done; "
-        )
-        return (
-            f"{prefix}{start}__vf_b=$!; builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; __vf_o=; "
-            "__vf_p=; __vf_g=; [[ $! != \"$__vf_b\" ]] && __vf_g=1; __vf_c=; __vf_e=; "
-            f"for __vf_f in {' '.join(OOM_FILES)}; do [[ -r $__vf_f ]] && "
+            "__vf_b=$!; builtin return 0; }; "
+            "__vf_post() { local __vf_o= __vf_p= __vf_g= __vf_c= __vf_e= __vf_m= __vf_f __vf_k __vf_v; "
+            "[[ $! != \"$__vf_b\" ]] && __vf_g=1; "
+            f"for __vf_f in {ooms}; do [[ -r $__vf_f ]] && "
             "while builtin read -r __vf_k __vf_v; do [[ $__vf_k == oom_kill ]] && __vf_o=$__vf_v; "
             "done < $__vf_f; done; "
-            f"for __vf_f in {' '.join(PIDS_DIRS)}; do [[ -r $__vf_f/pids.max ]] && "
+            f"for __vf_f in {pids}; do [[ -r $__vf_f/pids.max ]] && "
             "{ builtin read -r __vf_m < $__vf_f/pids.max; builtin read -r __vf_c < $__vf_f/pids.current; "
             "[[ $__vf_m =~ ^[0-9]+$ && $__vf_c =~ ^[0-9]+$ ]] && (( __vf_c * 10 >= __vf_m * 9 )) && __vf_p=1; "
             "[[ -r $__vf_f/pids.events ]] && while builtin read -r __vf_k __vf_v; do [[ $__vf_k == max ]] && "
@@ -158,8 +162,20 @@ class ShellSession(ProcessSession):
             "[[ $__vf_e =~ ^[0-9]+$ && $__vf_e0 =~ ^[0-9]+$ && $__vf_c =~ ^[0-9]+$ && $__vf_c0 =~ ^[0-9]+$ ]] && "
             "(( __vf_e > __vf_e0 && __vf_c > __vf_c0 + 2 )) && __vf_p=1; "
             "builtin break; }; done; "
-            f"builtin printf '\\036%d,%s,%s,%s,%s{self._end(seq)[:-2]}\\036\\n' \"$__vf_rc\" \"$__vf_o\" \"$__vf_p\" "
-            "\"$__vf_g\" \"$__vf_c\"\n"
+            f"builtin printf '\\036%d,%s,%s,%s,%s{end}%s\\036\\n' \"$1\" \"$__vf_o\" \"$__vf_p\" \"$__vf_g\" "
+            "\"$__vf_c\" \"$2\"; builtin return 0; }; builtin declare -fr __vf_pre __vf_post; "
+        )
+
+    def _line(self, command: str, seq: int, prefix: str = "", probe: bool = False) -> str:
+        # the figures are taken by the functions `start` defined (`_functions`); a shell that
+        # lost them (the model ran `exec bash`) still frames each reply, with its status only.
+        # A probe (`_watch_background`) keeps the command's starting figures.
+        end = self._end(seq)[:-2]
+        run = "__vf_rc=0; " if probe else (
+            f"__vf_pre 2>/dev/null; builtin source /dev/stdin <<< {ansi_c_quote(command)}; __vf_rc=$?; ")
+        return (
+            f"{prefix}{run}__vf_post \"$__vf_rc\" {seq} 2>/dev/null || "
+            f"builtin printf '\\036%d,,,,{end}\\036\\n' \"$__vf_rc\"\n"
         )
 
     async def _watch_background(self, proc: BackgroundProcess, timeout: float) -> None:
@@ -227,7 +243,7 @@ class ShellSession(ProcessSession):
         cd = f"builtin cd {ansi_c_quote(self._cwd)} 2>/dev/null; " if self._cwd else ""
         self._seq += 1
         seq = self._seq
-        data, until = self._request(":", seq, prefix=prefix + _INIT + cd)
+        data, until = self._request(":", seq, prefix=prefix + _INIT + self._functions() + cd)
         out = await send_and_read(self._proc, data, until, self.startup_timeout, "start bash")
         complete, text, _ = self._parse(out, seq)
         if not complete:
