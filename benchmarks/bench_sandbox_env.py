@@ -251,8 +251,9 @@ async def main() -> None:
     ap.add_argument("--rollouts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--exec-samples", type=int, default=300, help="exec `true` samples per side (cell, container)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runc pairs (container per rollout, cells cold, cells warm) to run; the bar takes the median")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runc pairs (container per rollout, cells cold, cells warm) to run; the bar takes the median "
+                         "(one pair moves with the machine's load: single cold pairs ranged 4.7x-5.9x on one quiet machine)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--eval-only", action="store_true", help="skip the tool round trips")
     ap.add_argument("--cells-only", action="store_true", help="only the rollout-isolation rows (issue 17)")

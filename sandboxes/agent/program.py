@@ -4,8 +4,10 @@ background processes and file transfers for the host, many at once.
 Started once per sandbox as `python3 -u -c <this source>` (nothing is written
 into the sandbox first). Standard library only, Python 3.7+. It speaks JSON
 lines on stdin/stdout (see `protocol.py` for the message shapes; binary data
-is base64) and logs to stderr. Each request runs in its own thread, so one
-slow command never blocks another. Every command runs in its own session
+is base64) and logs to stderr. Each request runs in its own worker thread, so
+one slow command never blocks another; two spare workers wait beyond the
+requests in flight, so a sandbox whose code fills its pids limit (a fork bomb:
+no thread can be started) is still served (`dispatch`). Every command runs in its own session
 (setsid): a timeout kills its whole process group and the agent lives on.
 Output buffers are bounded (head + tail kept, dropped bytes counted).
 On stdin EOF the agent kills every process group it started and exits.
