@@ -79,10 +79,14 @@ def _eval_row(variant: str, key: str) -> Callable[[dict], float]:
 
 
 def _env_row(name: str, latency: bool = False) -> Callable[[dict], float]:
-    """An eval row's rollouts/s; the model-latency rows carry the latency in their name."""
+    """An eval row's rollouts/s (the median of its `--repeat` copies, `<name> #<n>`); the
+    model-latency rows carry the latency in their name."""
     def get(d: dict) -> float:
-        rows = [r for k, r in d["eval"].items() if (k.startswith(name + ", model") if latency else k == name)]
-        return rows[0]["rollouts_per_s"]
+        rows = [r for k, r in d["eval"].items()
+                if (k.startswith(name + ", model") if latency else k == name or k.startswith(name + " #"))]
+        if not rows:
+            raise KeyError(name)
+        return statistics.median(r["rollouts_per_s"] for r in rows)
     return get
 
 

@@ -518,8 +518,11 @@ class CellHosts:
         """Delete the open cells among `ids` that carry all `labels`; returns how many."""
         known = [i for i in ids if i in self._cells
                  and all(self._cells[i].labels.get(k) == v for k, v in (labels or {}).items())]
-        await asyncio.gather(*(self.delete(i) for i in known), return_exceptions=True)
-        return len(known)
+        results = await asyncio.gather(*(self.delete(i) for i in known), return_exceptions=True)
+        for cid, result in zip(known, results):
+            if isinstance(result, BaseException):  # logged, not raised: the backend's containers are deleted next
+                log.warning("cell %s was not deleted (%s: %s)", cid, type(result).__name__, result)
+        return sum(1 for r in results if not isinstance(r, BaseException))
 
     def infos(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """The open cells carrying all `labels` (with the lifecycle labels of their spec)."""
@@ -539,6 +542,10 @@ class CellHosts:
         hosts = [h for hs in self._hosts.values() for h in hs]
         self._hosts.clear()
         self._cells.clear()
-        await asyncio.gather(*(h.sandbox.delete() for h in hosts), return_exceptions=True)
+        results = await asyncio.gather(*(h.sandbox.delete() for h in hosts), return_exceptions=True)
+        for host, result in zip(hosts, results):
+            if isinstance(result, BaseException):  # labelled: the reaper removes it; say so
+                log.warning("cell host %s was not deleted (%s: %s); `vf-sandbox sandboxes reap` removes it",
+                            host.sandbox.id, type(result).__name__, result)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
