@@ -123,7 +123,8 @@ class BackgroundProcess(abc.ABC):
 
     @abc.abstractmethod
     async def wait(self, timeout: float | None = None) -> ProcessStatus:
-        """Wait for exit (or `timeout` seconds); returns the status then."""
+        """Wait for exit (or `timeout` seconds); returns the status then. Once it reports an
+        exit, what the process wrote before exiting is in `read_output`."""
 
 
 class Sandbox(abc.ABC):

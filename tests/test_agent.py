@@ -462,3 +462,59 @@ def test_a_cells_endless_line_is_refused_in_linear_time():
     assert time.perf_counter() - t0 < 2.0
     cell.expect({"op": "exec", "id": 1, "limit": 8 << 20})  # a larger output limit allows longer lines
     assert cell.max_line >= 3 * (8 << 20)
+
+
+async def test_what_a_process_wrote_is_readable_once_wait_reports_its_exit(sb):
+    """`wait` returns after the agent's pumps took what the process wrote (EOF on its
+    pipes): a read right after it sees all of it. Fresh-clone CI at load ~100 once read
+    36 KiB of 64 (the stderr pump not yet scheduled). 24 writers at once beside 8 busy loops make the
+    window wide; a leftover child holding the pipes delays `wait` by at most ~1 s, writing or not."""
+    size = 60_000
+    hogs = [await sb.start_process("while :; do :; done") for _ in range(8)]  # the pumps wait for a CPU
+    procs = [await sb.start_process(f"head -c {size} /dev/zero | tr '\\0' o; head -c {size} /dev/zero | tr '\\0' e >&2")
+             for _ in range(24)]
+    for p in procs:
+        assert (await p.wait(30)).exit_code == 0
+    for p in procs:
+        out, err = await p.read_output()
+        assert (len(out), len(err)) == (size, size)
+    for h in hogs:
+        await h.kill()
+    for cmd in ("sleep 30 & echo parent-done", "yes > /dev/stderr & echo parent-done"):
+        p = await sb.start_process(cmd)
+        t0 = time.monotonic()
+        assert (await p.wait(30)).exit_code == 0
+        assert time.monotonic() - t0 < 5, cmd
+        out, _ = await p.read_output()
+        assert out == "parent-done\n", cmd
+        await p.kill()
+
+
+def test_wait_returns_after_the_pumps_took_the_output():
+    """op_wait drains: with the pump threads held back 0.3 s (as a loaded machine does),
+    the buffers hold every byte once `wait` answers; a leftover child that keeps the pipe
+    open costs `wait` its grace only."""
+    import subprocess
+
+    ns: dict = {"__name__": "vf_agent"}
+    exec(compile(agent_source(cells=False), "vf-sandbox-agent", "exec"), ns)
+
+    class LatePumps(ns["Background"]):
+        def _pump(self, name, pipe):
+            time.sleep(0.3)
+            super()._pump(name, pipe)
+
+    for cmd, want, most in (("head -c 60000 /dev/zero; head -c 5000 /dev/zero >&2", (60000, 5000), 2.0),
+                            ("echo hi; sleep 30 &", (3, 0), 2.0)):
+        proc = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        bg = LatePumps(proc, 1 << 20)
+        ns["_procs"][proc.pid] = bg
+        t0 = time.monotonic()
+        status = ns["op_wait"]({"pid": proc.pid, "timeout": 10}, None)
+        assert status["exit_code"] == 0 and time.monotonic() - t0 < most
+        assert (len(bg.out["stdout"]), len(bg.out["stderr"])) == want, cmd
+        try:
+            os.killpg(proc.pid, 9)  # the leftover sleep
+        except ProcessLookupError:
+            pass

@@ -737,6 +737,30 @@ class Background(object):
         except OSError:
             pass
 
+    def drain(self, grace=DRAIN_GRACE, cap=1.0):
+        """After the process exited: wait until the pumps have taken what it wrote, so a read
+        after `wait` sees all of it. Done at EOF on both pipes, or once `grace` has passed and
+        nothing is left unread in them (a leftover child may hold a pipe open), or at `cap`
+        (a leftover child that keeps writing)."""
+        now = time.monotonic()
+        grace_end, cap_end = now + grace, now + cap
+        with self.cond:
+            while not all(self.eof.values()):
+                now = time.monotonic()
+                if now >= cap_end or (now >= grace_end and not self._pending()):
+                    break
+                self.cond.wait(0.02)
+
+    def _pending(self):
+        """A pipe not yet at EOF holds unread bytes, or its EOF (under `cond`: its pump has
+        not closed it)."""
+        fds = [p.fileno() for name, p in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))
+               if not self.eof[name]]
+        try:
+            return bool(fds) and bool(select.select(fds, [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
     def status(self):
         code = self.proc.poll()
         sig = -code if code is not None and code < 0 else None
@@ -841,6 +865,7 @@ def op_wait(req, ctx):
     bg = get_proc(req)
     try:
         bg.proc.wait(req.get("timeout"))
+        bg.drain()
     except subprocess.TimeoutExpired:
         pass
     return bg.status()
