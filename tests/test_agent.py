@@ -518,3 +518,40 @@ def test_wait_returns_after_the_pumps_took_the_output():
             os.killpg(proc.pid, 9)  # the leftover sleep
         except ProcessLookupError:
             pass
+
+
+def test_a_process_whose_pumps_cannot_start_is_killed():
+    """A background process that fills the pids limit before the agent starts the threads
+    reading its output gets no handle: the agent kills its whole group and says why (it
+    used to stay behind, running, with nothing to reach it)."""
+    import subprocess
+    import types
+
+    ns: dict = {"__name__": "vf_agent"}
+    exec(compile(agent_source(cells=False), "vf-sandbox-agent", "exec"), ns)
+
+    class NoThread:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    import threading
+
+    ns["threading"] = types.SimpleNamespace(Thread=NoThread, Condition=threading.Condition)
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(0.2)  # the group holds two sleeps
+    with pytest.raises(RuntimeError, match="pids limit.*it was killed"):
+        ns["Background"](proc, 1 << 20)
+    assert proc.poll() is not None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the process group outlived the refusal")

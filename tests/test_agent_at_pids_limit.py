@@ -20,8 +20,10 @@ from sandboxes import SandboxSpec
 
 pytestmark = pytest.mark.docker
 
-# sleeps until no pid is left: a steady flood (a bomb that stops at the limit)
-FILL = "while true; do sleep 600 & done 2>/dev/null"
+# sleeps until no pid is left: a steady flood (a bomb that stops at the limit); it starts after a
+# moment, once the agent's pumps for it run (a process that fills the limit before its pumps start
+# is killed and refused: test_agent.py::test_a_process_whose_pumps_cannot_start_is_killed)
+FILL = "sleep 0.5; while true; do sleep 600 & done 2>/dev/null"
 
 
 @pytest.fixture
@@ -79,3 +81,4 @@ async def test_requests_are_answered_at_the_pids_limit(backend, isolation):
         assert r.ok and r.stdout.strip() == "still-here", r
     finally:
         await sb.delete()
+

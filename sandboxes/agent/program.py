@@ -704,8 +704,14 @@ class Background(object):
         self.dropped = {"stdout": 0, "stderr": 0}
         self.gap = {"stdout": None, "stderr": None}
         self.eof = {"stdout": False, "stderr": False}
-        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            threading.Thread(target=self._pump, args=(name, pipe), daemon=True).start()
+        try:
+            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                threading.Thread(target=self._pump, args=(name, pipe), daemon=True).start()
+        except RuntimeError as exc:  # the process filled the pids limit before its pumps started
+            kill_group_fully(proc)  # no handle will reach the client: nothing of it may stay behind
+            proc.wait()
+            raise RuntimeError("the process filled the sandbox's pids limit before its output could be "
+                               "read (%s); it was killed" % exc)
 
     def _pump(self, name, pipe):
         fd = pipe.fileno()
