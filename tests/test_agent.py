@@ -5,6 +5,7 @@ files and tar transfers, traversal refusal and agent death."""
 from __future__ import annotations
 
 import ast
+import base64
 import asyncio
 import io
 import json
@@ -523,7 +524,8 @@ def test_wait_returns_after_the_pumps_took_the_output():
 def test_a_process_whose_pumps_cannot_start_is_killed():
     """A background process that fills the pids limit before the agent starts the threads
     reading its output gets no handle: the agent kills its whole group and says why (it
-    used to stay behind, running, with nothing to reach it)."""
+    used to stay behind, running, with nothing to reach it). An exec whose stdin writer
+    cannot start likewise: its group killed, a failed start (126) saying why."""
     import subprocess
     import types
 
@@ -546,12 +548,24 @@ def test_a_process_whose_pumps_cannot_start_is_killed():
     with pytest.raises(RuntimeError, match="pids limit.*it was killed"):
         ns["Background"](proc, 1 << 20)
     assert proc.poll() is not None
+    group_gone(proc.pid)
+
+    marker = f"vf-stdin-{os.getpid()}"
+    res = ns["op_exec"]({"shell": f"sleep 300 & exec -a {marker} sleep 300", "stdin": "aGk="}, ns["Request"](1))
+    assert res["exit_code"] == 126 and "pids limit" in base64.b64decode(res["stderr_head"]).decode(), res
+    assert ns["_groups"] == set()
+    deadline = time.monotonic() + 5
+    while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the exec's processes outlived the refusal"
+        time.sleep(0.05)
+
+
+def group_gone(pgid: int) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
-            os.killpg(proc.pid, 0)
+            os.killpg(pgid, 0)
         except ProcessLookupError:
-            break
+            return
         time.sleep(0.05)
-    else:
-        raise AssertionError("the process group outlived the refusal")
+    raise AssertionError("the process group outlived the refusal")

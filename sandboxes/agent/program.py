@@ -543,7 +543,11 @@ def op_exec(req, ctx):
     except (OSError, ValueError, TypeError) as exc:
         return failed_start(exc, started)
     if stdin_data:
-        _feed_stdin(proc, stdin_data)
+        try:
+            _feed_stdin(proc, stdin_data)
+        except PidsLimitError as exc:  # the command could not be run (killed): as a failed start
+            _groups.discard(proc.pid)
+            return failed_start(exc, started)
     run = CommandRun(proc, ctx, started, deadline, limit, streaming)
     try:
         run.read_until_exit()
@@ -555,6 +559,24 @@ def op_exec(req, ctx):
     return run.result(code, time.monotonic() - started, oom_before)
 
 
+class PidsLimitError(RuntimeError):
+    """The sandbox's pids limit left no thread to serve a process the agent just started."""
+
+
+def start_serving(proc, threads):
+    """Start the threads that serve a process just spawned (its stdin writer, its output
+    pumps: (target, args) each). A sandbox at its pids limit may refuse them (the process
+    itself may have filled it): then the process's whole group is killed, since no handle
+    to it will reach the client, and PidsLimitError says why."""
+    try:
+        for target, args in threads:
+            threading.Thread(target=target, args=args, daemon=True).start()
+    except RuntimeError as exc:
+        kill_group_fully(proc)
+        proc.wait()
+        raise PidsLimitError("the sandbox's pids limit left no thread to serve the process (%s); it was killed" % exc)
+
+
 def _feed_stdin(proc, data):
     """Write a command's stdin from a thread (a command that reads nothing must not block us)."""
     def feed():
@@ -564,7 +586,7 @@ def _feed_stdin(proc, data):
             pass
         finally:
             _close(proc.stdin)
-    threading.Thread(target=feed, daemon=True).start()
+    start_serving(proc, [(feed, ())])
 
 
 class CommandRun(object):
@@ -704,14 +726,7 @@ class Background(object):
         self.dropped = {"stdout": 0, "stderr": 0}
         self.gap = {"stdout": None, "stderr": None}
         self.eof = {"stdout": False, "stderr": False}
-        try:
-            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                threading.Thread(target=self._pump, args=(name, pipe), daemon=True).start()
-        except RuntimeError as exc:  # the process filled the pids limit before its pumps started
-            kill_group_fully(proc)  # no handle will reach the client: nothing of it may stay behind
-            proc.wait()
-            raise RuntimeError("the process filled the sandbox's pids limit before its output could be "
-                               "read (%s); it was killed" % exc)
+        start_serving(proc, [(self._pump, ("stdout", proc.stdout)), (self._pump, ("stderr", proc.stderr))])
 
     def _pump(self, name, pipe):
         fd = pipe.fileno()
