@@ -15,29 +15,12 @@ import asyncio
 
 import pytest
 
-from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker
-from sandboxes import SandboxSpec
-
 pytestmark = pytest.mark.docker
 
 # sleeps until no pid is left: a steady flood (a bomb that stops at the limit); it starts after a
 # moment, once the agent's pumps for it run (a process that fills the limit before its pumps start
 # is killed and refused: test_agent.py::test_a_process_whose_pumps_cannot_start_is_killed)
 FILL = "sleep 0.5; while true; do sleep 600 & done 2>/dev/null"
-
-
-@pytest.fixture
-async def backend():
-    require_docker()
-    from backends.docker import DockerBackend
-    from backends.docker.images import ensure_image
-
-    await asyncio.to_thread(ensure_image, DEFAULT_TEST_IMAGE)
-    be = DockerBackend()
-    try:
-        yield be
-    finally:
-        await be.close()
 
 
 async def pids_full(sb) -> bool:
@@ -53,10 +36,9 @@ async def pids_full(sb) -> bool:
 
 
 @pytest.mark.parametrize("isolation", ["container", "namespace"])
-async def test_requests_are_answered_at_the_pids_limit(backend, isolation):
-    spec = SandboxSpec(image=DEFAULT_TEST_IMAGE, labels=dict(TEST_LABELS), rollout_isolation=isolation,
-                       memory_gb=0.5, timeout_minutes=10, pids_limit=48)
-    sb = await backend.create(spec)
+async def test_requests_are_answered_at_the_pids_limit(docker_backend, docker_spec, isolation):
+    spec = docker_spec.model_copy(update={"rollout_isolation": isolation, "memory_gb": 0.5, "pids_limit": 48})
+    sb = await docker_backend.create(spec)
     try:
         await sb.write_file("/tmp/probe.txt", "here\n")
         flood = await sb.start_process(["bash", "-c", FILL])

@@ -8,26 +8,18 @@ deleted; the failed one is labelled, so the reaper (or a second delete) removes 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
 
-from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker
-from sandboxes import InfraError, SandboxSpec
+from sandboxes import InfraError
 
 pytestmark = pytest.mark.docker
 
 
-async def test_a_host_that_cannot_be_deleted_is_named_in_the_log(caplog):
-    require_docker()
-    from backends.docker import DockerBackend
-    from backends.docker.images import ensure_image
-
-    await asyncio.to_thread(ensure_image, DEFAULT_TEST_IMAGE)
-    be = DockerBackend()
-    spec = SandboxSpec(image=DEFAULT_TEST_IMAGE, labels=dict(TEST_LABELS), rollout_isolation="namespace",
-                       memory_gb=0.5, timeout_minutes=10, pids_limit=64)
+async def test_a_host_that_cannot_be_deleted_is_named_in_the_log(docker_backend, docker_spec, caplog):
+    be = docker_backend
+    spec = docker_spec.model_copy(update={"rollout_isolation": "namespace", "memory_gb": 0.5, "pids_limit": 64})
     cell = await be.create(spec)
     host = cell.host.sandbox
     real_delete = host.delete
@@ -45,4 +37,3 @@ async def test_a_host_that_cannot_be_deleted_is_named_in_the_log(caplog):
     finally:
         host.delete = real_delete
         await host.delete()
-        await be.close()
