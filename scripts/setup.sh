@@ -25,7 +25,11 @@ apt_install() {  # apt_install PKG... (only the missing ones)
 # proxy's CA is installed there rather than in uv's bundled roots
 export UV_NATIVE_TLS=${UV_NATIVE_TLS:-1}
 if ! command -v uv >/dev/null 2>&1; then
-  log "installing uv"; python3 -m pip install -q uv
+  # a Debian python3 refuses system-wide pip installs (PEP 668): then uv goes to the user's ~/.local
+  log "installing uv"
+  python3 -m pip install -q uv 2>/dev/null || python3 -m pip install -q --user --break-system-packages uv
+  export PATH="$HOME/.local/bin:$PATH"
+  command -v uv >/dev/null 2>&1 || { echo "setup: could not install uv" >&2; exit 1; }
 fi
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"; uv venv -q .venv -p python3.11 2>/dev/null || uv venv -q .venv
