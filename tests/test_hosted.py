@@ -14,12 +14,14 @@ The node-kill test runs last: it leaves the cluster with one node.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -224,7 +226,16 @@ def test_detached_run_list_show_logs_stop_then_resume(tmp_path, cluster):
     label = uuid.uuid4().hex[:12]
     labels = {"vf-sandbox.test": "1", "vf-test-case": label}
     args = ["-n", "16", "-r", "2", "--allow-sandbox-access", "-a", json.dumps({"labels": labels})]
-    with ModelServer(stall(0.5, bash_files_policy_wrong_on_example_1())).run_in_thread() as srv, \
+    policy = bash_files_policy_wrong_on_example_1()
+    held = threading.Event()  # set: a rollout's answer after its tool call waits (its sandbox stays live)
+
+    async def gated(req: PolicyRequest) -> Reply:
+        await asyncio.sleep(0.5)
+        while held.is_set() and req.n_tool_turns() >= 1:
+            await asyncio.sleep(0.1)
+        return policy(req)
+
+    with ModelServer(gated).run_in_thread() as srv, \
             dashboard(tmp_path, cluster) as api:  # it syncs running hosted runs: rows and progress live
         p = vf(tmp_path, cluster, *eval_args("bash-files", srv.base_url, *args, "-c", "2"))
         assert p.returncode == 0, p.stderr[-3000:]
@@ -241,16 +252,23 @@ def test_detached_run_list_show_logs_stop_then_resume(tmp_path, cluster):
             time.sleep(0.3)
         else:
             pytest.fail(f"the dashboard did not show the hosted run's rows within 120 s: {run}")
+        # the run is held mid-way until the stop: under load, the show/logs processes below used to take long
+        # enough for the run to finish first (CI, stop 32: no live sandbox left to stop)
+        held.set()
         show = vf(tmp_path, cluster, "runs", "show", rid)
         assert show.returncode == 0 and "HOSTED" in show.stdout and f"vf-{rid}" in show.stdout
         logs = vf(tmp_path, cluster, "runs", "logs", rid)
         assert logs.returncode == 0 and "worker actor" in logs.stdout
+        live = time.time() + 60  # held rollouts keep theirs; a new one shows its sandbox at its tool call
+        while not containers_with(labels) and time.time() < live:
+            time.sleep(0.3)
         assert containers_with(labels), "the run had no live sandbox when it was stopped"
 
         stop = vf(tmp_path, cluster, "runs", "stop", rid)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert "stopped" in stop.stdout
         assert wait_gone(labels) == []  # its sandboxes deleted on every node
+        held.clear()  # the stopped job's held requests answer (to no one); the resumed run is not held
         (run,) = runs_json(tmp_path, cluster)
         assert run["status"] == "stopped"
         rows, meta = saved(tmp_path)  # the finished groups came back, whole
