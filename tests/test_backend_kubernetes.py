@@ -408,6 +408,32 @@ async def test_starting_pods_share_status_requests(tmp_path):
         await be.close()
 
 
+async def test_one_backend_serves_runs_one_after_another_and_at_once(tmp_path):
+    """A backend outlives a run (a server process, a worker running several): the status reads of
+    each run's starting pods are batched by that run's label, not the first run's."""
+    from sandboxes import settings
+
+    async with FakeKubernetes(start_delay=0.3) as slow:
+        be = get_backend("kubernetes", kubeconfig=str(slow.write_kubeconfig(tmp_path / "kc")), poll_interval=0.05,
+                         creates_per_second=1000, create_burst=100)
+
+        async def run(label: str) -> list:
+            with settings.use(settings.current().model_copy(update={"sandbox_run_id": label})):
+                made = await asyncio.gather(*(be.create(SandboxSpec()) for _ in range(4)))
+            assert {s.id for s in made} == {p.id for p in await be.list({lc.RUN_ID: label})}
+            return made
+
+        try:
+            made = await run("run-a") + await run("run-b")
+            made += sum(await asyncio.gather(run("run-c"), run("run-d")), [])
+            assert len(made) == 16 and be._status.lists >= 4  # the LIST path, once per run at least
+            selectors = {q.get("labelSelector", "") for m, p, q in slow.requests if m == "GET" and p.endswith("/pods")}
+            assert {f"{lc.RUN_ID}=run-{x}" for x in "abcd"} <= {part for s in selectors for part in s.split(",")}
+        finally:
+            await be.delete_many()
+            await be.close()
+
+
 async def test_missing_namespace_is_a_config_error(k8s):
     be = get_backend("kubernetes", kubeconfig=k8s.kubeconfig, namespace="no-such-ns")
     with pytest.raises(ConfigError, match="no-such-ns"):

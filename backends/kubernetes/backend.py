@@ -171,7 +171,7 @@ class KubernetesBackend:
                 if self._api is None:
                     conn = await asyncio.to_thread(Connection.load, self.config)
                     self._api = KubeApi(conn, self.config)
-                    self._status = StatusBatcher(self._api, mf.selector({lc.RUN_ID: lc.run_id()}))
+                    self._status = StatusBatcher(self._api)
         return self._api
 
     # -- snapshots (SupportsSnapshots): pods of pushed snapshots; the cluster takes none itself
@@ -213,9 +213,10 @@ class KubernetesBackend:
             await api.ensure_network_policy(mf.deny_all_network_policy(self.config))
             self._policy_ready = True
         # If the caller gives up, the pod may still come to exist: make sure it does not leak.
-        return await shielded_create(self._create_and_wait(manifest, spec), lambda: self.api.delete_pod(name))
+        run = mf.selector({lc.RUN_ID: labels[lc.RUN_ID]})  # this pod's run (a backend serves every run of its process)
+        return await shielded_create(self._create_and_wait(manifest, spec, run), lambda: self.api.delete_pod(name))
 
-    async def _create_and_wait(self, manifest: dict[str, Any], spec: SandboxSpec) -> KubeSandbox:
+    async def _create_and_wait(self, manifest: dict[str, Any], spec: SandboxSpec, run: str) -> KubeSandbox:
         name = manifest["metadata"]["name"]
         await self.limiter.acquire()
         try:
@@ -225,7 +226,7 @@ class KubernetesBackend:
                 raise SandboxCreateError(f"cannot create pod {name}: {e}") from e
             log.info("pod %s already exists (idempotent create): adopting it", name)
         async def start() -> AgentConnection:
-            await self._wait_running(name)
+            await self._wait_running(name, run)
             return await self._start_agent(name)
 
         # e.g. PodOOMKilled or an agent that never said hello: creation failed (cause kept)
@@ -234,7 +235,7 @@ class KubernetesBackend:
         lifecycle.track(name, functools.partial(self.api.delete_pod_sync, name), backend=self.name)
         return KubeSandbox(conn, id=name, name=name, spec=spec, backend_name=self.name, backend=self)
 
-    async def _wait_running(self, name: str) -> dict[str, Any]:
+    async def _wait_running(self, name: str, run_selector: str) -> dict[str, Any]:
         cfg = self.config
         deadline = time.monotonic() + cfg.ready_timeout
         unschedulable_since: float | None = None
@@ -242,7 +243,7 @@ class KubernetesBackend:
         delay = 0.05  # short first polls: a warm node starts a pod in well under a second
         assert self._status is not None
         while True:
-            pod = await self._status.get(name)  # coalesced with every other pod starting now
+            pod = await self._status.get(name, run_selector)  # coalesced with the run's other pods starting now
             if pod is None:
                 raise SandboxCreateError(f"pod {name} disappeared while starting")
             last = pod
