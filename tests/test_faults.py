@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import ConfigError, PathError, SandboxSpec, TransferTooLarge
+from sandboxes import lifecycle
 
 pytestmark = [pytest.mark.faults, pytest.mark.docker]
 
@@ -948,6 +949,7 @@ async def crash_with_sandboxes(engine: OwnEngine, sandbox_spec: SandboxSpec, for
     from sandboxes.retry import RetryPolicy
 
     be = DockerBackend(engine.sock, retry=RetryPolicy(attempts=1), hello_timeout=15, api_timeout=30)
+    tracked_before = set(lifecycle.live())
     live = [await be.create(sandbox_spec) for _ in range(3)]
     stop = asyncio.Event()
 
@@ -969,6 +971,10 @@ async def crash_with_sandboxes(engine: OwnEngine, sandbox_spec: SandboxSpec, for
     for t in loops:
         t.cancel()
     await be.close()
+    # what the crash left is for `sandboxes reap` to find (the test's point), not for this process's exit
+    # cleanup, which would try the engine's socket after the fixture removed it ("could not remove sandbox")
+    for sid in set(lifecycle.live()) - tracked_before:
+        lifecycle.untrack(sid)
     return live[0].id if forget else None
 
 
