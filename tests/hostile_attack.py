@@ -2,9 +2,11 @@
 `python3 -c <this file> <mode> ...` by tests/test_hostile.py). Standard library only,
 x86_64. Prints one JSON line with what happened.
 
-    probe PID             ptrace SEIZE/ATTACH PID, open its mem / environ / fd 1
+    probe PID             ptrace SEIZE/ATTACH PID, open its mem / environ / fd 1, reopen
+                          its fds 0 and 1 through /proc (write a forged line, steal one)
     inject PID B64 [N]    make PID write the bytes B64 to its fd 1 (N times) by ptrace
                           syscall injection: the attack on an agent (forged lines, floods)
+    reopen_write PID B64  write the bytes B64 onto PID's fd 1 reopened through /proc
     flood PID SECONDS     make PID write 1 MiB without a newline to its fd 1, repeatedly
     alarm0 PID            make PID call alarm(0) (cancel a lifetime timer held in PID)
     readmem PID NEEDLE..  read every readable mapping of PID, say which needles it holds
@@ -122,6 +124,9 @@ def probe(pid):
     out["mem"] = attempt(lambda: open("/proc/%d/mem" % pid, "rb").close())
     out["environ"] = attempt(lambda: len(open("/proc/%d/environ" % pid, "rb").read()))
     out["fd1"] = attempt(lambda: os.readlink("/proc/%d/fd/1" % pid))
+    for fd, how in ((0, os.O_WRONLY), (1, os.O_WRONLY), (0, os.O_RDONLY)):  # reopen the channel: write, steal
+        out["reopen%d_%s" % (fd, "w" if how == os.O_WRONLY else "r")] = attempt(
+            lambda: os.close(os.open("/proc/%d/fd/%d" % (pid, fd), how | os.O_NONBLOCK)))
     return out
 
 
@@ -193,6 +198,15 @@ def find_agent():
     return pids
 
 
+def reopen_write(pid, payload):
+    """Write `payload` onto PID's stdout reopened through /proc (no ptrace needed)."""
+    fd = os.open("/proc/%d/fd/1" % pid, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        return os.write(fd, payload)
+    finally:
+        os.close(fd)
+
+
 def main(argv):
     mode = argv[0]
     if mode == "probe":
@@ -200,6 +214,9 @@ def main(argv):
     elif mode == "inject":
         pid, payload = int(argv[1]), base64.b64decode(argv[2])
         out = injected(pid, lambda: write_as(pid, payload, times=int(argv[3]) if len(argv) > 3 else 1))
+    elif mode == "reopen_write":
+        pid, payload = int(argv[1]), base64.b64decode(argv[2])
+        out = attempt(lambda: reopen_write(pid, payload))
     elif mode == "flood":
         pid = int(argv[1])
         out = injected(pid, lambda: write_as(pid, b"x" * (1 << 20), seconds=float(argv[2])))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker
+from conftest import DEFAULT_TEST_IMAGE, TEST_LABELS, require_docker, require_gvisor
 from sandboxes import SandboxNotRunning, SandboxSpec
 
 pytestmark = pytest.mark.docker
@@ -40,8 +40,12 @@ pytestmark = pytest.mark.docker
 ATTACK = Path(__file__).with_name("hostile_attack.py").read_text()
 FLOOD_SECONDS = float(os.environ.get("VF_HOSTILE_FLOOD_SECONDS", "60"))
 REFUSED = (errno.EPERM, errno.EACCES)
+NOT_REOPENED = (*REFUSED, errno.ENXIO)  # a socket (a cell's channel) cannot be reopened through /proc at all
 MODES = ["cell", "container"]
 USERS = {"root": None, "user": "nobody"}
+
+
+RUNTIMES = ["runc", "gvisor"]  # layer 1 is tested under both (gVisor's /proc differs: `seal_channel`)
 
 
 def hostile_spec(mode: str, user: str = "root", **kw) -> SandboxSpec:
@@ -49,6 +53,15 @@ def hostile_spec(mode: str, user: str = "root", **kw) -> SandboxSpec:
                 pids_limit=128, user=USERS[user],
                 rollout_isolation="namespace" if mode == "cell" else "container")
     return SandboxSpec(**{**base, **kw})
+
+
+def runtime_spec(runtime: str, mode: str, user: str) -> SandboxSpec:
+    if runtime == "runc":
+        return hostile_spec(mode, user)
+    require_gvisor()
+    # the default pids limit: a gVisor container's engine limit also counts the gVisor kernel's own host
+    # threads, and at 128 an ordinary background loop beside a command took the whole sandbox down
+    return hostile_spec(mode, user, isolation=runtime, pids_limit=SandboxSpec().pids_limit)
 
 
 async def _backend(caps: list[str] | None = None):
@@ -120,16 +133,21 @@ VICTIM = "sleep 3; echo REAL; exit 3"
 
 
 # ------------------------------------------------------------------ layer 1: the agent
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("user", list(USERS))
 @pytest.mark.parametrize("mode", MODES)
-async def test_the_agent_cannot_be_traced_or_read_but_own_children_can(backend, mode, user):
-    sb = await backend.create(hostile_spec(mode, user))
+async def test_the_agent_cannot_be_traced_or_read_but_own_children_can(backend, mode, user, runtime):
+    sb = await backend.create(runtime_spec(runtime, mode, user))
     pid = agent_pid(sb, mode)
     if mode == "container":  # the code finds its agent by its command line
         assert pid in await attack(sb, "find_agent")
     out = await attack(sb, "probe", pid)
-    for what in ("seize", "attach", "mem", "environ", "fd1"):
+    # gVisor lets the code read a non-dumpable agent's environ (the sandbox's own environment, which
+    # the code has: a cell's agent is forked from a zygote that never read a request) and fd links
+    for what in ("seize", "attach", "mem") + (("environ", "fd1") if runtime == "runc" else ()):
         assert_refused(out[what], what)
+    for what in ("reopen0_w", "reopen1_w", "reopen0_r"):  # the channel itself: never reopened (seal_channel)
+        assert not out[what]["ok"] and out[what]["errno"] in NOT_REOPENED, (what, out[what])
     for tries in (await attack(sb, "inject", pid, lines_b64(b"x\n")), await attack(sb, "alarm0", pid)):
         assert_refused(tries, "injection")
     # what the sandbox's code may still trace: its own children (a debugger in a SWE task)...
@@ -137,19 +155,26 @@ async def test_the_agent_cannot_be_traced_or_read_but_own_children_can(backend, 
     assert child["inject"]["ok"] and child["child_stdout"] == "INJECTED-INTO-CHILD\n", child
     traced = await attack(sb, "traceme")
     assert traced["ok"] and traced["value"] == {"stopped_at_exec": True, "exit": 0}, traced
-    # ...and the commands the agent starts, which are ordinary dumpable processes (gdb -p)
+    # ...and the commands the agent starts, which are ordinary dumpable processes (gdb -p), where
+    # the kernel lets a process trace a non-descendant at all (no Yama scope >= 1: gVisor has scope 1)
     r = await sb.exec(["sh", "-c", 'sleep 60 & python3 -c "$0" probe $!; kill $!', ATTACK])
     started = json.loads(r.stdout.strip().splitlines()[-1])
-    assert started["seize"]["ok"] and started["mem"]["ok"], started
+    scope = (await sb.exec("cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo 0")).stdout.strip()
+    if scope == "0":
+        assert started["seize"]["ok"] and started["mem"]["ok"], started
+    else:
+        assert not started["seize"]["ok"] and started["seize"]["errno"] in REFUSED, (scope, started)
     await sb.delete()
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("user", list(USERS))
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_leftover_process_cannot_forge_the_next_result(backend, mode, user):
+async def test_a_leftover_process_cannot_forge_the_next_result(backend, mode, user, runtime):
     """A process the model leaves behind keeps trying to make the agent write a forged
-    result for the next (grading) command, its own or a sibling cell's."""
-    spec = hostile_spec(mode, user)
+    result for the next (grading) command, its own or a sibling cell's: by ptrace, and by
+    writing onto the agent's channel reopened through /proc (what gVisor's /proc allowed)."""
+    spec = runtime_spec(runtime, mode, user)
     sb = await backend.create(spec)
     sibling = await backend.create(spec) if mode == "cell" else None
     pid = agent_pid(sb, mode)
@@ -157,8 +182,8 @@ async def test_a_leftover_process_cannot_forge_the_next_result(backend, mode, us
     if sibling is not None:
         forged += [forged_result(k, cell=sibling.cell_id) for k in range(1, 40)]
     await sb.write_file("/tmp/attack.py", ATTACK)
-    await sb.exec(f"nohup sh -c 'for i in $(seq 40); do python3 /tmp/attack.py inject {pid} "
-                  f"{lines_b64(*forged)}; sleep 0.1; done' > /tmp/attack.log 2>&1 &")
+    await sb.exec(f"nohup sh -c 'for i in $(seq 20); do for how in inject reopen_write; do python3 /tmp/attack.py "
+                  f"$how {pid} {lines_b64(*forged)}; done; sleep 0.1; done' > /tmp/attack.log 2>&1 &")
     victims = [asyncio.ensure_future(sb.exec(VICTIM))]
     if sibling is not None:
         victims.append(asyncio.ensure_future(sibling.exec(VICTIM)))
@@ -166,8 +191,9 @@ async def test_a_leftover_process_cannot_forge_the_next_result(backend, mode, us
         await assert_victim_unaffected(task)
     log = (await sb.exec("cat /tmp/attack.log")).stdout.splitlines()
     assert log, "the leftover never ran"
-    for line in log:
-        assert_refused(json.loads(line), "leftover injection")
+    for line in log:  # ptrace refused, the channel not reopened (EACCES: sealed pipe; ENXIO: a cell's socket)
+        out = json.loads(line)
+        assert not out["ok"] and out["errno"] in NOT_REOPENED, ("leftover injection", out)
     await sb.exec("pkill -f attack.py; true")
     for x in (sb, sibling):
         if x is not None:

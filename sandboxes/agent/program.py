@@ -1176,8 +1176,28 @@ def not_dumpable():
         log("cannot make the agent non-dumpable: %r" % exc)
 
 
+def seal_channel():
+    """Mode 0 on the pipes of the agent's channel (stdin and stdout, when they are pipes):
+    a second layer beside `not_dumpable` for runtimes whose /proc lets a process reopen
+    another's descriptors without the ptrace check Linux makes (gVisor, at least its
+    2022-12 releases: /proc/<agent>/fd/1 opened for writing by the sandbox's code, as root
+    or as the agent's user, put forged results on the channel). Reopening a pipe through
+    /proc checks the pipe's mode, and the sandbox's code holds no CAP_DAC_OVERRIDE; the
+    agent's own descriptors are open already and keep working. Only these two and only
+    pipes: stderr (logs) may be a pipe the agent shares with its starter (a local run)."""
+    import stat
+
+    for fd in (0, 1):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0)
+        except OSError as exc:  # not ours to change (another user's pipe): log it, keep serving
+            log("cannot seal descriptor %d of the agent's channel: %s" % (fd, exc))
+
+
 def main():
     not_dumpable()
+    seal_channel()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_term)
     send(dict({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(),
