@@ -213,10 +213,11 @@ class KubernetesBackend:
             await api.ensure_network_policy(mf.deny_all_network_policy(self.config))
             self._policy_ready = True
         # If the caller gives up, the pod may still come to exist: make sure it does not leak.
-        run = mf.selector({lc.RUN_ID: labels[lc.RUN_ID]})  # this pod's run (a backend serves every run of its process)
-        return await shielded_create(self._create_and_wait(manifest, spec, run), lambda: self.api.delete_pod(name))
+        run_selector = mf.selector({lc.RUN_ID: labels[lc.RUN_ID]})  # this pod's run (a backend serves every run)
+        return await shielded_create(self._create_and_wait(manifest, spec, run_selector),
+                                     lambda: self.api.delete_pod(name))
 
-    async def _create_and_wait(self, manifest: dict[str, Any], spec: SandboxSpec, run: str) -> KubeSandbox:
+    async def _create_and_wait(self, manifest: dict[str, Any], spec: SandboxSpec, run_selector: str) -> KubeSandbox:
         name = manifest["metadata"]["name"]
         await self.limiter.acquire()
         try:
@@ -226,7 +227,7 @@ class KubernetesBackend:
                 raise SandboxCreateError(f"cannot create pod {name}: {e}") from e
             log.info("pod %s already exists (idempotent create): adopting it", name)
         async def start() -> AgentConnection:
-            await self._wait_running(name, run)
+            await self._wait_running(name, run_selector)
             return await self._start_agent(name)
 
         # e.g. PodOOMKilled or an agent that never said hello: creation failed (cause kept)
