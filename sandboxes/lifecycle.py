@@ -21,6 +21,7 @@ CLIs also call `reap_sync()` at start-up to clear what killed runs left.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import logging
@@ -29,7 +30,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -102,27 +102,55 @@ def cleanup_all(timeout: float = 30.0) -> int:
     return len(entries)
 
 
+REMOVERS = 16  # removals run at once
+
+
 def _remove_all(entries: list[_Tracked], deadline: float) -> None:
-    """Run the removers of `entries` in parallel until done or `deadline` (monotonic)."""
+    """Run the removers of `entries`, REMOVERS at a time, until done or `deadline` (monotonic).
 
-    def _remove(entry: _Tracked) -> None:
+    Signal-safe: this runs in a signal handler, which may have interrupted the main thread
+    anywhere, also while it held a lock of the standard library (a thread pool's global
+    lock in `ThreadPoolExecutor.submit`, threading's own in `Thread.start`). Waiting on such
+    a lock here would wait forever (the process ignored SIGTERM), so: no thread pool and no
+    `threading.Thread`, but low-level threads, locks of its own, and only waits with a
+    deadline (a remover that blocks on a lock the main thread holds is given up on)."""
+    queue = list(entries)
+    guard = _thread.allocate_lock()  # over queue and running
+    finished = _thread.allocate_lock()
+    finished.acquire()  # released by the last remover to finish
+    running = [0]
+
+    def take() -> _Tracked | None:
+        with guard:
+            return queue.pop() if queue else None
+
+    def remove_until_empty() -> None:
         try:
-            entry.remove()
-        except Exception as exc:  # best effort: the reaper gets the rest
-            log.warning("could not remove sandbox %s: %s", entry.id, exc)
+            while (entry := take()) is not None:
+                _remove(entry)
+        finally:
+            with guard:
+                running[0] -= 1
+                if running[0] == 0:
+                    finished.release()
 
-    pool = ThreadPoolExecutor(max_workers=min(16, len(entries)), thread_name_prefix="vf-cleanup")
+    n = running[0] = min(REMOVERS, len(queue))
+    for started in range(n):
+        try:
+            _thread.start_new_thread(remove_until_empty, ())
+        except RuntimeError:  # the interpreter is shutting down (atexit): the rest here, one by one
+            with guard:
+                running[0] -= n - started - 1  # counted: the threads that did start, and this one
+            remove_until_empty()
+            break
+    finished.acquire(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _remove(entry: _Tracked) -> None:
     try:
-        futures = [pool.submit(_remove, entries[0])]
-    except RuntimeError:  # from atexit: executors refuse work once threading has shut down; one by one
-        for entry in entries:
-            _remove(entry)
-        return
-    futures += [pool.submit(_remove, e) for e in entries[1:]]
-    for fut in futures:
-        with contextlib.suppress(Exception):
-            fut.result(timeout=max(0.0, deadline - time.monotonic()))
-    pool.shutdown(wait=False)
+        entry.remove()
+    except Exception as exc:  # best effort: the reaper gets the rest
+        log.warning("could not remove sandbox %s: %s", entry.id, exc)
 
 
 class CleanupHandlers:

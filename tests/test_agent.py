@@ -10,7 +10,11 @@ import asyncio
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
+import textwrap
 import time
 
 import pytest
@@ -413,6 +417,37 @@ async def test_sigterm_to_agent_kills_its_commands(tmp_path):
         assert not any(pid_alive(p) for p in pids)
     finally:
         await sandbox.delete()
+
+
+def test_sigterm_while_the_reading_thread_holds_the_process_table(tmp_path):
+    """The reading thread answers a poll or a kill itself, inside `with _procs_lock`; a SIGTERM
+    arriving there ran a handler that took the same lock: the agent ignored SIGTERM for good
+    and its commands lived on. The handler takes no lock: the commands die, the agent exits."""
+    code = textwrap.dedent("""
+        import signal, subprocess, time
+        from sandboxes.agent import agent_source
+        ns = {"__name__": "vf_agent"}
+        exec(compile(agent_source(), "vf-sandbox-agent", "exec"), ns)
+        signal.signal(signal.SIGTERM, ns["_on_term"])
+        command = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        ns["_groups"].add(command.pid)
+        with ns["_procs_lock"]:
+            print(command.pid, flush=True)
+            time.sleep(60)
+    """)
+    agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        command = int(agent.stdout.readline())
+        agent.send_signal(signal.SIGTERM)
+        code = agent.wait(20)
+    finally:
+        agent.kill()
+    assert code == 128 + signal.SIGTERM, agent.stderr.read()[-2000:]
+    deadline = time.monotonic() + 5
+    while pid_alive(command) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(command)
 
 
 # ---------------------------------------------------------------- the host agent's view of a cell

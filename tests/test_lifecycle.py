@@ -168,6 +168,37 @@ def test_cleanup_all_from_atexit_after_threading_shut_down(tmp_path):
     assert sorted(out.read_text()) == ["a", "b"]
 
 
+@pytest.mark.parametrize("held", ["thread-pool", "threading"])
+def test_signal_while_the_main_thread_holds_a_stdlib_lock(held, tmp_path):
+    """SIGTERM can interrupt the main thread inside `ThreadPoolExecutor.submit` (asyncio's
+    `to_thread`, holding the pools' global lock) or `Thread.start` (threading's own lock):
+    seen as a child that ignored SIGTERM for good, mid-fork under load. The handler's clean-up
+    takes neither lock: every remover runs and the process dies of the signal."""
+    out = tmp_path / "removed"
+    code = textwrap.dedent(f"""
+        import concurrent.futures.thread, sys, threading, time
+        from sandboxes import lifecycle
+        lock = {{"thread-pool": concurrent.futures.thread._global_shutdown_lock,
+                "threading": threading._active_limbo_lock}}[{held!r}]
+        with lifecycle.cleanup_on_exit():
+            for name in "abc":
+                lifecycle.track(name, lambda name=name: open({str(out)!r}, "a").write(name))
+            with lock:
+                print("ready", flush=True)
+                time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        proc.kill()
+    assert code == -signal.SIGTERM, proc.stderr.read()[-2000:]
+    assert sorted(out.read_text()) == ["a", "b", "c"]
+
+
 def test_cleanup_on_exit_scope_and_handlers_restored():
     before = signal.getsignal(signal.SIGTERM)
     removed = []

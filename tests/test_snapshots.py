@@ -247,6 +247,14 @@ SIGTERM_CHILD = textwrap.dedent("""
 
     async def main():
         be = get_backend("docker")
+        real = type(be).create_from_snapshot
+
+        async def create_from_snapshot(self, snapshot):
+            made = await real(self, snapshot)
+            print("made", flush=True)  # the test's cue for "some forks exist, the others are being made"
+            return made
+
+        type(be).create_from_snapshot = create_from_snapshot
         spec = SandboxSpec(image=image, labels={"vf-sandbox.test": "1", "vf-snapshot-case": case},
                            timeout_minutes=10, memory_gb=0.5, isolation=isolation)
         source = await be.create(spec)
@@ -262,10 +270,11 @@ SIGTERM_CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("isolation", ["runc", "gvisor"])
-@pytest.mark.parametrize("delay", [0.0, 0.3, 0.8], ids=["at-commit", "early", "late"])
-def test_sigterm_mid_fork_leaks_nothing(isolation, delay, python_image, tmp_path, case):
-    """SIGTERM while the child forks 8 (committing, or creating the forks): it dies of the
-    signal and nothing with its owner label remains: no container, no snapshot image."""
+@pytest.mark.parametrize("when", ["at-commit", "early", "late"])
+def test_sigterm_mid_fork_leaks_nothing(isolation, when, python_image, tmp_path, case):
+    """SIGTERM while the child forks 8 (committing; 0.3 s in; once two forks exist and the
+    others are being made): it dies of the signal and nothing with its owner label remains:
+    no container, no snapshot image."""
     if isolation == "gvisor":
         require_gvisor()
     script = tmp_path / "child.py"
@@ -276,11 +285,15 @@ def test_sigterm_mid_fork_leaks_nothing(isolation, delay, python_image, tmp_path
     try:
         line = proc.stdout.readline()
         assert line.strip() == "forking", (line, proc.stderr.read()[-3000:] if proc.poll() is not None else "")
-        time.sleep(delay)
+        if when == "early":
+            time.sleep(0.3)
+        elif when == "late":
+            assert [proc.stdout.readline().strip() for _ in range(2)] == ["made", "made"]
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
         rest = proc.stdout.read()
         assert "forked" not in rest, "the fork finished before the signal: the test did not interrupt it"
+        assert rest.count("made") < 8 - (2 if when == "late" else 0), rest
         assert code == -signal.SIGTERM, proc.stderr.read()[-3000:]
         assert wait_none("ps", owner, timeout=10) == []
         assert wait_none("images", owner, timeout=10) == []

@@ -1141,11 +1141,14 @@ HELLO = {}  # fields an extension adds to the hello (cells_program.py: the host'
 
 
 def shutdown():
+    """Kill every command's process group. Also run from the SIGTERM handler, which may have
+    interrupted the reading thread inside `with _procs_lock` (a poll or kill is answered
+    there): taking the lock would wait forever, so neither table is locked (a copy of a
+    set or a dict's values is made whole under the GIL)."""
     for pgid in list(_groups):
         kill_group(pgid)
-    with _procs_lock:
-        for bg in _procs.values():
-            kill_group(bg.proc.pid)
+    for bg in list(_procs.values()):
+        kill_group(bg.proc.pid)
 
 
 def _on_term(signum, frame):
