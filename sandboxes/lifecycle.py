@@ -115,32 +115,29 @@ def _remove_all(entries: list[_Tracked], deadline: float) -> None:
     `threading.Thread`, but low-level threads, locks of its own, and only waits with a
     deadline (a remover that blocks on a lock the main thread holds is given up on)."""
     queue = list(entries)
-    guard = _thread.allocate_lock()  # over queue and running
+    left = [len(queue)]  # entries not removed yet (or given up on by their remover)
+    guard = _thread.allocate_lock()  # over queue and left
     finished = _thread.allocate_lock()
-    finished.acquire()  # released by the last remover to finish
-    running = [0]
+    finished.acquire()  # released once left is 0
 
     def take() -> _Tracked | None:
         with guard:
             return queue.pop() if queue else None
 
     def remove_until_empty() -> None:
-        try:
-            while (entry := take()) is not None:
+        while (entry := take()) is not None:
+            try:
                 _remove(entry)
-        finally:
-            with guard:
-                running[0] -= 1
-                if running[0] == 0:
-                    finished.release()
+            finally:
+                with guard:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        finished.release()
 
-    n = running[0] = min(REMOVERS, len(queue))
-    for started in range(n):
+    for _ in range(min(REMOVERS, len(queue))):
         try:
             _thread.start_new_thread(remove_until_empty, ())
         except RuntimeError:  # the interpreter is shutting down (atexit): the rest here, one by one
-            with guard:
-                running[0] -= n - started - 1  # counted: the threads that did start, and this one
             remove_until_empty()
             break
     finished.acquire(timeout=max(0.0, deadline - time.monotonic()))

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from conftest import ROOT
 from sandboxes import AgentError, PathError, SandboxNotRunning, SandboxSpec
 from sandboxes.agent import AgentSandbox, agent_source
 from sandboxes.agent.channels import ProcessChannel
@@ -436,7 +437,7 @@ def test_sigterm_while_the_reading_thread_holds_the_process_table(tmp_path):
             time.sleep(60)
     """)
     agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                             cwd=ROOT)
     try:
         command = int(agent.stdout.readline())
         agent.send_signal(signal.SIGTERM)

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from conftest import ROOT
 from sandboxes import SandboxInfo, lifecycle
 from sandboxes import labels as L
 
@@ -163,7 +164,7 @@ def test_cleanup_all_from_atexit_after_threading_shut_down(tmp_path):
         atexit.register(lifecycle.cleanup_all)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert sorted(out.read_text()) == ["a", "b"]
 
@@ -188,7 +189,7 @@ def test_signal_while_the_main_thread_holds_a_stdlib_lock(held, tmp_path):
                 time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=ROOT)
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGTERM)
